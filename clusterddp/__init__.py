@@ -1,0 +1,13 @@
+"""clusterddp: DistributedDataParallel on Slurm as easy as DataParallel.
+
+Login-node side (CLI, spec, templates) imports click and jinja2 only; ``clusterddp.runtime`` (inside the job)
+imports torch, lazily. ``import clusterddp`` stays cheap: it loads the spec and the errors, nothing more.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import ClusterDDPError, SlurmError, SpecError, TemplateError  # noqa: E402
+from .spec import JobSpec  # noqa: E402
+
+__all__ = ["JobSpec", "ClusterDDPError", "SpecError", "SlurmError", "TemplateError", "__version__"]

@@ -1,0 +1,365 @@
+"""The ``clusterddp`` command: a thin Click adapter. Options -> JobSpec -> one library call; errors -> one line.
+
+Never imports torch (login nodes may not have it) nor submitit.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence
+
+import click
+
+from . import __version__
+from .errors import ClusterDDPError, SpecError
+from .spec import GPU_REQUESTS, LAUNCHERS, JobSpec, parse_env
+
+EXAMPLES = """\b
+Launchers (--launcher), world size = --nodes x --gpus (x --procs-per-node when --gpus 0):
+  torchrun (default)  one torchrun agent per node starting one rank per GPU:
+      clusterddp {cmd} --nodes 2 --gpus 8 train.py -- --epochs 10      # 16 ranks
+  srun                one Slurm task per GPU; RANK/LOCAL_RANK/WORLD_SIZE set per task:
+      clusterddp {cmd} --launcher srun --nodes 2 --gpus 4 train.py     # 8 ranks
+  spawn               one task per node running a torch.multiprocessing.spawn script;
+                      {{placeholders}} in its arguments are filled in per node:
+      clusterddp {cmd} --launcher spawn --nodes 2 --gpus 8 main.py -- \\
+          --dist-url 'tcp://{{master_addr}}:{{master_port}}' --world-size {{nnodes}} \\
+          --rank {{node_rank}} --multiprocessing-distributed
+  CPU only (gloo):
+      clusterddp {cmd} --nodes 2 --gpus 0 --procs-per-node 4 train.py  # 8 ranks
+
+\b
+Everything after -- goes to the training script unchanged (quoted for the shell).
+--setup lines are shell code run before the launch, verbatim (e.g. --setup 'module load cuda/12').
+"""
+
+
+class CLIError(click.ClickException):
+    """A ClusterDDPError shown as one line, with its own exit code (2 usage, 1 runtime)."""
+
+    def __init__(self, error: ClusterDDPError) -> None:
+        super().__init__(str(error))
+        self.exit_code = error.exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"clusterddp: error: {self.format_message()}", err=True)
+
+
+class Command(click.Command):
+    """Turns library errors into CLIError and hints at '--' when script options were mistaken for ours."""
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if any(p.name == "script" for p in self.params):
+                exc.message += (f"\n(if {exc.option_name} is meant for your training script, put script arguments "
+                                "after --, e.g. clusterddp submit train.py -- --epochs 10)")
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ClusterDDPError as exc:
+            raise CLIError(exc) from None
+
+
+class Group(click.Group):
+    command_class = Command
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="clusterddp")
+def cli() -> None:
+    """DistributedDataParallel on Slurm, as easy as nn.DataParallel.
+
+    \b
+      clusterddp submit --nodes 2 --gpus 8 train.py -- --epochs 10
+      clusterddp submit --dry-run ...   print the sbatch script, submit nothing
+      clusterddp render ... -o job.sh   write the script to a file
+      clusterddp status / logs / cancel JOBID
+    """
+
+
+def spec_options(f: Callable) -> Callable:
+    """The job spec options shared by render and submit (spelled like sbatch's)."""
+    options = [
+        click.option("-N", "--nodes", type=int, default=1, show_default=True, help="Number of nodes."),
+        click.option("-G", "--gpus", "--gpus-per-node", "gpus_per_node", type=int, default=0, show_default=True,
+                     help="GPUs per node = ranks per node (0: CPU-only job with gloo)."),
+        click.option("--procs-per-node", type=int, help="Ranks per node for a CPU-only job (--gpus 0). [default: 1]"),
+        click.option("-c", "--cpus-per-task", type=int, help="CPUs per rank (also sets OMP_NUM_THREADS)."),
+        click.option("--mem", help="Memory per node, as sbatch (e.g. 64G; 0 = all)."),
+        click.option("-t", "--time", help="Time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS."),
+        click.option("-p", "--partition", help="Slurm partition."),
+        click.option("-A", "--account", help="Slurm account to charge."),
+        click.option("-q", "--qos", help="Quality of service."),
+        click.option("-C", "--constraint", help="Node features (sbatch --constraint)."),
+        click.option("--exclusive", is_flag=True, help="Do not share nodes with other jobs."),
+        click.option("-J", "--job-name", help="Job name [default: the script's name]."),
+        click.option("--output-dir", default="clusterddp-runs", show_default=True,
+                     help="Where scripts and logs go: <dir>/<name>-<jobid>.out and <dir>/<name>-<jobid>/."),
+        click.option("-e", "--env", "env", multiple=True, metavar="NAME=VALUE",
+                     help="Environment variable for every rank (repeatable)."),
+        click.option("--setup", multiple=True, metavar="LINE",
+                     help="Shell line run before the launch, verbatim (repeatable): module load, source venv."),
+        click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="--OPT[=VALUE]",
+                     help="Extra sbatch option, e.g. --sbatch-arg=--mail-type=END (repeatable)."),
+        click.option("--gpu-request", default="gpus-per-node", show_default=True,
+                     help=f"How GPUs are requested: {', '.join(GPU_REQUESTS)} (gpus-per-task: srun launcher only)."),
+        click.option("-L", "--launcher", default="torchrun", show_default=True,
+                     help=f"DDP entry point: {', '.join(LAUNCHERS)}."),
+        click.option("--master-port", type=int,
+                     help="Rendezvous port [default: 20000 + job id mod 10000, checked free on the head node]."),
+        click.option("--python", default="python3", show_default=True,
+                     help="Interpreter for the srun and spawn launchers."),
+        click.option("--template", help="Template name (default: the launcher's); see --template-dir."),
+        click.option("--template-dir", "template_dirs", multiple=True, metavar="DIR",
+                     help="Directory searched for templates before the shipped ones (also $CLUSTERDDP_TEMPLATE_DIR)."),
+        click.option("-m", "--module", is_flag=True, help="SCRIPT is a module name run as python -m SCRIPT."),
+        click.argument("script"),
+        click.argument("args", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = (), **opts: Any) -> JobSpec:
+    """Options as Click parsed them -> a validated JobSpec (entry point checked on this machine)."""
+    env = parse_env(opts.pop("env", ()))
+    spec = JobSpec(script=script, args=tuple(args), env=env, **opts)
+    if not spec.module and not Path(script).is_file():
+        hint = " (a directory: give the script inside it)" if Path(script).is_dir() else ""
+        raise SpecError(f"training script {script!r} not found{hint}: give a path relative to the directory you "
+                        "submit from, or use -m package.module")
+    return spec
+
+
+def _render(spec: JobSpec, template_dirs: Sequence[str]) -> str:
+    from .render import render  # jinja2 is only needed once a script is rendered
+
+    return render(spec, template_dirs=template_dirs)
+
+
+def _summary(spec: JobSpec) -> str:
+    per = f"{spec.gpus_per_node} GPU(s)" if spec.gpus_per_node else f"{spec.tasks_per_node} CPU rank(s)"
+    return (f"{spec.nodes} node(s) x {per} = world size {spec.world_size} "
+            f"({spec.launcher} launcher, {spec.backend})")
+
+
+@cli.command(epilog=EXAMPLES.format(cmd="render"))
+@spec_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+def render(script: str, args: Sequence[str], output: Optional[str], template_dirs: Sequence[str], **opts: Any) -> None:
+    """Print the sbatch script for SCRIPT [-- ARGS...] (or write it with -o FILE)."""
+    spec = build_spec(script, args, **opts)
+    text = _render(spec, template_dirs)
+    if output:
+        Path(output).write_text(text)
+        click.echo(f"clusterddp: wrote {output}: {_summary(spec)}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+@cli.command(epilog=EXAMPLES.format(cmd="submit"))
+@spec_options
+@click.option("--dry-run", is_flag=True, help="Print the script that would be submitted; submit nothing.")
+@click.option("--wait", "wait_", is_flag=True, help="Follow the job to its end; exit with the job's exit code.")
+@click.option("--on-interrupt", type=click.Choice(["ask", "cancel", "detach"]), default="ask", show_default=True,
+              help="What Ctrl-C during --wait does (ask only when the terminal can answer).")
+def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_interrupt: str,
+           template_dirs: Sequence[str], **opts: Any) -> None:
+    """Submit SCRIPT [-- ARGS...] as a DDP job: render, write the script, sbatch, print the job id."""
+    spec = build_spec(script, args, **opts)
+    text = _render(spec, template_dirs)
+    if dry_run:
+        click.echo(text, nl=False)
+        click.echo(f"clusterddp: dry run, nothing submitted: {_summary(spec)}", err=True)
+        return
+    from . import slurm
+
+    out_dir = Path(spec.output_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pending = out_dir / f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.sbatch"
+        pending.write_text(text)
+    except OSError as exc:
+        raise CLIError(SpecError(f"cannot write the job script into --output-dir {spec.output_dir!r}: "
+                                 f"{exc.strerror}; choose a writable directory")) from None
+    try:
+        job_id = slurm.sbatch(pending)
+    except ClusterDDPError as exc:
+        raise CLIError(type(exc)(f"{exc}\n  the script is kept at {pending}")) from None
+    script_path = out_dir / f"{spec.file_stem}-{job_id}.sbatch"
+    pending.replace(script_path)
+    record = slurm.JobRecord(job_id=job_id, script_path=str(script_path.resolve()),
+                             batch_log=str((out_dir / f"{spec.file_stem}-{job_id}.out").resolve()),
+                             run_dir=str((out_dir / f"{spec.file_stem}-{job_id}").resolve()),
+                             launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes)
+    record.save()
+    click.echo(job_id)
+    click.echo(f"clusterddp: submitted job {job_id}: {_summary(spec)}\n"
+               f"  script {script_path}\n  log    {record.batch_log}\n  ranks  {record.run_dir}/", err=True)
+    if wait_:
+        sys.exit(_wait(job_id, on_interrupt, record))
+
+
+def _wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
+    from . import slurm
+
+    start = time.monotonic()
+
+    def show(job: Any) -> None:
+        where = f" on {job.node_list}" if job.state == "RUNNING" and job.node_list else ""
+        why = f" ({job.reason})" if job.reason and job.reason not in ("None", "") and not job.done else ""
+        click.echo(f"clusterddp: job {job_id} {job.state}{where}{why} [{time.monotonic() - start:.1f} s]", err=True)
+
+    try:
+        final = slurm.wait(job_id, on_change=show)
+    except KeyboardInterrupt:
+        choice = on_interrupt
+        if choice == "ask":
+            choice = "detach"
+            if sys.stdin.isatty():
+                choice = "cancel" if click.confirm(f"\nCancel job {job_id}?", default=False, err=True) else "detach"
+        if choice == "cancel":
+            slurm.cancel(job_id)
+            click.echo(f"clusterddp: cancelled job {job_id}", err=True)
+        else:
+            click.echo(f"clusterddp: stopped watching; job {job_id} goes on (clusterddp status {job_id})", err=True)
+        return 130
+    code = final.return_code
+    click.echo(f"clusterddp: job {job_id} ended {final.state}, exit code {code}", err=True)
+    if code != 0 and record is not None:
+        _show_failure(record)
+    return code
+
+
+def _show_failure(record: Any) -> None:
+    """Print the first traceback found in the rank logs (or say where the logs are)."""
+    for path in [Path(p) for p in record.logs()] + [Path(record.batch_log)]:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+        if starts:
+            click.echo(f"clusterddp: traceback in {path}:", err=True)
+            click.echo("\n".join(lines[starts[0]: starts[0] + 40]), err=True)
+            return
+    click.echo(f"clusterddp: no traceback found; see {record.batch_log} and {record.run_dir}/", err=True)
+
+
+@cli.command()
+@click.argument("job_ids", nargs=-1)
+def status(job_ids: Sequence[str]) -> None:
+    """State, elapsed time, nodes and exit code of JOBID... (default: jobs submitted from here recently)."""
+    from . import slurm
+
+    if not job_ids:
+        records = sorted(slurm.state_dir().glob("*.json"), key=lambda p: p.stat().st_mtime)[-10:]
+        job_ids = [p.stem for p in records]
+        if not job_ids:
+            raise CLIError(SpecError("no job ids given and no jobs submitted with clusterddp here yet"))
+    rows = [("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
+    failed = 0
+    for job_id in job_ids:
+        try:
+            j = slurm.info(job_id)
+        except slurm.JobNotFound as exc:
+            if len(job_ids) == 1:
+                raise
+            rows.append((job_id, "UNKNOWN", "", "", "", "", str(exc).split(":")[0]))
+            failed += 1
+            continue
+        exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
+        rows.append((j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, "" if j.done else j.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    if failed:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("job_id")
+def cancel(job_id: str) -> None:
+    """Cancel JOBID (scancel)."""
+    from . import slurm
+
+    slurm.cancel(job_id)
+    click.echo(f"clusterddp: cancel requested for job {job_id}", err=True)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--rank", type=int, help="Show this rank's output instead of the batch log.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
+def logs(job_id: str, rank: Optional[int], follow: bool) -> None:
+    """Print the batch log of JOBID, or one rank's log with --rank N."""
+    from . import slurm
+
+    record = slurm.JobRecord.load(job_id)
+    prefix = None
+    if record is None:
+        info = slurm.info(job_id)  # JobNotFound when Slurm never heard of it
+        if not info.stdout_path:
+            raise CLIError(slurm.SlurmError(f"no log path known for job {job_id} (not submitted with clusterddp?)"))
+        if rank is not None:
+            raise CLIError(SpecError(f"job {job_id} was not submitted with clusterddp here: no rank logs known"))
+        path = Path(info.stdout_path)
+    elif rank is None:
+        path = Path(record.batch_log)
+    else:
+        world = record.nodes * record.procs_per_node
+        if not 0 <= rank < world:
+            raise CLIError(SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}"))
+        path, prefix = record.rank_log(rank)
+    _print_log(job_id, path, prefix, follow)
+
+
+def _print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> None:
+    from . import slurm
+
+    def emit(chunk: str) -> None:
+        if prefix is None:
+            click.echo(chunk, nl=False)
+        else:
+            click.echo("".join(line for line in chunk.splitlines(True) if line.startswith(prefix)), nl=False)
+
+    if not path.exists() and not follow:
+        raise CLIError(slurm.SlurmError(f"log {path} does not exist (yet): the job may still be pending; "
+                                        f"try clusterddp logs {job_id} --follow"))
+    pos, partial = 0, ""
+    try:
+        while True:
+            if path.exists():
+                with path.open("r", errors="replace") as fh:
+                    fh.seek(pos)
+                    text = partial + fh.read()
+                    pos = fh.tell()
+                # While following, hold back a half-written last line so prefixes are matched on whole lines.
+                cut = text.rfind("\n") + 1 if follow else len(text)
+                text, partial = text[:cut], text[cut:]
+                if text:
+                    emit(text)
+            if not follow:
+                if partial:
+                    emit(partial)
+                return
+            if slurm.info(job_id).done:
+                follow = False  # one more read: the last lines may land just after the state changes
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    cli.main(args=argv, prog_name="clusterddp")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

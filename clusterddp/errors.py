@@ -1,0 +1,52 @@
+"""The small error hierarchy. Every error a user can cause derives from ClusterDDPError."""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+class ClusterDDPError(Exception):
+    """Base of every clusterddp error. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class SpecError(ClusterDDPError, ValueError):
+    """An invalid job specification (a usage error: exit code 2)."""
+
+    exit_code = 2
+
+
+class TemplateError(ClusterDDPError):
+    """A template could not be found or rendered."""
+
+    exit_code = 2
+
+
+class SlurmError(ClusterDDPError):
+    """A Slurm command failed; carries argv, exit code and stderr."""
+
+    def __init__(self, message: str, argv: Sequence[str] = (), returncode: int | None = None,
+                 stderr: str = "") -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+        detail = []
+        if self.argv:
+            detail.append("command: " + " ".join(self.argv))
+        if returncode is not None:
+            detail.append(f"exit code {returncode}")
+        if stderr.strip():
+            detail.append("stderr: " + stderr.strip())
+        super().__init__(message + ("\n  " + "\n  ".join(detail) if detail else ""))
+
+
+class JobNotFound(SlurmError):
+    """A job id that Slurm does not know (any more)."""
+
+
+class LocalRunError(ClusterDDPError):
+    """The local backend could not run the job."""
+
+
+class RuntimeEnvError(ClusterDDPError):
+    """The in-job environment does not describe a consistent distributed job."""

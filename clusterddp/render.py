@@ -1,0 +1,129 @@
+"""spec -> sbatch script text. Pure: no files written, no Slurm contacted.
+
+Templates are looked up in the user's template directories first (``--template-dir``,
+``CLUSTERDDP_TEMPLATE_DIR``), then in the shipped ``templates/``. The shipped ones are found through
+importlib.resources (wheel, editable install) with a fallback to the source tree (plain checkout).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jinja2
+
+from .errors import TemplateError
+from .spec import JobSpec, sbatch_quote
+
+TEMPLATE_SUFFIX = ".sh.j2"
+ENV_TEMPLATE_DIR = "CLUSTERDDP_TEMPLATE_DIR"
+
+
+def _shipped_dir() -> Any:
+    """The shipped templates as a Traversable (a real directory except inside zip imports)."""
+    try:
+        from importlib.resources import files
+
+        root = files("clusterddp.templates")
+        if root.joinpath("base" + TEMPLATE_SUFFIX).is_file():
+            return root
+    except (ImportError, ModuleNotFoundError, TypeError):
+        pass
+    # Source checkout (and setuptools' editable installs, whose finder maps only the top package).
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+class _ResourceLoader(jinja2.BaseLoader):
+    """Loads templates from an importlib.resources Traversable (works where PackageLoader does not)."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> Tuple[str, Optional[str], Callable[[], bool]]:
+        node = self.root
+        for piece in template.split("/"):
+            if piece in ("", ".", ".."):
+                raise jinja2.TemplateNotFound(template)
+            node = node.joinpath(piece)
+        if not node.is_file():
+            raise jinja2.TemplateNotFound(template)
+        return node.read_text(encoding="utf-8"), str(node), lambda: True
+
+    def list_templates(self) -> List[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.name.endswith(TEMPLATE_SUFFIX))
+
+
+def template_dirs(user_dirs: Sequence[str] = ()) -> List[str]:
+    """User template directories in search order: explicit ones, then $CLUSTERDDP_TEMPLATE_DIR (os.pathsep list)."""
+    dirs = [str(d) for d in user_dirs]
+    dirs += [d for d in os.environ.get(ENV_TEMPLATE_DIR, "").split(os.pathsep) if d]
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise TemplateError(f"template directory {d!r} does not exist (from --template-dir or {ENV_TEMPLATE_DIR})")
+    return dirs
+
+
+def environment(user_dirs: Sequence[str] = ()) -> jinja2.Environment:
+    loaders: List[jinja2.BaseLoader] = [jinja2.FileSystemLoader(d) for d in template_dirs(user_dirs)]
+    loaders.append(_ResourceLoader(_shipped_dir()))
+    env = jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True)
+    env.filters["q"] = shlex.quote
+    return env
+
+
+def available_templates(user_dirs: Sequence[str] = ()) -> List[str]:
+    names = set(environment(user_dirs).list_templates())
+    return sorted(n[: -len(TEMPLATE_SUFFIX)] for n in names if n.endswith(TEMPLATE_SUFFIX) and n != "base" + TEMPLATE_SUFFIX)
+
+
+def directive_lines(spec: JobSpec) -> List[str]:
+    """``--name="value"`` for each directive: the one place #SBATCH values are encoded."""
+    return [f"--{name}" if value is None else f"--{name}={sbatch_quote(value)}"
+            for name, value in spec.sbatch_directives()]
+
+
+def program_argv(spec: JobSpec) -> List[str]:
+    """What each rank runs after the launcher: ``train.py ARGS`` or ``-m pkg.mod ARGS``."""
+    return (["-m", spec.script] if spec.module else [spec.script]) + list(spec.args)
+
+
+def context(spec: JobSpec) -> Dict[str, Any]:
+    """Everything the templates lay out, computed here (templates do no arithmetic on user values)."""
+    from . import __version__
+
+    q = shlex.quote
+    return {
+        "spec": spec,
+        "version": __version__,
+        "directives": directive_lines(spec),
+        "program": " ".join(q(a) for a in program_argv(spec)),
+        "python": q(spec.python),
+        "env": [(name, q(value)) for name, value in spec.env],
+        "setup": list(spec.setup),
+        "run_dir": f"{q(spec.output_dir)}/{q(spec.file_stem)}-\"$SLURM_JOB_ID\"",
+        "srun_cpus": spec.cpus_per_task is not None,
+        "omp_threads": spec.cpus_per_task or 1,
+        "log_kind": {"srun": "per-rank", "torchrun": "per-node (rank-prefixed) and per-rank"}.get(spec.launcher, "per-node"),
+        "port_base": 20000,
+        "port_span": 10000,
+    }
+
+
+def render(spec: JobSpec, template: Optional[str] = None, template_dirs: Sequence[str] = ()) -> str:
+    """The sbatch script for ``spec`` (template defaults to ``spec.template`` or the launcher's own)."""
+    name = template or spec.template or spec.launcher
+    env = environment(template_dirs)
+    try:
+        tmpl = env.get_template(name + TEMPLATE_SUFFIX)
+    except jinja2.TemplateNotFound as exc:
+        valid = available_templates(template_dirs)
+        raise TemplateError(f"unknown template {name!r} (missing {exc.name}): available templates are "
+                            f"{', '.join(valid)}; add your own with --template-dir DIR") from None
+    try:
+        return tmpl.render(context(spec))
+    except jinja2.UndefinedError as exc:
+        raise TemplateError(f"template {name!r} uses an undefined value: {exc.message}") from None
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"template {name!r} failed to render: {exc}") from None

@@ -1,0 +1,229 @@
+"""The only place that runs Slurm commands (argv lists, never a shell), parses their output, and follows jobs.
+
+Job state comes from ``squeue`` while the job is queued or running, then ``sacct`` (clusters with accounting),
+then ``scontrol show job`` (kept for MinJobAge seconds after the end, the only source without accounting).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .errors import JobNotFound, SlurmError
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                   "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+_JOBID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+
+
+def run(argv: Sequence[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run one Slurm command; a missing binary or a non-zero exit becomes a SlurmError carrying argv and stderr."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} not found on PATH: run this on a Slurm login node, or try --dry-run "
+                         "(print the script) or --local (run on this machine)", argv) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s (is slurmctld up?)", argv) from None
+    if check and proc.returncode != 0:
+        raise SlurmError(f"{argv[0]} failed", argv, proc.returncode, proc.stderr)
+    return proc
+
+
+def check_job_id(job_id: str) -> str:
+    job_id = str(job_id).strip()
+    if not _JOBID.match(job_id):
+        raise JobNotFound(f"invalid job id {job_id!r}: expected a number such as 1234 (or 1234_5 for an array task)")
+    return job_id
+
+
+def sbatch(script: Path, extra: Sequence[str] = ()) -> str:
+    """Submit ``script`` and return the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
+    argv = ["sbatch", "--parsable", *extra, str(script)]
+    proc = run(argv)
+    job_id = proc.stdout.strip().split(";", 1)[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch printed no job id (got {proc.stdout.strip()!r})", argv, proc.returncode, proc.stderr)
+    return job_id
+
+
+def test_only(script: Path) -> str:
+    """``sbatch --test-only``: Slurm's own check that the request fits, without queueing. Returns its message."""
+    proc = run(["sbatch", "--test-only", str(script)])
+    return (proc.stderr or proc.stdout).strip()
+
+
+def cancel(job_id: str, signal: Optional[str] = None) -> None:
+    job_id = check_job_id(job_id)
+    info(job_id)  # a clear JobNotFound instead of scancel's terse message
+    argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + [job_id]
+    run(argv)
+
+
+@dataclass
+class JobInfo:
+    job_id: str
+    state: str
+    reason: str = ""
+    elapsed: str = ""
+    nodes: str = ""
+    node_list: str = ""
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    stdout_path: str = ""
+    source: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def return_code(self) -> int:
+        """The exit code a shell would report for the job: 128+signal when killed, 1 for a failure without one."""
+        if self.signal:
+            return 128 + self.signal
+        if self.exit_code:
+            return self.exit_code
+        return 0 if self.state == "COMPLETED" else 1
+
+
+def _parse_exit(text: str) -> tuple:
+    m = re.match(r"^(\d+):(\d+)$", text.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+def _from_squeue(job_id: str) -> Optional[JobInfo]:
+    proc = run(["squeue", "--noheader", "--jobs", job_id, "--format=%i|%T|%r|%M|%D|%N"], check=False)
+    if proc.returncode != 0:
+        return None  # an unknown or already purged id
+    for line in proc.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 6 and parts[0] == job_id:
+            return JobInfo(job_id, parts[1], reason=parts[2], elapsed=parts[3], nodes=parts[4],
+                           node_list=parts[5], source="squeue")
+    return None
+
+
+def _from_sacct(job_id: str) -> Optional[JobInfo]:
+    proc = run(["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
+                "--format=JobID,State,Elapsed,NNodes,NodeList,ExitCode"], check=False)
+    if proc.returncode != 0:
+        return None  # no accounting storage on this cluster
+    for line in proc.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 6 and parts[0] == job_id:
+            code, sig = _parse_exit(parts[5])
+            # sacct writes "CANCELLED by 0"; keep the state word only.
+            return JobInfo(job_id, parts[1].split()[0], elapsed=parts[2], nodes=parts[3], node_list=parts[4],
+                           exit_code=code, signal=sig, source="sacct")
+    return None
+
+
+def parse_scontrol(text: str) -> Dict[str, str]:
+    """``scontrol show job -o`` prints one line of Key=Value pairs; values may hold spaces (Command=...)."""
+    fields: Dict[str, str] = {}
+    for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9:_/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9:_/]*=|\s*$)", text.strip()):
+        fields.setdefault(m.group(1), m.group(2))
+    return fields
+
+
+def _from_scontrol(job_id: str) -> Optional[JobInfo]:
+    proc = run(["scontrol", "--oneliner", "show", "job", job_id], check=False)
+    if proc.returncode != 0:
+        return None
+    f = parse_scontrol(proc.stdout.splitlines()[0] if proc.stdout else "")
+    if not f.get("JobState"):
+        return None
+    code, sig = _parse_exit(f.get("ExitCode", ""))
+    return JobInfo(job_id, f["JobState"], reason=f.get("Reason", ""), elapsed=f.get("RunTime", ""),
+                   nodes=f.get("NumNodes", ""), node_list=f.get("NodeList", ""), exit_code=code, signal=sig,
+                   stdout_path=f.get("StdOut", ""), source="scontrol")
+
+
+def info(job_id: str) -> JobInfo:
+    """The job's state from the first source that knows it: squeue, then sacct, then scontrol."""
+    job_id = check_job_id(job_id)
+    queued = _from_squeue(job_id)
+    if queued is not None and not queued.done:
+        # squeue has no exit code; scontrol adds it (and the log path) while it still has the job.
+        detail = _from_scontrol(job_id)
+        if detail is not None:
+            detail.source = "squeue+scontrol"
+            return detail
+        return queued
+    for source in (_from_sacct, _from_scontrol):
+        found = source(job_id)
+        if found is not None:
+            return found
+    raise JobNotFound(f"job {job_id} is unknown to Slurm (squeue, sacct and scontrol do not know it): check the id; "
+                      "finished jobs are forgotten after MinJobAge on clusters without accounting")
+
+
+def wait(job_id: str, on_change: Callable[[JobInfo], None] = lambda i: None, poll: float = 0.5,
+         max_poll: float = 5.0) -> JobInfo:
+    """Follow a job until it ends, calling ``on_change`` whenever its state changes; returns the final JobInfo."""
+    last = None
+    delay = poll
+    while True:
+        current = info(job_id)
+        key = (current.state, current.reason)
+        if key != last:
+            on_change(current)
+            last = key
+            delay = poll
+        if current.done:
+            return current
+        time.sleep(delay)
+        delay = min(max_poll, delay * 1.5)
+
+
+# --- the local record of submitted jobs (for `logs` and `status` after Slurm forgot the job) -----------------
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "clusterddp" / "jobs"
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    script_path: str
+    batch_log: str
+    run_dir: str
+    launcher: str
+    procs_per_node: int
+    nodes: int
+
+    def save(self) -> Path:
+        d = state_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{self.job_id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, job_id: str) -> Optional["JobRecord"]:
+        path = state_dir() / f"{check_job_id(job_id)}.json"
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def rank_log(self, rank: int) -> tuple:
+        """(path, line prefix or None) of one rank's output."""
+        run_dir = Path(self.run_dir)
+        if self.launcher == "srun":
+            return run_dir / f"rank-{rank}.out", None
+        node, local = divmod(rank, self.procs_per_node)
+        prefix = f"[default{local}]:" if self.launcher == "torchrun" else None
+        return run_dir / f"node-{node}.out", prefix
+
+    def logs(self) -> List[Path]:
+        run_dir = Path(self.run_dir)
+        return sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))

@@ -1,0 +1,308 @@
+"""The job: one frozen, validated :class:`JobSpec`, the contract between the CLI, the templates, the local
+backend and the Python API. Everything derived (world size, the #SBATCH directives) is computed here once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import SpecError
+
+LAUNCHERS = ("torchrun", "srun", "spawn")
+GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
+#: Placeholders the spawn launcher fills in, per node, at run time.
+PLACEHOLDERS = ("master_addr", "master_port", "node_rank", "nnodes", "gpus_per_node", "world_size")
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_MEM = re.compile(r"^[0-9]+[KMGT]?$")
+_SBATCH_OPT = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*$")
+# Values made only of these characters need no quotes on an #SBATCH line (no space, quote, backslash or '#').
+_SBATCH_BARE = re.compile(r"^[A-Za-z0-9._:/%@+,=-]+$")
+_TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+
+
+def suggest(given: str, valid: Iterable[str]) -> str:
+    """' (did you mean X?)' when ``given`` looks like a typo of a valid name, else ''."""
+    close = difflib.get_close_matches(given, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_time(value: str) -> int:
+    """Seconds in a Slurm time limit; accepts every format sbatch does (and UNLIMITED -> 0)."""
+    text = str(value).strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return 0
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m:
+        raise SpecError(f"invalid time limit {value!r}: expected {_TIME_FORMATS} (e.g. 90, 02:00:00, 1-12)")
+    days, a, b, c = m.groups()
+    nums = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:
+        hours, minutes, seconds = (nums + [0, 0])[:3]
+        if hours >= 24:
+            raise SpecError(f"invalid time limit {value!r}: hours must be below 24 in D-HH forms")
+        total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+        sub = nums[1:]
+    elif len(nums) == 1:
+        total, sub = nums[0] * 60, []
+    elif len(nums) == 2:
+        total, sub = nums[0] * 60 + nums[1], nums[1:]
+    else:
+        total, sub = (nums[0] * 60 + nums[1]) * 60 + nums[2], nums[1:]
+    if any(x >= 60 for x in sub):
+        raise SpecError(f"invalid time limit {value!r}: minutes and seconds must be below 60")
+    if total <= 0:
+        raise SpecError(f"invalid time limit {value!r}: must be positive (use UNLIMITED for no limit)")
+    return total
+
+
+def parse_env(items: Iterable[str]) -> Tuple[Tuple[str, str], ...]:
+    """``["K=V", ...]`` -> ``(("K", "V"), ...)``, validating names; the value may hold anything but NUL."""
+    out = []
+    for item in items:
+        if "=" not in item:
+            raise SpecError(f"--env {item!r} has no '=': expected NAME=VALUE (e.g. --env NCCL_DEBUG=INFO)")
+        name, value = item.split("=", 1)
+        out.append((name, value))
+    return tuple(out)
+
+
+def sbatch_quote(value: str) -> str:
+    """Encode a value for an ``#SBATCH`` line, which sbatch (not a shell) parses.
+
+    sbatch reads ``\\`` as an escape even inside quotes and an unquoted ``#`` starts a comment, so shell quoting
+    is wrong here: wrap in double quotes, escape ``\\`` and ``"``. Line breaks cannot be encoded at all.
+    """
+    check_line_safe(value, "#SBATCH value")
+    if _SBATCH_BARE.match(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def check_line_safe(value: str, what: str) -> None:
+    for bad, name in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL byte")):
+        if bad in value:
+            raise SpecError(f"{what} {value!r} contains {name}; it must fit on one line")
+
+
+def slug(name: str) -> str:
+    """A file-name-safe form of a job name: no '/', no '%' pattern, no leading dot."""
+    s = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "job"
+    return s[:100]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A distributed training job: what to run, on how many nodes and GPUs, and how to launch it.
+
+    Field names follow sbatch's long options. ``gpus_per_node=0`` is a CPU-only job with ``procs_per_node``
+    processes per node (gloo). ``cpus_per_task`` is CPUs per *rank*, whatever the launcher.
+    """
+
+    script: str
+    args: Tuple[str, ...] = ()
+    module: bool = False
+    nodes: int = 1
+    gpus_per_node: int = 0
+    procs_per_node: Optional[int] = None
+    cpus_per_task: Optional[int] = None
+    mem: Optional[str] = None
+    time: Optional[str] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    exclusive: bool = False
+    job_name: Optional[str] = None
+    output_dir: str = "clusterddp-runs"
+    env: Tuple[Tuple[str, str], ...] = ()
+    setup: Tuple[str, ...] = ()
+    sbatch_args: Tuple[str, ...] = ()
+    gpu_request: str = "gpus-per-node"
+    launcher: str = "torchrun"
+    master_port: Optional[int] = None
+    python: str = "python3"
+    template: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.
+        for name in ("args", "setup", "sbatch_args"):
+            object.__setattr__(self, name, tuple(str(x) for x in getattr(self, name)))
+        env = self.env
+        if isinstance(env, Mapping):
+            env = tuple(env.items())
+        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in env))
+        if self.job_name is None:
+            object.__setattr__(self, "job_name", self.default_job_name())
+        self._validate()
+
+    # --- derived values -------------------------------------------------------------------------------
+    @property
+    def tasks_per_node(self) -> int:
+        """Ranks (processes) per node: one per GPU, or ``procs_per_node`` for a CPU job."""
+        return self.gpus_per_node if self.gpus_per_node > 0 else (self.procs_per_node or 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.gpus_per_node > 0 else "gloo"
+
+    @property
+    def time_seconds(self) -> Optional[int]:
+        return None if self.time is None else parse_time(self.time)
+
+    @property
+    def slurm_tasks_per_node(self) -> int:
+        """Slurm tasks per node: one per rank for srun, one per node for torchrun and spawn."""
+        return self.tasks_per_node if self.launcher == "srun" else 1
+
+    @property
+    def slurm_cpus_per_task(self) -> Optional[int]:
+        if self.cpus_per_task is None:
+            return None
+        return self.cpus_per_task * (self.tasks_per_node // self.slurm_tasks_per_node)
+
+    @property
+    def file_stem(self) -> str:
+        return slug(self.job_name or "job")
+
+    def default_job_name(self) -> str:
+        base = self.script.rsplit(".", 1)[-1] if self.module else self.script.rsplit("/", 1)[-1]
+        if base.endswith(".py"):
+            base = base[:-3]
+        return slug(base)
+
+    def replace(self, **changes: object) -> "JobSpec":
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def sbatch_directives(self) -> List[Tuple[str, Optional[str]]]:
+        """The ordered ``#SBATCH`` options as (name, value or None for a flag); render.py encodes them."""
+        d: List[Tuple[str, Optional[str]]] = [("job-name", self.job_name), ("nodes", str(self.nodes)),
+                                               ("ntasks-per-node", str(self.slurm_tasks_per_node))]
+        if self.gpus_per_node:
+            if self.gpu_request == "gres":
+                d.append(("gres", f"gpu:{self.gpus_per_node}"))
+            elif self.gpu_request == "gpus-per-task":
+                d.append(("gpus-per-task", "1"))
+            else:
+                d.append(("gpus-per-node", str(self.gpus_per_node)))
+        if self.slurm_cpus_per_task is not None:
+            d.append(("cpus-per-task", str(self.slurm_cpus_per_task)))
+        for name in ("mem", "time", "partition", "account", "qos", "constraint"):
+            value = getattr(self, name)
+            if value is not None:
+                d.append((name, value))
+        if self.exclusive:
+            d.append(("exclusive", None))
+        # Not %x: the job name is user text and a '/' in it would make paths; the stem is sanitised. A '%'
+        # in the directory would be read as a pattern by sbatch, so it is doubled.
+        d.append(("output", f"{self.output_dir.replace('%', '%%')}/{self.file_stem.replace('%', '%%')}-%j.out"))
+        for arg in self.sbatch_args:
+            name, _, value = arg[2:].partition("=")
+            d.append((name, value if "=" in arg else None))
+        return d
+
+    # --- validation -----------------------------------------------------------------------------------
+    def _validate(self) -> None:
+        def positive_int(name: str, value: object, minimum: int) -> None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SpecError(f"{name} must be an integer, got {value!r}")
+            if value < minimum:
+                raise SpecError(f"{name} must be at least {minimum}, got {value}")
+
+        positive_int("nodes", self.nodes, 1)
+        positive_int("gpus_per_node", self.gpus_per_node, 0)
+        if self.procs_per_node is not None:
+            positive_int("procs_per_node", self.procs_per_node, 1)
+            if self.gpus_per_node and self.procs_per_node != self.gpus_per_node:
+                raise SpecError(
+                    f"conflicting options: gpus_per_node={self.gpus_per_node} runs one process per GPU, but "
+                    f"procs_per_node={self.procs_per_node}; drop --procs-per-node or use --gpus 0 for a CPU job")
+        if self.cpus_per_task is not None:
+            positive_int("cpus_per_task", self.cpus_per_task, 1)
+        if self.master_port is not None:
+            positive_int("master_port", self.master_port, 1)
+            if self.master_port > 65535:
+                raise SpecError(f"master_port must be at most 65535, got {self.master_port}")
+        if self.launcher not in LAUNCHERS:
+            raise SpecError(f"unknown launcher {self.launcher!r}{suggest(self.launcher, LAUNCHERS)}: "
+                            f"expected one of {', '.join(LAUNCHERS)}")
+        if self.gpu_request not in GPU_REQUESTS:
+            raise SpecError(f"unknown gpu_request {self.gpu_request!r}{suggest(self.gpu_request, GPU_REQUESTS)}: "
+                            f"expected one of {', '.join(GPU_REQUESTS)}")
+        if self.gpu_request == "gpus-per-task" and self.launcher != "srun":
+            raise SpecError("gpu_request 'gpus-per-task' needs one Slurm task per GPU: use it with --launcher srun "
+                            "(torchrun and spawn run one task per node)")
+        if not self.script:
+            raise SpecError("no entry point given: pass a script path (train.py) or -m package.module")
+        if self.module and not _MODULE.match(self.script):
+            raise SpecError(f"invalid module name {self.script!r}: expected dotted Python identifiers "
+                            "(e.g. -m mypkg.train)")
+        if self.time is not None:
+            parse_time(self.time)
+        if self.mem is not None and not _MEM.match(self.mem):
+            raise SpecError(f"invalid memory {self.mem!r}: expected a number with an optional unit K, M, G or T "
+                            "(e.g. 64G; Slurm's default unit is M)")
+        for name in ("job_name", "partition", "account", "qos", "constraint", "output_dir", "python"):
+            value = getattr(self, name)
+            if value is not None:
+                check_line_safe(value, name)
+                if value == "":
+                    raise SpecError(f"{name} must not be empty")
+        if "\\" in self.output_dir:
+            raise SpecError(f"output_dir {self.output_dir!r} contains a backslash, which turns off sbatch's "
+                            "%j file-name patterns; choose a path without '\\'")
+        for arg in self.args:
+            if "\0" in arg:
+                raise SpecError(f"script argument {arg!r} contains a NUL byte, which no program can receive")
+        for name, value in self.env:
+            if not _ENV_NAME.match(name):
+                raise SpecError(f"invalid environment variable name {name!r} in --env: expected letters, digits "
+                                "and '_', not starting with a digit (e.g. NCCL_DEBUG=INFO)")
+            if "\0" in value:
+                raise SpecError(f"environment value of {name} contains a NUL byte")
+        for line in self.setup:
+            check_line_safe(line, "setup line")
+        for arg in self.sbatch_args:
+            opt = arg.split("=", 1)[0]
+            if not _SBATCH_OPT.match(opt):
+                raise SpecError(f"invalid --sbatch-arg {arg!r}: expected a long option as --name or --name=value "
+                                "(e.g. --sbatch-arg=--mail-type=END)")
+            check_line_safe(arg, "--sbatch-arg")
+            if opt[2:] in _OWNED_DIRECTIVES:
+                raise SpecError(f"--sbatch-arg {arg!r} sets {opt}, which clusterddp computes; use the matching "
+                                f"clusterddp option instead ({_OWNED_DIRECTIVES[opt[2:]]})")
+        if self.template is not None:
+            check_line_safe(self.template, "template")
+
+
+# sbatch options a raw --sbatch-arg may not override, with the option that sets them.
+_OWNED_DIRECTIVES: Dict[str, str] = {
+    "nodes": "--nodes", "ntasks-per-node": "--gpus / --procs-per-node", "ntasks": "--gpus / --procs-per-node",
+    "gpus-per-node": "--gpus", "gres": "--gpus with --gpu-request gres", "gpus-per-task": "--gpu-request",
+    "cpus-per-task": "--cpus-per-task", "output": "--output-dir", "job-name": "--job-name",
+}
+
+
+def field_names() -> List[str]:
+    return [f.name for f in dataclasses.fields(JobSpec)]
+
+
+def from_mapping(values: Mapping[str, object]) -> JobSpec:
+    """Build a spec from a mapping (config files, the Python API); an unknown key lists the valid names."""
+    names = field_names()
+    for key in values:
+        if key not in names:
+            raise SpecError(f"unknown job spec field {key!r}{suggest(key, names)}; valid fields: {', '.join(names)}")
+    return JobSpec(**values)  # type: ignore[arg-type]
+
+
+__all__: Sequence[str] = ["JobSpec", "LAUNCHERS", "GPU_REQUESTS", "PLACEHOLDERS", "parse_time", "parse_env",
+                          "sbatch_quote", "slug", "from_mapping", "field_names"]

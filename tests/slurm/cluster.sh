@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# A throwaway 2-node Slurm 22.05 cluster on this one machine, for clusterddp's own tests (and by hand).
+#
+#   tests/slurm/cluster.sh install   # Debian packages: munge slurmctld slurmd slurm-client iproute2
+#   tests/slurm/cluster.sh up        # start munged, slurmctld, and slurmd "node1" and "node2"
+#   source /tmp/clusterddp-cluster/env.sh; sinfo; sbatch ...
+#   tests/slurm/cluster.sh status
+#   tests/slurm/cluster.sh down      # stop what `up` started (by pid file), remove namespaces and hosts entries
+#
+# Each node is a slurmd in its own network namespace (veth to a private bridge on 10.200.0.0/24, no default
+# route) and its own UTS namespace (hostname nodeN, plus an /etc/hosts entry): without its own hostname gloo
+# binds to 127.0.0.1 and ranks on different "nodes" cannot connect. Needs root and Linux; no Docker.
+set -euo pipefail
+
+DIR="${CLUSTERDDP_CLUSTER_DIR:-/tmp/clusterddp-cluster}"
+NODES=(node1 node2)
+SUBNET=10.200.0
+BRIDGE=cddpbr0
+CTLD_ADDR=$SUBNET.254
+CTLD_PORT=16817
+SLURMD_PORT=16818
+CPUS_PER_NODE=8
+GPUS_PER_NODE=2
+HOSTS_TAG="# clusterddp-test-cluster"
+
+log() { echo "cluster.sh: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+need_root() {
+    [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, munged, slurmd)"
+    [ "$(uname -s)" = Linux ] || die "needs Linux (network and UTS namespaces)"
+}
+
+cmd_install() {
+    need_root
+    local missing=()
+    for bin in munged slurmctld slurmd sbatch ip nsenter unshare; do
+        command -v "$bin" >/dev/null 2>&1 || missing+=("$bin")
+    done
+    if [ ${#missing[@]} -eq 0 ]; then
+        log "Slurm and munge already installed"
+        return 0
+    fi
+    log "installing munge and Slurm (missing: ${missing[*]})"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client iproute2 util-linux >/dev/null
+    # The packages' own services would fight ours for the default ports and key; we never use them.
+    for svc in munge slurmctld slurmd; do
+        if command -v systemctl >/dev/null 2>&1; then systemctl stop "$svc" >/dev/null 2>&1 || true; fi
+    done
+}
+
+write_config() {
+    local ctl_host
+    ctl_host="$(hostname -s)"
+    mkdir -p "$DIR"/{state,log,run,munge,dev}
+    for n in "${NODES[@]}"; do mkdir -p "$DIR/spool/$n"; done
+    # Fake GPUs: character devices, so that Slurm sets CUDA_VISIBLE_DEVICES (plain files are accepted silently
+    # but then it never does). Jobs still run gloo on CPU.
+    for ((i = 0; i < GPUS_PER_NODE; i++)); do
+        [ -c "$DIR/dev/nvidia$i" ] || mknod "$DIR/dev/nvidia$i" c 195 "$i"
+    done
+    cat >"$DIR/slurm.conf" <<EOF
+ClusterName=cddptest
+SlurmctldHost=$ctl_host($CTLD_ADDR)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$DIR/munge/munge.socket
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/run/slurmctld.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$DIR/log/jobcomp.txt
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+SchedulerParameters=batch_sched_delay=0
+MpiDefault=none
+ReturnToService=2
+MinJobAge=300
+KillWait=5
+InactiveLimit=0
+SlurmdTimeout=60
+MessageTimeout=20
+GresTypes=gpu
+NodeName=node1 NodeAddr=$SUBNET.1 NodeHostname=node1 CPUs=$CPUS_PER_NODE RealMemory=8000 Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
+NodeName=node2 NodeAddr=$SUBNET.2 NodeHostname=node2 CPUs=$CPUS_PER_NODE RealMemory=8000 Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
+PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
+EOF
+    cat >"$DIR/gres.conf" <<EOF
+AutoDetect=off
+Name=gpu File=$DIR/dev/nvidia[0-$((GPUS_PER_NODE - 1))]
+EOF
+    echo "export SLURM_CONF=$DIR/slurm.conf" >"$DIR/env.sh"
+}
+
+start_munge() {
+    local m="$DIR/munge"
+    # munged checks permissions: the socket directory must be world-executable, the key private.
+    chmod 0755 "$DIR" "$m"
+    if [ ! -f "$m/munge.key" ]; then
+        dd if=/dev/urandom of="$m/munge.key" bs=1024 count=1 status=none
+    fi
+    chmod 0400 "$m/munge.key"
+    munged --socket="$m/munge.socket" --key-file="$m/munge.key" --pid-file="$m/munged.pid" \
+        --log-file="$DIR/log/munged.log" --seed-file="$m/munged.seed"
+}
+
+setup_network() {
+    ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+    ip addr replace "$CTLD_ADDR/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    local i=1
+    for n in "${NODES[@]}"; do
+        local ns="cddp-$n" host_if="cddp-h$i" node_if="cddp-n$i"
+        ip netns add "$ns" 2>/dev/null || true
+        ip link show "$host_if" >/dev/null 2>&1 || ip link add "$host_if" type veth peer name "$node_if" netns "$ns"
+        ip link set "$host_if" master "$BRIDGE" up
+        ip -n "$ns" addr replace "$SUBNET.$i/24" dev "$node_if"
+        ip -n "$ns" link set "$node_if" up
+        ip -n "$ns" link set lo up
+        grep -q "^$SUBNET.$i $n " /etc/hosts || echo "$SUBNET.$i $n $HOSTS_TAG" >>/etc/hosts
+        i=$((i + 1))
+    done
+}
+
+start_slurm() {
+    export SLURM_CONF="$DIR/slurm.conf"
+    slurmctld -f "$DIR/slurm.conf"
+    for n in "${NODES[@]}"; do
+        # Not `ip netns exec`: it remounts /sys, hides the cgroup tree, and slurmd 22.05 then dies
+        # ("Unable to initialize cgroup plugin"). nsenter keeps the mounts; unshare --uts gives the hostname.
+        nsenter --net="/run/netns/cddp-$n" unshare --uts \
+            sh -c 'hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$n" "$DIR/slurm.conf"
+    done
+}
+
+wait_ready() {
+    export SLURM_CONF="$DIR/slurm.conf"
+    local deadline=$((SECONDS + 60))
+    while ((SECONDS < deadline)); do
+        local states
+        states="$(sinfo --noheader --Node --format='%N %T' 2>/dev/null || true)"
+        if [ "$(grep -c ' idle$' <<<"$states" || true)" = "${#NODES[@]}" ]; then
+            log "up: ${#NODES[@]} nodes idle (source $DIR/env.sh to use it)"
+            return 0
+        fi
+        sleep 0.3
+    done
+    log "nodes did not become idle within 60 s:"
+    sinfo --Node --long >&2 || true
+    tail -n 20 "$DIR"/log/*.log >&2 || true
+    return 1
+}
+
+cmd_up() {
+    need_root
+    for bin in munged slurmctld slurmd sbatch ip nsenter unshare; do
+        command -v "$bin" >/dev/null 2>&1 || die "$bin is not installed: run '$0 install' first"
+    done
+    if [ -f "$DIR/run/slurmctld.pid" ] && kill -0 "$(cat "$DIR/run/slurmctld.pid")" 2>/dev/null; then
+        log "already up (down first for a fresh cluster)"
+        wait_ready
+        return
+    fi
+    # Job state survives a slurmctld restart: a fresh cluster needs a fresh state directory.
+    stop_all quiet
+    rm -rf "$DIR"
+    write_config
+    start_munge
+    setup_network
+    start_slurm
+    wait_ready
+}
+
+kill_pidfile() {
+    local f="$1"
+    [ -f "$f" ] || return 0
+    local pid
+    pid="$(cat "$f")"
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$f"
+}
+
+stop_all() {
+    local quiet="${1:-}"
+    # Job steps started by slurmd live in the node namespaces: end them with their namespace's processes.
+    for n in "${NODES[@]}"; do
+        if [ -e "/run/netns/cddp-$n" ]; then
+            for pid in $(ip netns pids "cddp-$n" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+        fi
+        kill_pidfile "$DIR/run/slurmd-$n.pid"
+    done
+    kill_pidfile "$DIR/run/slurmctld.pid"
+    kill_pidfile "$DIR/munge/munged.pid"
+    local i=1
+    for n in "${NODES[@]}"; do
+        ip link del "cddp-h$i" 2>/dev/null || true
+        ip netns del "cddp-$n" 2>/dev/null || true
+        i=$((i + 1))
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+    if grep -q "$HOSTS_TAG" /etc/hosts; then
+        # /etc/hosts may be a bind mount: rewrite it in place rather than replacing the file.
+        local kept
+        kept="$(grep -v "$HOSTS_TAG" /etc/hosts)"
+        printf '%s\n' "$kept" >/etc/hosts
+    fi
+    [ -n "$quiet" ] || log "down"
+}
+
+cmd_down() {
+    need_root
+    stop_all
+    [ "${1:-}" = "--keep" ] || rm -rf "$DIR"
+}
+
+cmd_status() {
+    export SLURM_CONF="$DIR/slurm.conf"
+    [ -f "$SLURM_CONF" ] || die "not up ($DIR has no slurm.conf)"
+    sinfo --Node --long
+    squeue
+}
+
+case "${1:-}" in
+    install) cmd_install ;;
+    up) cmd_up ;;
+    down) shift; cmd_down "$@" ;;
+    status) cmd_status ;;
+    env) echo "export SLURM_CONF=$DIR/slurm.conf" ;;
+    *) echo "usage: $0 install|up|down [--keep]|status|env" >&2; exit 2 ;;
+esac
