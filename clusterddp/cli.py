@@ -4,6 +4,7 @@ Never imports torch (login nodes may not have it) nor submitit.
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 import uuid
@@ -238,19 +239,45 @@ def _wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
     return code
 
 
+# Errors that ranks report when *another* rank died: shown last, the root cause first.
+_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "communicator was aborted",
+              "SignalException", "Socket Timeout", "ChildFailedError", "Signal 15 (SIGTERM)")
+
+
+_STREAM_PREFIX = re.compile(r"^\[default(\d+)\]:")
+
+
+def _streams(path: Path, lines: List[str]) -> List[Any]:
+    """Split a log into (label, lines) per writer: torchrun's --tee prefixes lines with [default<local rank>]:."""
+    groups: dict = {}
+    for line in lines:
+        m = _STREAM_PREFIX.match(line)
+        label = f"{path.name} local rank {m.group(1)}" if m else path.name
+        groups.setdefault(label, []).append(line[m.end():] if m else line)
+    return list(groups.items())
+
+
 def _show_failure(record: Any) -> None:
-    """Print the first traceback found in the rank logs (or say where the logs are)."""
+    """Name every log with a traceback and print the most likely root cause in full."""
+    found = []
     for path in [Path(p) for p in record.logs()] + [Path(record.batch_log)]:
         try:
-            lines = path.read_text(errors="replace").splitlines()
+            text = path.read_text(errors="replace")
         except OSError:
             continue
-        starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
-        if starts:
-            click.echo(f"clusterddp: traceback in {path}:", err=True)
-            click.echo("\n".join(lines[starts[0]: starts[0] + 40]), err=True)
-            return
-    click.echo(f"clusterddp: no traceback found; see {record.batch_log} and {record.run_dir}/", err=True)
+        for label, lines in _streams(path, text.splitlines()):
+            starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+            if starts:
+                block = lines[starts[0]:starts[0] + 60]
+                last = next((line for line in reversed(block) if line.strip()), "")
+                found.append((any(s in "\n".join(block) for s in _SECONDARY), label, block, last))
+    if not found:
+        click.echo(f"clusterddp: no traceback found; see {record.batch_log} and {record.run_dir}/", err=True)
+        return
+    found.sort(key=lambda f: f[0])  # stable: root causes first, in log order
+    click.echo("clusterddp: tracebacks in " + "; ".join(f"{f[1]}: {f[3].strip()[:120]}" for f in found), err=True)
+    click.echo(f"clusterddp: first failure ({found[0][1]} in {record.run_dir}):", err=True)
+    click.echo("\n".join(found[0][2]), err=True)
 
 
 @cli.command()

@@ -65,8 +65,11 @@ def template_dirs(user_dirs: Sequence[str] = ()) -> List[str]:
 
 
 def environment(user_dirs: Sequence[str] = ()) -> jinja2.Environment:
+    shipped = _ResourceLoader(_shipped_dir())
     loaders: List[jinja2.BaseLoader] = [jinja2.FileSystemLoader(d) for d in template_dirs(user_dirs)]
-    loaders.append(_ResourceLoader(_shipped_dir()))
+    # "clusterddp/<name>" always means the shipped template, so a site template may override a shipped one
+    # by name and still {% extends "clusterddp/torchrun.sh.j2" %}.
+    loaders += [shipped, jinja2.PrefixLoader({"clusterddp": shipped})]
     env = jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True)
     env.filters["q"] = shlex.quote
@@ -74,7 +77,7 @@ def environment(user_dirs: Sequence[str] = ()) -> jinja2.Environment:
 
 
 def available_templates(user_dirs: Sequence[str] = ()) -> List[str]:
-    names = set(environment(user_dirs).list_templates())
+    names = {n for n in environment(user_dirs).list_templates() if not n.startswith("clusterddp/")}
     return sorted(n[: -len(TEMPLATE_SUFFIX)] for n in names if n.endswith(TEMPLATE_SUFFIX) and n != "base" + TEMPLATE_SUFFIX)
 
 

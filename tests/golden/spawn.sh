@@ -1,0 +1,90 @@
+#!/bin/bash
+#SBATCH --job-name=main
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --output=clusterddp-runs/main-%j.out
+#
+# Rendered by clusterddp 0.1.0: 2 node(s) x 8 rank(s) per node = world size 16
+# launcher: spawn, backend: nccl. Regenerate rather than edit: clusterddp render --help
+set -euo pipefail
+
+export PYTHONUNBUFFERED=1
+export CLUSTERDDP_LAUNCHER=spawn
+export CLUSTERDDP_NNODES=2
+export CLUSTERDDP_GPUS_PER_NODE=8
+export CLUSTERDDP_PROCS_PER_NODE=8
+export CLUSTERDDP_WORLD_SIZE=16
+export OMP_NUM_THREADS=1
+
+RUN_DIR=clusterddp-runs/main-"$SLURM_JOB_ID"
+mkdir -p -- "$RUN_DIR"
+export CLUSTERDDP_RUN_DIR="$RUN_DIR"
+# (srun reads % in --output as a file-name pattern: the directory part is escaped where it is used.)
+
+# MASTER_ADDR: the first host of the allocation. scontrol prints "Invalid hostlist" and still exits 0,
+# so an empty answer must stop the job here instead of falling back to localhost.
+if ! CLUSTERDDP_HOSTS="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"; then
+    echo "clusterddp: 'scontrol show hostnames' failed for SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST" >&2
+    exit 1
+fi
+MASTER_ADDR="${CLUSTERDDP_HOSTS%%$'\n'*}"
+if [ -z "$MASTER_ADDR" ]; then
+    echo "clusterddp: no host found in SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST; refusing to guess MASTER_ADDR" >&2
+    exit 1
+fi
+export MASTER_ADDR
+
+# MASTER_PORT: from the job id, outside Linux's ephemeral range (32768-60999), so that jobs with
+# nearby ids never collide; checked free below, with a fallback that every node then uses.
+MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 10000 ))
+CLUSTERDDP_PORT_MODE=fallback
+# This batch shell runs on the first node, where the rendezvous will listen.
+MASTER_PORT="$(python3 - "$MASTER_PORT" "$CLUSTERDDP_PORT_MODE" 20000 10000 <<'CLUSTERDDP_PY'
+import socket, sys
+port, mode, base, span = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+candidates = [port] if mode == "strict" else [base + (port - base + i) % span for i in range(span)]
+for p in candidates:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    sys.exit(0)
+sys.exit("clusterddp: MASTER_PORT %d is already in use on %s; choose another --master-port" % (port, socket.gethostname()))
+CLUSTERDDP_PY
+)"
+export MASTER_PORT
+echo "clusterddp: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: world size 16 (2 x 8), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+echo "clusterddp: per-node logs in $RUN_DIR"
+
+# One task per node running the script, which starts its own 8 workers
+# (torch.multiprocessing.spawn). Placeholders in the arguments ({master_addr}, {master_port}, {node_rank},
+# {nnodes}, {gpus_per_node}, {world_size}) are replaced per node; the replacement never re-evaluates user text.
+srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 \
+    --output="${RUN_DIR//%/%%}/node-%n.out" \
+    bash -c 'args=()
+for a in "$@"; do
+    a="${a//\{master_addr\}/"$MASTER_ADDR"}"
+    a="${a//\{master_port\}/"$MASTER_PORT"}"
+    a="${a//\{node_rank\}/"$SLURM_NODEID"}"
+    a="${a//\{nnodes\}/"$CLUSTERDDP_NNODES"}"
+    a="${a//\{gpus_per_node\}/"$CLUSTERDDP_PROCS_PER_NODE"}"
+    a="${a//\{world_size\}/"$CLUSTERDDP_WORLD_SIZE"}"
+    args+=("$a")
+done
+export NODE_RANK="$SLURM_NODEID"
+exec "${args[@]}"' \
+    clusterddp-spawn python3 main.py --dist-url 'tcp://{master_addr}:{master_port}' --world-size '{nnodes}' --rank '{node_rank}' --multiprocessing-distributed &
+CLUSTERDDP_SRUN_PID=$!
+
+# srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it.
+CLUSTERDDP_STATUS=0
+wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
+    echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
+fi
+exit "$CLUSTERDDP_STATUS"

@@ -1,0 +1,109 @@
+"""Golden sbatch files (plain text, reviewable diffs), `bash -n` on every render, template lookup."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from clusterddp import JobSpec, TemplateError
+from clusterddp.render import available_templates, render
+
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+HOSTILE_ARGS = ("--name", "it's a \"test\"", "$(touch pwned)", "`touch pwned`", "a;b|c&d", "line1\nline2",
+                "back\\slash", "ümlaut ✓", "*", "~", "", "--", "{master_addr}")
+
+# name -> spec: one per launcher, plus the options that change the rendering.
+CASES = {
+    "torchrun": JobSpec("train.py", args=("--epochs", "10", "--lr", "0.1"), nodes=2, gpus_per_node=8),
+    "srun": JobSpec("train.py", args=("--epochs", "10"), nodes=2, gpus_per_node=4, launcher="srun",
+                    cpus_per_task=8, mem="64G", time="1-12:00", partition="gpu", account="proj42", qos="normal"),
+    "spawn": JobSpec("main.py", args=("--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}",
+                                      "--rank", "{node_rank}", "--multiprocessing-distributed"),
+                     nodes=2, gpus_per_node=8, launcher="spawn"),
+    "cpu": JobSpec("train.py", nodes=2, procs_per_node=4, cpus_per_task=2, exclusive=True, constraint="skylake"),
+    "gres_module": JobSpec("mypkg.train", module=True, nodes=4, gpus_per_node=2, gpu_request="gres",
+                           setup=("module load cuda/12", "source ~/venv/bin/activate"), env=(("NCCL_DEBUG", "INFO"),),
+                           sbatch_args=("--mail-type=END", "--requeue"), master_port=29400, time="30"),
+    "gpus_per_task": JobSpec("train.py", nodes=2, gpus_per_node=4, launcher="srun", gpu_request="gpus-per-task"),
+    "hostile": JobSpec("my script.py", args=HOSTILE_ARGS, nodes=2, gpus_per_node=2,
+                       job_name='x" --partition=evil # \\ $(id) `id` ;', output_dir="runs dir/100%",
+                       partition="a b", env=(("WEIRD", "$(id) `id` 'q' \"dq\" \\ \n end"),),
+                       sbatch_args=("--comment=has # hash and \"quotes\"",)),
+}
+
+
+def bash_n(text: str) -> None:
+    proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden(name, request):
+    text = render(CASES[name])
+    bash_n(text)
+    path = GOLDEN / f"{name}.sh"
+    if request.config.getoption("--update-golden"):
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run pytest --update-golden and review the diff"
+    assert text == path.read_text(), f"{name} differs from {path}; if intended: pytest --update-golden"
+
+
+def test_done_when_render():
+    """The issue's acceptance: 2 nodes, 8 GPUs per node, 16 ranks, user arguments unchanged."""
+    text = render(CASES["torchrun"])
+    assert "#SBATCH --nodes=2\n" in text and "#SBATCH --gpus-per-node=8\n" in text
+    assert "--nnodes=2 --nproc-per-node=8" in text and "world size 16" in text
+    assert "train.py --epochs 10 --lr 0.1 &\n" in text
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
+@pytest.mark.parametrize("gpus,procs", [(0, None), (0, 3), (1, None), (8, None)])
+def test_every_launcher_renders_valid_bash(launcher, gpus, procs):
+    spec = JobSpec("t.py", nodes=3, gpus_per_node=gpus, procs_per_node=procs, launcher=launcher, cpus_per_task=2)
+    text = render(spec)
+    bash_n(text)
+    assert f"world size {spec.world_size}" in text
+    assert '--cpus-per-task="$SLURM_CPUS_PER_TASK"' in text  # Slurm 22.05 does not pass it on to srun
+
+
+def test_hostile_directives_stay_on_their_line():
+    text = render(CASES["hostile"])
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert '#SBATCH --job-name="x\\" --partition=evil # \\\\ $(id) `id` ;"' in directives
+    assert '#SBATCH --partition="a b"' in directives
+    assert '#SBATCH --output="runs dir/100%%/x_--partition_evil_id_id-%j.out"' in directives
+
+
+def test_user_template_dir_first(tmp_path, monkeypatch):
+    site = EXAMPLES / "site-templates"
+    text = render(CASES["torchrun"], template_dirs=[str(site)])
+    assert "NCCL_SOCKET_IFNAME" in text and "torchrun --nnodes=2" in text
+    bash_n(text)
+    # The same through the environment variable.
+    monkeypatch.setenv("CLUSTERDDP_TEMPLATE_DIR", str(site))
+    assert render(CASES["torchrun"]) == text
+    # A template of one's own, by name.
+    (tmp_path / "mine.sh.j2").write_text('{% extends "srun.sh.j2" %}{% block setup %}echo mine{% endblock %}')
+    monkeypatch.delenv("CLUSTERDDP_TEMPLATE_DIR")
+    mine = render(CASES["srun"].replace(template="mine"), template_dirs=[str(tmp_path)])
+    assert "echo mine" in mine and "mine" in available_templates([str(tmp_path)])
+
+
+def test_unknown_template_lists_the_available_ones():
+    with pytest.raises(TemplateError, match="unknown template 'nope'.*available templates are spawn, srun, torchrun"):
+        render(CASES["torchrun"], template="nope")
+
+
+def test_template_with_undefined_value_is_an_error(tmp_path):
+    (tmp_path / "bad.sh.j2").write_text("{{ no_such_value }}\n")
+    with pytest.raises(TemplateError, match="undefined"):
+        render(CASES["torchrun"], template="bad", template_dirs=[str(tmp_path)])
+
+
+def test_missing_template_dir(tmp_path):
+    with pytest.raises(TemplateError, match="does not exist"):
+        render(CASES["torchrun"], template_dirs=[str(tmp_path / "nope")])
