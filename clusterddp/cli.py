@@ -345,6 +345,10 @@ def logs(job_id: str, rank: Optional[int], follow: bool) -> None:
         if not 0 <= rank < world:
             raise CLIError(SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}"))
         path, prefix = record.rank_log(rank)
+        if record.launcher == "spawn":
+            first = rank - rank % record.procs_per_node
+            click.echo(f"clusterddp: spawn jobs log per node: {path.name} holds ranks {first}-"
+                       f"{first + record.procs_per_node - 1}", err=True)
     _print_log(job_id, path, prefix, follow)
 
 

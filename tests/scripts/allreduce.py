@@ -31,6 +31,7 @@ result = {
     "master_addr": os.environ["MASTER_ADDR"], "sum": t.item(), "argv": sys.argv[1:],
     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "node_id": os.environ.get("SLURM_NODEID"),
 }
-print("RESULT " + json.dumps(result), flush=True)
+sys.stdout.write("RESULT " + json.dumps(result) + "\n")  # one write: ranks share a log
+sys.stdout.flush()
 dist.barrier()
 dist.destroy_process_group()

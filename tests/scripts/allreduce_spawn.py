@@ -19,10 +19,11 @@ def main_worker(local_rank, ngpus_per_node, args):
         raise RuntimeError(f"deliberate failure on rank {rank}")
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
-    print("RESULT " + json.dumps({
+    sys.stdout.write("RESULT " + json.dumps({
         "rank": rank, "local_rank": local_rank, "world_size": args.world_size, "host": socket.gethostname(),
         "master_addr": args.dist_url.split("//")[1].rsplit(":", 1)[0], "sum": t.item(), "argv": sys.argv[1:],
-        "node_id": os.environ.get("SLURM_NODEID")}), flush=True)
+        "node_id": os.environ.get("SLURM_NODEID")}) + "\n")  # one write: the node's ranks share a log
+    sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
 

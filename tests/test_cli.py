@@ -1,0 +1,123 @@
+"""The CLI through Click's CliRunner: exit codes, stdout and stderr; and what it imports."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clusterddp.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def runner(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:  # Click >= 8.2 always keeps them apart
+        return CliRunner()
+
+
+def test_dry_run_done_when(runner):
+    r = runner.invoke(cli, ["submit", "--dry-run", "--nodes", "2", "--gpus", "8", "train.py", "--", "--epochs", "10"])
+    assert r.exit_code == 0, r.stderr
+    assert "#SBATCH --nodes=2" in r.stdout and "#SBATCH --gpus-per-node=8" in r.stdout
+    assert "--nnodes=2 --nproc-per-node=8" in r.stdout and "train.py --epochs 10 &" in r.stdout
+    assert "world size 16" in r.stderr and "nothing submitted" in r.stderr
+    assert subprocess.run(["bash", "-n"], input=r.stdout, text=True).returncode == 0
+    assert not Path("clusterddp-runs").exists()  # a dry run writes nothing
+
+
+def test_gpus_per_node_alias_and_render_to_file(runner):
+    r = runner.invoke(cli, ["render", "--gpus-per-node", "4", "-o", "job.sh", "train.py"])
+    assert r.exit_code == 0, r.stderr
+    assert "#SBATCH --gpus-per-node=4" in Path("job.sh").read_text()
+    assert "wrote job.sh" in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize("argv,code,message", [
+    (["--nodes", "0", "train.py"], 2, "nodes must be at least 1, got 0"),
+    (["--gpus", "-1", "train.py"], 2, "gpus_per_node must be at least 0, got -1"),
+    (["--time", "2h", "train.py"], 2, "invalid time limit '2h': expected MM, MM:SS, HH:MM:SS"),
+    (["missing.py"], 2, "training script 'missing.py' not found"),
+    (["--launcher", "mpirun", "train.py"], 2, "unknown launcher 'mpirun'"),
+    (["--env", "NOVALUE", "train.py"], 2, "--env 'NOVALUE' has no '='"),
+    (["--env", "BAD-NAME=1", "train.py"], 2, "invalid environment variable name 'BAD-NAME'"),
+    (["--gpus", "2", "--procs-per-node", "4", "train.py"], 2, "conflicting options"),
+    (["--template", "nope", "train.py"], 2, "unknown template 'nope'"),
+    (["--job-name", "a\nb", "train.py"], 2, "contains a newline"),
+    (["--nodes", "two", "train.py"], 2, "'two' is not a valid integer"),
+    (["train.py", "--epochs", "3"], 2, "put script arguments after --"),
+])
+def test_bad_input_one_clear_line(runner, argv, code, message):
+    for command in ("render", "submit"):
+        r = runner.invoke(cli, [command, *argv])
+        assert r.exit_code == code, (command, r.stdout, r.stderr)
+        assert message in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_failing_sbatch_keeps_the_script(runner, tmp_path, monkeypatch):
+    """A real Slurm cannot be made to fail this way on demand, so a fake sbatch stands in."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: "
+                                 "Invalid partition name specified' >&2\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    r = runner.invoke(cli, ["submit", "-p", "nosuch", "train.py"])
+    assert r.exit_code == 1
+    assert "Invalid partition name specified" in r.stderr and "sbatch --parsable" in r.stderr
+    kept = list(Path("clusterddp-runs").glob("train-*.sbatch"))
+    assert len(kept) == 1 and str(kept[0]) in r.stderr
+    assert "#SBATCH --partition=nosuch" in kept[0].read_text()
+
+
+def test_no_sbatch_on_path(runner, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    r = runner.invoke(cli, ["submit", "train.py"])
+    assert r.exit_code == 1 and "sbatch not found on PATH" in r.stderr and "--dry-run" in r.stderr
+
+
+def test_help_teaches(runner):
+    for command in ("submit", "render"):
+        r = runner.invoke(cli, [command, "--help"])
+        assert r.exit_code == 0
+        for word in ("torchrun (default)", "srun", "spawn", "world size = --nodes x --gpus", "16 ranks",
+                     "{master_addr}", "--gpus-per-node"):
+            assert word in r.stdout, word
+
+
+def test_unknown_job_id_is_clear(runner):
+    r = runner.invoke(cli, ["status", "12x"])
+    assert r.exit_code == 1 and "invalid job id '12x'" in r.stderr
+
+
+def _imported_modules(code: str) -> set:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print('\\n'.join(sys.modules))"],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    return set(out.split())
+
+
+def test_cli_never_imports_torch_or_submitit(tmp_path):
+    mods = _imported_modules("import clusterddp.cli")
+    assert "torch" not in mods and "submitit" not in mods and "click" in mods
+    (tmp_path / "t.py").write_text("")
+    code = (f"import os; os.chdir({str(tmp_path)!r})\nfrom clusterddp.cli import main\n"
+            "try:\n    main(['submit', '--dry-run', '--nodes', '2', '--gpus', '8', 't.py'])\nexcept SystemExit: pass")
+    mods = _imported_modules(code)
+    assert "jinja2" in mods and "torch" not in mods and "submitit" not in mods
+
+
+def test_python_dash_m_and_console_script(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    r = subprocess.run([sys.executable, "-m", "clusterddp", "render", "t.py"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and r.stdout.startswith("#!/bin/bash\n")

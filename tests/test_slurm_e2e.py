@@ -1,0 +1,214 @@
+"""End to end on the real 2-node Slurm test cluster (tests/slurm/cluster.sh): real sbatch, srun, torchrun, gloo."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterddp.render import render
+
+from .conftest import SCRIPTS, run_cli
+from .test_render import CASES
+
+pytestmark = pytest.mark.slurm
+
+SPAWN_ARGS = ["--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}", "--rank", "{node_rank}",
+              "--procs", "{gpus_per_node}", "--multiprocessing-distributed"]
+
+
+@pytest.fixture
+def work(slurm_env, tmp_path_factory):
+    """A job directory on the (shared) file system, with the test training scripts."""
+    d = tmp_path_factory.mktemp("job")
+    for script in SCRIPTS.glob("*.py"):
+        shutil.copy(script, d)
+    env = dict(os.environ)
+    return d, env
+
+
+def results(run_dir: Path) -> list:
+    out = []
+    for log in sorted(run_dir.glob("*.out")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "RESULT " in line:
+                out.append(json.JSONDecoder().raw_decode(line.split("RESULT ", 1)[1])[0])
+    return out
+
+
+def submit(work, *args, timeout=240):
+    d, env = work
+    return run_cli("submit", *args, cwd=d, env=env, timeout=timeout)
+
+
+def job_id_of(proc) -> str:
+    return proc.stdout.strip().splitlines()[0]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
+def test_two_nodes_two_gpus_each_launcher(work, launcher):
+    d, _ = work
+    script = "allreduce_spawn.py" if launcher == "spawn" else "allreduce.py"
+    extra = SPAWN_ARGS if launcher == "spawn" else []
+    proc = submit(work, "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", script, "--wait",
+                  "--", *extra, "--echo", "a b", "$HOME", "it's")
+    assert proc.returncode == 0, proc.stderr
+    job_id = job_id_of(proc)
+    assert "RUNNING" in proc.stderr and f"job {job_id} ended COMPLETED, exit code 0" in proc.stderr
+    run_dir = d / "clusterddp-runs" / f"{Path(script).stem}-{job_id}"
+    res = results(run_dir)
+    assert sorted(r["rank"] for r in res) == [0, 1, 2, 3], res
+    for r in res:
+        assert r["world_size"] == 4 and r["master_addr"] == "node1" and r["sum"] == 10.0
+        assert r["host"] == ("node1" if r["rank"] < 2 else "node2"), r
+        assert r["argv"][-4:] == ["--echo", "a b", "$HOME", "it's"]
+        assert r["local_rank"] == r["rank"] % 2
+    # per-rank logs where the README says
+    if launcher == "srun":
+        assert sorted(p.name for p in run_dir.glob("rank-*.out")) == [f"rank-{i}.out" for i in range(4)]
+        assert all(r["cuda_visible_devices"] == "0,1" for r in res)  # Slurm set it from the fake GPUs
+    else:
+        assert sorted(p.name for p in run_dir.glob("node-*.out")) == ["node-0.out", "node-1.out"]
+    if launcher == "torchrun":
+        assert len(list(run_dir.glob("torchrun/*/attempt_0/*/stdout.log"))) == 4
+    batch_log = d / "clusterddp-runs" / f"{Path(script).stem}-{job_id}.out"
+    assert "MASTER_ADDR=node1" in batch_log.read_text()
+    # logs --rank N prints that rank's output
+    logs = run_cli("logs", job_id, "--rank", "3", cwd=d, env=work[1])
+    assert logs.returncode == 0 and '"rank": 3' in logs.stdout
+    if launcher == "spawn":  # the script's own processes share their node's log
+        assert "node-1.out holds ranks 2-3" in logs.stderr
+    else:
+        assert '"rank": 2' not in logs.stdout
+
+
+def test_cpu_only_job(work):
+    d, _ = work
+    proc = submit(work, "--nodes", "2", "--gpus", "0", "--procs-per-node", "2", "--cpus-per-task", "1",
+                  "allreduce.py", "--wait")
+    assert proc.returncode == 0, proc.stderr
+    res = results(d / "clusterddp-runs" / f"allreduce-{job_id_of(proc)}")
+    assert sorted(r["rank"] for r in res) == [0, 1, 2, 3]
+    assert all(r["cuda_visible_devices"] is None and r["sum"] == 10.0 for r in res)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_cases_pass_sbatch_test_only(slurm_env, tmp_path, name):
+    """Each golden case, shrunk to fit the test cluster (2 nodes, 2 GPUs, partition debug), is accepted."""
+    spec = CASES[name]
+    spec = spec.replace(partition=None, account=None, qos=None, constraint=None, mem=None,
+                        cpus_per_task=spec.cpus_per_task and 2,
+                        nodes=min(spec.nodes, 2), gpus_per_node=min(spec.gpus_per_node, 2),
+                        procs_per_node=None if spec.gpus_per_node else spec.procs_per_node,
+                        sbatch_args=tuple(a for a in spec.sbatch_args if not a.startswith("--mail")))
+    script = tmp_path / "job.sh"
+    script.write_text(render(spec))
+    proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0 and "to start at" in proc.stderr, proc.stderr
+
+
+def test_request_that_cannot_fit_fails_at_submit(work):
+    proc = submit(work, "--nodes", "2", "--gpus", "4", "allreduce.py")
+    assert proc.returncode == 1
+    assert "sbatch failed" in proc.stderr and "Requested node configuration is not available" in proc.stderr
+    assert "the script is kept at" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_hostile_job_name_reaches_slurm_intact(work):
+    d, env = work
+    name = 'x" --partition=evil # \\ $(id) `id`'
+    proc = submit(work, "--job-name", name, "--nodes", "2", "--gpus", "1", "--output-dir", "out dir/50%",
+                  "allreduce.py", "--wait")
+    assert proc.returncode == 0, proc.stderr
+    job_id = job_id_of(proc)
+    show = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True, env=env)
+    from clusterddp.slurm import parse_scontrol
+
+    fields = parse_scontrol(show.stdout)
+    assert fields["Partition"] == "debug"
+    assert fields["JobName"] == name, fields["JobName"]
+    log = d / "out dir" / "50%" / f"x_--partition_evil_id_id-{job_id}.out"
+    assert log.exists()  # "%%" in the directive made one literal "%"
+    assert len(results(d / "out dir" / "50%" / f"x_--partition_evil_id_id-{job_id}")) == 2
+
+
+def test_two_jobs_at_once_share_nodes(work):
+    d, env = work
+    ids = []
+    for _ in range(2):
+        proc = submit(work, "--nodes", "2", "--gpus", "1", "allreduce.py")
+        assert proc.returncode == 0, proc.stderr
+        ids.append(job_id_of(proc))
+    for job_id in ids:
+        w = run_cli("status", job_id, cwd=d, env=env)
+        assert w.returncode == 0
+    finals = []
+    for job_id in ids:
+        from clusterddp import slurm
+
+        finals.append(slurm.wait(job_id))
+    assert [f.state for f in finals] == ["COMPLETED", "COMPLETED"]
+    ports = set()
+    for job_id in ids:
+        res = results(d / "clusterddp-runs" / f"allreduce-{job_id}")
+        assert sorted(r["rank"] for r in res) == [0, 1] and all(r["sum"] == 3.0 for r in res)
+        text = (d / "clusterddp-runs" / f"allreduce-{job_id}.out").read_text()
+        ports.add(text.split("MASTER_PORT=")[1].split()[0])
+    assert len(ports) == 2
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_failing_rank_ends_the_job(work, launcher):
+    start = time.monotonic()
+    proc = submit(work, "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "10", "allreduce.py",
+                  "--wait", "--", "--fail-rank", "3")
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "ended FAILED" in proc.stderr
+    assert "deliberate failure on rank 3" in proc.stderr
+    assert "first failure" in proc.stderr
+    # Not a timing assertion: the time limit is 10 minutes; ending within 3 proves there was no hang.
+    assert elapsed < 180
+
+
+def test_status_logs_cancel(work):
+    d, env = work
+    proc = submit(work, "--nodes", "2", "--gpus", "1", "--launcher", "srun", "sleeper.py", "--", "300")
+    assert proc.returncode == 0, proc.stderr
+    job_id = job_id_of(proc)
+    from clusterddp import slurm
+
+    deadline = time.monotonic() + 60
+    while slurm.info(job_id).state != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    st = run_cli("status", job_id, cwd=d, env=env)
+    assert st.returncode == 0 and "RUNNING" in st.stdout and "node[1-2]" in st.stdout, st.stdout
+    rank_log = d / "clusterddp-runs" / f"sleeper-{job_id}" / "rank-1.out"
+    while "started" not in (rank_log.read_text() if rank_log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.3)
+    logs = run_cli("logs", job_id, "--rank", "1", cwd=d, env=env)
+    assert logs.returncode == 0 and "sleeper rank 1 started" in logs.stdout
+    follower = subprocess.Popen(["python3", "-m", "clusterddp", "logs", job_id, "--rank", "0", "--follow"], cwd=d,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    c = run_cli("cancel", job_id, cwd=d, env=env)
+    assert c.returncode == 0, c.stderr
+    out, _ = follower.communicate(timeout=60)  # --follow ends by itself when the job does
+    assert "sleeper rank 0 started" in out
+    final = slurm.wait(job_id)
+    assert final.state == "CANCELLED"
+    st = run_cli("status", job_id, cwd=d, env=env)
+    assert "CANCELLED" in st.stdout
+    batch = run_cli("logs", job_id, cwd=d, env=env)
+    assert batch.returncode == 0 and f"job {job_id} on node[1-2]" in batch.stdout
+
+
+def test_unknown_job_id(work):
+    d, env = work
+    for command in (["status", "999999"], ["cancel", "999999"], ["logs", "999999"]):
+        proc = run_cli(*command, cwd=d, env=env)
+        assert proc.returncode == 1, command
+        assert "job 999999 is unknown to Slurm" in proc.stderr and "Traceback" not in proc.stderr
