@@ -4,7 +4,6 @@ Never imports torch (login nodes may not have it) nor submitit.
 """
 from __future__ import annotations
 
-import re
 import sys
 import time
 import uuid
@@ -171,10 +170,25 @@ def render(script: str, args: Sequence[str], output: Optional[str], template_dir
 @click.option("--wait", "wait_", is_flag=True, help="Follow the job to its end; exit with the job's exit code.")
 @click.option("--on-interrupt", type=click.Choice(["ask", "cancel", "detach"]), default="ask", show_default=True,
               help="What Ctrl-C during --wait does (ask only when the terminal can answer).")
-def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_interrupt: str,
-           template_dirs: Sequence[str], **opts: Any) -> None:
-    """Submit SCRIPT [-- ARGS...] as a DDP job: render, write the script, sbatch, print the job id."""
+@click.option("--local", is_flag=True,
+              help="Run on this machine instead of Slurm: --nodes x --gpus ranks, GPUs if there are enough, else "
+                   "CPU with gloo. Exit code = the job's.")
+@click.option("--quiet", is_flag=True, help="With --local: show only rank 0's output (all ranks are in the logs).")
+def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_interrupt: str, local: bool,
+           quiet: bool, template_dirs: Sequence[str], **opts: Any) -> None:
+    """Submit SCRIPT [-- ARGS...] as a DDP job: render, write the script, sbatch, print the job id.
+
+    With --local, run the same job here, no Slurm needed (try it before you have a cluster).
+    """
     spec = build_spec(script, args, **opts)
+    if local:
+        from .local import submit_local
+
+        code = submit_local(spec, quiet=quiet, dry_run=dry_run, echo=click.echo,
+                            note=lambda line: click.echo(line, err=True))
+        sys.exit(code)
+    if quiet:
+        raise CLIError(SpecError("--quiet only applies to --local runs (Slurm jobs write their output to logs)"))
     text = _render(spec, template_dirs)
     if dry_run:
         click.echo(text, nl=False)
@@ -239,45 +253,12 @@ def _wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
     return code
 
 
-# Errors that ranks report when *another* rank died: shown last, the root cause first.
-_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "communicator was aborted",
-              "SignalException", "Socket Timeout", "ChildFailedError", "Signal 15 (SIGTERM)")
-
-
-_STREAM_PREFIX = re.compile(r"^\[default(\d+)\]:")
-
-
-def _streams(path: Path, lines: List[str]) -> List[Any]:
-    """Split a log into (label, lines) per writer: torchrun's --tee prefixes lines with [default<local rank>]:."""
-    groups: dict = {}
-    for line in lines:
-        m = _STREAM_PREFIX.match(line)
-        label = f"{path.name} local rank {m.group(1)}" if m else path.name
-        groups.setdefault(label, []).append(line[m.end():] if m else line)
-    return list(groups.items())
-
-
 def _show_failure(record: Any) -> None:
     """Name every log with a traceback and print the most likely root cause in full."""
-    found = []
-    for path in [Path(p) for p in record.logs()] + [Path(record.batch_log)]:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        for label, lines in _streams(path, text.splitlines()):
-            starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
-            if starts:
-                block = lines[starts[0]:starts[0] + 60]
-                last = next((line for line in reversed(block) if line.strip()), "")
-                found.append((any(s in "\n".join(block) for s in _SECONDARY), label, block, last))
-    if not found:
-        click.echo(f"clusterddp: no traceback found; see {record.batch_log} and {record.run_dir}/", err=True)
-        return
-    found.sort(key=lambda f: f[0])  # stable: root causes first, in log order
-    click.echo("clusterddp: tracebacks in " + "; ".join(f"{f[1]}: {f[3].strip()[:120]}" for f in found), err=True)
-    click.echo(f"clusterddp: first failure ({found[0][1]} in {record.run_dir}):", err=True)
-    click.echo("\n".join(found[0][2]), err=True)
+    from .logscan import summary, tracebacks
+
+    found = tracebacks([Path(p) for p in record.logs()] + [Path(record.batch_log)])
+    click.echo(summary(found, f"{record.run_dir}/ and {record.batch_log}" if not found else record.run_dir), err=True)
 
 
 @cli.command()

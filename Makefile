@@ -1,0 +1,30 @@
+# Two commands for a fresh machine (Linux, Python 3.9+):
+#   make demo   install clusterddp with what the example needs, run a 2-node x 2-rank DDP job on this machine
+#   make test   install what the tests need (Slurm + munge when root, torch CPU build, pytest) and run them all
+PYTHON ?= python3
+PIP = $(PYTHON) -m pip
+# torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+
+.PHONY: demo test install install-test cluster-up cluster-down bench
+
+install:
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e .
+
+install-test: install
+	$(PIP) install -q -e ".[test]"
+	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then tests/slurm/cluster.sh install; \
+	else echo "not root on Linux: the Slurm tests will be skipped"; fi
+
+demo: install
+	$(PYTHON) -m clusterddp submit --local --nodes 2 --gpus 2 examples/train_ddp.py -- --epochs 2
+
+test: install-test
+	$(PYTHON) -m pytest -ra
+
+cluster-up:
+	tests/slurm/cluster.sh up
+
+cluster-down:
+	tests/slurm/cluster.sh down

@@ -1,0 +1,324 @@
+"""The local backend: the same job spec on this machine, no Slurm.
+
+Each launcher is emulated honestly, without a layer of our own on top:
+- torchrun: one torch.distributed.run agent per emulated node, meeting at a c10d rendezvous on 127.0.0.1;
+- srun: one process per rank with the variables srun (and the srun template) would set;
+- spawn: one process per emulated node running the script, placeholders filled in.
+What is ours: starting those processes, their logs, and ending all of them when one fails or on Ctrl-C.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .errors import LocalRunError
+from .render import program_argv
+from .spec import JobSpec
+
+PORT_BASE, PORT_SPAN = 20000, 10000
+KILL_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process the local backend starts."""
+
+    label: str                        # "node 0" or "rank 3"
+    argv: Tuple[str, ...]
+    env: Tuple[Tuple[str, str], ...]  # added to this process's environment
+    log: str
+    node: int
+    rank: Optional[int] = None        # the rank, when the process is one rank (srun emulation)
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: JobSpec
+    run_dir: str
+    port: int
+    gpus: Optional[List[str]]         # device ids used, or None for CPU/gloo
+    common: Tuple[Tuple[str, str], ...]
+    procs: Tuple[Proc, ...] = field(default=())
+    note: str = ""
+
+
+def visible_gpus() -> List[str]:
+    """GPU ids on this machine without importing torch: CUDA_VISIBLE_DEVICES, else ``nvidia-smi -L``."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        return [d for d in cvd.split(",") if d.strip() and d.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+
+
+def pick_port(preferred: int) -> int:
+    """The preferred port when free on 127.0.0.1, else the next free one in 20000-29999 (outside ephemeral ports)."""
+    for i in range(PORT_SPAN):
+        port = PORT_BASE + (preferred - PORT_BASE + i) % PORT_SPAN
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise LocalRunError("no free port in 20000-29999 on 127.0.0.1")
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_available: Sequence[str]) -> Plan:
+    """Everything that will run, as data (pure: the dry run prints it)."""
+    n, per = spec.nodes, spec.tasks_per_node
+    use_gpus = spec.gpus_per_node > 0 and len(gpus_available) >= spec.world_size
+    threads = spec.cpus_per_task or max(1, cpu_count() // spec.world_size)
+    if spec.gpus_per_node > 0 and not use_gpus:
+        note = (f"clusterddp: {spec.world_size} ranks need {spec.world_size} GPUs, {len(gpus_available)} here: "
+                f"running on CPU with gloo, {threads} thread(s) per rank")
+    elif use_gpus:
+        note = f"clusterddp: running {spec.world_size} ranks on GPUs {','.join(gpus_available[:spec.world_size])}"
+    else:
+        note = f"clusterddp: running {spec.world_size} ranks on CPU with gloo, {threads} thread(s) per rank"
+    python = sys.executable if spec.python == "python3" else spec.python
+    common: List[Tuple[str, str]] = [
+        ("PYTHONUNBUFFERED", "1"), ("CLUSTERDDP_LOCAL", "1"), ("CLUSTERDDP_LAUNCHER", spec.launcher),
+        ("CLUSTERDDP_NNODES", str(n)), ("CLUSTERDDP_GPUS_PER_NODE", str(spec.gpus_per_node)),
+        ("CLUSTERDDP_PROCS_PER_NODE", str(per)), ("CLUSTERDDP_WORLD_SIZE", str(spec.world_size)),
+        ("CLUSTERDDP_RUN_DIR", run_dir), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
+        ("OMP_NUM_THREADS", str(threads)),
+    ]
+    if not use_gpus:
+        common.append(("CUDA_VISIBLE_DEVICES", ""))
+    common += list(spec.env)
+    program = program_argv(spec)
+    nodelist = ",".join(["localhost"] * n)
+    # What srun sets in every task of a step (the node list names this machine once per emulated node).
+    slurm = [("SLURM_JOB_ID", str(job_id)), ("SLURM_JOB_NODELIST", nodelist), ("SLURM_STEP_NODELIST", nodelist),
+             ("SLURM_JOB_NUM_NODES", str(n)), ("SLURM_NNODES", str(n)), ("SLURM_STEP_NUM_NODES", str(n)),
+             ("SLURM_STEP_ID", "0"), ("SLURM_STEPID", "0")]
+    if spec.cpus_per_task:
+        slurm.append(("SLURM_CPUS_PER_TASK", str(spec.slurm_cpus_per_task)))
+
+    def devices(node: int) -> List[Tuple[str, str]]:
+        return [("CUDA_VISIBLE_DEVICES", ",".join(gpus_available[node * per:(node + 1) * per]))] if use_gpus else []
+
+    procs: List[Proc] = []
+    run = Path(run_dir)
+    if spec.launcher == "torchrun":
+        for node in range(n):
+            argv = [python, "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={per}",
+                    "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=local-{job_id}",
+                    "--tee=3", f"--log-dir={run / 'torchrun' / f'node{node}'}", *program]
+            procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), str(run / f"node-{node}.out"), node))
+    elif spec.launcher == "srun":
+        ntasks = str(spec.world_size)
+        for r in range(spec.world_size):
+            node, local = divmod(r, per)
+            env = slurm + [("SLURM_PROCID", str(r)), ("SLURM_LOCALID", str(local)), ("SLURM_NODEID", str(node)),
+                           ("SLURM_NTASKS", ntasks), ("SLURM_STEP_NUM_TASKS", ntasks),
+                           ("SLURM_NTASKS_PER_NODE", str(per)), ("SLURM_TASKS_PER_NODE", f"{per}(x{n})"),
+                           ("SLURM_STEP_TASKS_PER_NODE", f"{per}(x{n})"),
+                           # set per task by the srun template
+                           ("RANK", str(r)), ("LOCAL_RANK", str(local)), ("WORLD_SIZE", ntasks),
+                           ("LOCAL_WORLD_SIZE", str(per)), ("NODE_RANK", str(node))] + devices(node)
+            procs.append(Proc(f"rank {r}", (python, *program), tuple(env), str(run / f"rank-{r}.out"), node, r))
+    else:  # spawn
+        values = {"master_addr": "127.0.0.1", "master_port": str(port), "nnodes": str(n), "gpus_per_node": str(per),
+                  "world_size": str(spec.world_size)}
+        for node in range(n):
+            filled = dict(values, node_rank=str(node))
+            args = [_fill(a, filled) for a in program]
+            env = slurm + [("SLURM_PROCID", str(node)), ("SLURM_LOCALID", "0"), ("SLURM_NODEID", str(node)),
+                           ("SLURM_NTASKS", str(n)), ("SLURM_STEP_NUM_TASKS", str(n)), ("SLURM_NTASKS_PER_NODE", "1"),
+                           ("SLURM_TASKS_PER_NODE", f"1(x{n})"), ("NODE_RANK", str(node))] + devices(node)
+            procs.append(Proc(f"node {node}", (python, *args), tuple(env), str(run / f"node-{node}.out"), node))
+    return Plan(spec, run_dir, port, list(gpus_available[:spec.world_size]) if use_gpus else None, tuple(common),
+                tuple(procs), note)
+
+
+_PLACEHOLDER = re.compile(r"\{(master_addr|master_port|node_rank|nnodes|gpus_per_node|world_size)\}")
+
+
+def _fill(arg: str, values: Dict[str, str]) -> str:
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], arg)
+
+
+def describe(plan: Plan) -> str:
+    """The dry run: every command and its environment, as shell lines a user could run by hand."""
+    q = shlex.quote
+    lines = [f"# clusterddp --local dry run: {plan.spec.nodes} node(s) x {plan.spec.tasks_per_node} = world size "
+             f"{plan.spec.world_size} ({plan.spec.launcher} launcher); nothing is started",
+             f"# {plan.note.replace('clusterddp: ', '')}", f"# logs in {plan.run_dir}/",
+             "# environment of every process:"]
+    lines += [f"export {k}={q(v)}" for k, v in plan.common]
+    for p in plan.procs:
+        lines.append(f"# {p.label} (log {p.log})")
+        lines.append(" ".join([f"{k}={q(v)}" for k, v in p.env] + [q(a) for a in p.argv]) + " &")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+_DEFAULT_PREFIX = re.compile(r"^\[default(\d+)\]:")
+
+
+class _Runner:
+    """Starts the plan's processes, copies their output to logs and the terminal, ends them together."""
+
+    def __init__(self, plan: Plan, quiet: bool, echo: Callable[[str], None]) -> None:
+        self.plan, self.quiet, self.echo = plan, quiet, echo
+        self.popens: List[subprocess.Popen] = []
+        self.lock = threading.Lock()
+        self.node_rank: Dict[int, int] = {}
+
+    def start(self) -> None:
+        base = dict(os.environ)
+        # A job started from inside a Slurm allocation must not inherit that job's variables.
+        for k in list(base):
+            if k.startswith(("SLURM_", "SBATCH_", "SRUN_")):
+                del base[k]
+        base.update(self.plan.common)
+        for p in self.plan.procs:
+            env = dict(base)
+            env.update(p.env)
+            try:
+                popen = subprocess.Popen(list(p.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:
+                self.stop()
+                raise LocalRunError(f"cannot start {p.argv[0]}: {exc.strerror}") from None
+            self.popens.append(popen)
+        # torchrun's c10d rendezvous orders agents of one host by pid: that order is their node rank.
+        if self.plan.spec.launcher == "torchrun":
+            order = sorted(range(len(self.popens)), key=lambda i: self.popens[i].pid)
+            self.node_rank = {i: pos for pos, i in enumerate(order)}
+        self.threads = [threading.Thread(target=self._pump, args=(i,), daemon=True) for i in range(len(self.popens))]
+        for t in self.threads:
+            t.start()
+
+    def _prefix(self, i: int, line: str) -> Tuple[str, str, Optional[int]]:
+        p = self.plan.procs[i]
+        if p.rank is not None:
+            return f"[rank {p.rank}] ", line, p.rank
+        m = _DEFAULT_PREFIX.match(line)
+        if m:
+            rank = self.node_rank.get(i, i) * self.plan.spec.tasks_per_node + int(m.group(1))
+            return f"[rank {rank}] ", line[m.end():], rank
+        return f"[{p.label}] ", line, None
+
+    def _pump(self, i: int) -> None:
+        popen, p = self.popens[i], self.plan.procs[i]
+        assert popen.stdout is not None
+        with open(p.log, "ab") as log:
+            for raw in iter(popen.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                text = raw.decode("utf-8", "replace").rstrip("\n")
+                prefix, body, rank = self._prefix(i, text)
+                if self.quiet and rank != 0:
+                    continue
+                with self.lock:
+                    self.echo(prefix + body)
+
+    def wait(self) -> Tuple[int, Optional[int]]:
+        """Until all exit 0 or one fails (then end the rest). Returns (exit code, index of the first failure)."""
+        while True:
+            codes = [p.poll() for p in self.popens]
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                first = failed[0]
+                self.stop()
+                return codes[first] or 1, first
+            if all(c == 0 for c in codes):
+                return 0, None
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM every process group we started, SIGKILL what is left after a grace period."""
+        for p in self.popens:
+            if p.poll() is None:
+                _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE_S
+        for p in self.popens:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.popens:
+            _signal_group(p.pid, signal.SIGKILL)  # also children that outlived their parent
+            p.wait()
+
+    def join_output(self) -> None:
+        for t in getattr(self, "threads", []):
+            t.join(timeout=5)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
+        note: Callable[[str], None] = print) -> int:
+    """Run the plan to its end; returns the job's exit code (130 after Ctrl-C)."""
+    Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+    note(plan.note)
+    runner = _Runner(plan, quiet, echo)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        runner.start()
+        code, first = runner.wait()
+    except KeyboardInterrupt:
+        runner.stop()
+        runner.join_output()
+        note(f"clusterddp: interrupted; stopped all {len(runner.popens)} processes (logs in {plan.run_dir}/)")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    runner.join_output()
+    if first is not None:
+        from .logscan import summary, tracebacks
+
+        note(f"clusterddp: {plan.procs[first].label} exited with code {code}; stopped the others")
+        found = tracebacks(sorted(Path(plan.run_dir).glob("*.out")))
+        note(summary(found, plan.run_dir))
+    return code
+
+
+def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo: Callable[[str], None] = print,
+                 note: Callable[[str], None] = print) -> int:
+    """The local equivalent of sbatch + wait: returns the exit code (0 after a dry run)."""
+    job_id = os.getpid()
+    run_dir = os.path.join(spec.output_dir, f"{spec.file_stem}-local-{time.strftime('%Y%m%d-%H%M%S')}-{job_id}")
+    port = spec.master_port or pick_port(PORT_BASE + job_id % PORT_SPAN)
+    plan = make_plan(spec, run_dir, port, job_id, visible_gpus() if spec.gpus_per_node else [])
+    if dry_run:
+        echo(describe(plan).rstrip("\n"))
+        return 0
+    return run(plan, quiet=quiet, echo=echo, note=note)
