@@ -1,0 +1,148 @@
+"""The local backend: the same job on this machine, no Slurm (real processes, real gloo)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterddp import JobSpec
+from clusterddp.local import describe, make_plan
+
+from .conftest import SCRIPTS, run_cli
+
+SPAWN_ARGS = ["--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}", "--rank", "{node_rank}",
+              "--procs", "{gpus_per_node}"]
+
+
+def results(text: str) -> list:
+    return [json.JSONDecoder().raw_decode(line.split("RESULT ", 1)[1])[0] for line in text.splitlines()
+            if "RESULT " in line]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
+def test_four_ranks_each_launcher(tmp_path, launcher):
+    script = "allreduce_spawn.py" if launcher == "spawn" else "allreduce.py"
+    extra = SPAWN_ARGS if launcher == "spawn" else []
+    proc = run_cli("submit", "--local", "--launcher", launcher, "--nodes", "2", "--gpus", "2",
+                   "--output-dir", str(tmp_path), str(SCRIPTS / script), "--", *extra, "--echo", "a b", "$HOME",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = results(proc.stdout)
+    assert sorted(r["rank"] for r in res) == [0, 1, 2, 3]
+    assert all(r["world_size"] == 4 and r["sum"] == 10.0 and r["argv"][-3:] == ["--echo", "a b", "$HOME"]
+               for r in res)
+    assert "running on CPU with gloo" in proc.stderr  # this machine has no 4 GPUs
+    # terminal lines carry the right rank prefix (torchrun: mapped from the agent's node rank)
+    for line in proc.stdout.splitlines():
+        if "RESULT " in line and launcher != "spawn":
+            assert line.startswith(f"[rank {results(line)[0]['rank']}] "), line
+    run_dir = next(tmp_path.glob(f"{Path(script).stem}-local-*"))
+    names = sorted(p.name for p in run_dir.glob("*.out"))
+    assert names == ([f"rank-{i}.out" for i in range(4)] if launcher == "srun" else ["node-0.out", "node-1.out"])
+    # the srun emulation shows the training script what srun would
+    if launcher == "srun":
+        assert all(r["node_id"] == str(r["rank"] // 2) for r in res)
+
+
+def test_quiet_shows_rank_zero_only(tmp_path):
+    proc = run_cli("submit", "--local", "--quiet", "--launcher", "srun", "--procs-per-node", "3",
+                   "--output-dir", str(tmp_path), str(SCRIPTS / "allreduce.py"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["rank"] for r in results(proc.stdout)] == [0]
+    run_dir = next(tmp_path.glob("allreduce-local-*"))
+    assert len(results("".join(p.read_text() for p in run_dir.glob("rank-*.out")))) == 3
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_failing_rank_ends_everything_fast(tmp_path, launcher):
+    start = time.monotonic()
+    proc = run_cli("submit", "--local", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--output-dir",
+                   str(tmp_path), str(SCRIPTS / "allreduce.py"), "--", "--fail-rank", "3", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1
+    assert "deliberate failure on rank 3" in proc.stderr and "first failure" in proc.stderr
+    assert ("rank 3 exited with code 1" if launcher == "srun" else "node 1 exited with code 1") in proc.stderr
+    assert time.monotonic() - start < 60  # no hang (a broken job would wait for the 60 s gloo timeout)
+
+
+def _descendants(pid: int) -> set:
+    children: dict = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="process tree from /proc (Linux)")
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_ctrl_c_leaves_no_process(tmp_path, launcher):
+    cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
+                            "--nodes", "2", "--gpus", "2", "--output-dir", str(tmp_path), str(SCRIPTS / "sleeper.py"),
+                            "--", "300"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    started = 0
+    while time.monotonic() < deadline and started < 4:
+        time.sleep(0.3)
+        started = sum(p.read_text().count("started pid") for p in tmp_path.glob("sleeper-local-*/*.out"))
+    assert started == 4
+    pids = _descendants(cli.pid)
+    assert len(pids) >= 4
+    cli.send_signal(signal.SIGINT)
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 130 and "stopped all" in err
+    time.sleep(0.5)
+    assert [p for p in pids if _alive(p)] == []
+
+
+def test_dry_run_prints_commands_and_environment(tmp_path):
+    for launcher, needle in (("torchrun", "torch.distributed.run --nnodes=2 --nproc-per-node=2"),
+                             ("srun", "SLURM_PROCID=3"), ("spawn", "--rank 1")):
+        args = SPAWN_ARGS if launcher == "spawn" else []
+        proc = run_cli("submit", "--local", "--dry-run", "--launcher", launcher, "--nodes", "2", "--gpus", "2",
+                       "--env", "A=b c", str(SCRIPTS / "allreduce.py"), "--", *args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert needle in proc.stdout and "export A='b c'" in proc.stdout and "nothing is started" in proc.stdout
+        assert "export MASTER_ADDR=127.0.0.1" in proc.stdout
+    assert not list(tmp_path.glob("clusterddp-runs/*"))
+
+
+def test_plan_uses_gpus_when_there_are_enough():
+    spec = JobSpec("t.py", nodes=2, gpus_per_node=2)
+    plan = make_plan(spec, "/tmp/r", 20001, 1, ["0", "1", "2", "3"])
+    assert plan.gpus == ["0", "1", "2", "3"]
+    assert [dict(p.env)["CUDA_VISIBLE_DEVICES"] for p in plan.procs] == ["0,1", "2,3"]
+    cpu = make_plan(spec, "/tmp/r", 20001, 1, ["0"])
+    assert cpu.gpus is None and ("CUDA_VISIBLE_DEVICES", "") in cpu.common and "CPU with gloo" in cpu.note
+    threads = dict(make_plan(spec.replace(cpus_per_task=3), "/tmp/r", 1, 1, []).common)["OMP_NUM_THREADS"]
+    assert threads == "3"
+    assert "SLURM_LOCALID=1" in describe(make_plan(spec.replace(launcher="srun"), "/tmp/r", 1, 1, []))
+
+
+def test_slurm_variables_of_a_parent_job_do_not_leak(tmp_path):
+    env = dict(os.environ, SLURM_JOB_ID="999", SLURM_NTASKS="64", SLURM_CPU_BIND="map_cpu:0", SBATCH_PARTITION="x")
+    proc = run_cli("submit", "--local", "--procs-per-node", "2", "--output-dir", str(tmp_path),
+                   str(SCRIPTS / "allreduce.py"), cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(r["rank"] for r in results(proc.stdout)) == [0, 1]

@@ -1,0 +1,83 @@
+"""clusterddp.runtime with real processes and real gloo process groups (through the local backend)."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from .conftest import ROOT, SCRIPTS, run_cli
+
+
+def reference_params(steps: int, world: int):
+    """One process, the concatenated batch: what DDP over `world` ranks must reproduce."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(42)
+    for _ in range(steps):
+        x, y = torch.randn(world * 4, 8, generator=g), torch.randn(world * 4, 1, generator=g)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_ddp_matches_one_process_and_sampler_covers_all(tmp_path, launcher):
+    out = tmp_path / "res"
+    proc = run_cli("submit", "--local", "--launcher", launcher, "--procs-per-node", "2", "--output-dir",
+                   str(tmp_path / "runs"), str(SCRIPTS / "runtime_checks.py"), "--", "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = [json.loads((tmp_path / f"res-{r}.json").read_text()) for r in range(2)]
+    ref = reference_params(5, 2)
+    for r in res:
+        for got, want in zip(r["params"], ref):
+            assert torch.allclose(torch.tensor(got), want, atol=1e-6), (got, want)
+    # DistributedSampler: each epoch, every index exactly once across ranks (10 samples / 2 ranks)
+    for epoch in range(2):
+        seen = sorted(res[0]["epochs"][epoch] + res[1]["epochs"][epoch])
+        assert seen == list(range(10))
+    # ... and the epoch advanced by itself: a different order in epoch 2
+    assert res[0]["epochs"][0] != res[0]["epochs"][1]
+    assert [r["mean_f"] for r in res] == [0.5, 0.5] and res[0]["mean_t"] == [0.5, 1.0]
+    assert [r["is_main"] for r in res] == [True, False]
+    assert all(r["leftovers"] == [] for r in res) and (tmp_path / "ckpt.pt").exists()
+    assert torch.load(tmp_path / "ckpt.pt")["rank"] == 0
+    assert proc.stdout.count("PRINT0 from 0") == 1 and "PRINT0 from 1" not in proc.stdout
+    assert res[1]["env"]["rank"] == 1 and res[1]["env"]["world_size"] == 2
+
+
+def test_plain_python_is_world_size_one(tmp_path):
+    import subprocess
+
+    out = tmp_path / "res"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE"))}
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "runtime_checks.py"), "--out", str(out), "--allow-single"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    # without allow_single, no silent fallback to one process
+    refused = subprocess.run([sys.executable, str(SCRIPTS / "runtime_checks.py"), "--out", str(out)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "no distributed environment found" in refused.stderr
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((tmp_path / "res-0.json").read_text())
+    assert res["env"]["world_size"] == 1 and res["env"]["source"] == "single"
+    for got, want in zip(res["params"], reference_params(5, 1)):
+        assert torch.allclose(torch.tensor(got), want, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_example_loss_goes_down_on_two_ranks(tmp_path):
+    proc = run_cli("submit", "--local", "--procs-per-node", "2", "--output-dir", str(tmp_path / "runs"),
+                   str(ROOT / "examples" / "train_ddp.py"), "--", "--epochs", "2", "--images", "4", "--depth", "4",
+                   "--ckpt-dir", str(tmp_path / "ck"), cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    losses = [float(x) for x in re.findall(r"epoch \d/2 done: loss ([0-9.]+)", proc.stdout)]
+    assert len(losses) == 2 and losses[1] < losses[0], proc.stdout
+    assert "world size 2" in proc.stdout and "images/s" in proc.stdout and "final loss" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["epoch-1.pt", "epoch-2.pt"]

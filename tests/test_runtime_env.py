@@ -1,0 +1,78 @@
+"""DistEnv.from_env: a pure function of the environment, one table per launcher."""
+import pytest
+
+from clusterddp.errors import RuntimeEnvError
+from clusterddp.runtime import DistEnv
+
+TORCHRUN = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+            "MASTER_ADDR": "node1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "77"}
+SRUN_TASK = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_NTASKS": "4",
+             "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]",
+             "SLURM_JOB_ID": "123456", "SLURM_TASKS_PER_NODE": "2(x2)"}
+SPAWN = {"CLUSTERDDP_LAUNCHER": "spawn", "LOCAL_RANK": "1", "NODE_RANK": "1", "CLUSTERDDP_NNODES": "2",
+         "CLUSTERDDP_PROCS_PER_NODE": "2", "MASTER_ADDR": "node1", "MASTER_PORT": "21234", "CLUSTERDDP_WORLD_SIZE": "4",
+         # the spawn launcher runs inside a one-task-per-node srun step:
+         "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+         "SLURM_JOB_NUM_NODES": "2"}
+
+
+def test_torchrun():
+    assert DistEnv.from_env(TORCHRUN) == DistEnv(5, 1, 8, 4, 1, 2, "node1", 29500, "torchrun")
+
+
+def test_srun_task_variables():
+    env = DistEnv.from_env(SRUN_TASK)
+    assert env == DistEnv(3, 1, 4, 2, 1, 2, "gpu07", 20000 + 123456 % 10000, "srun")
+
+
+def test_srun_step_variables_win_and_master_from_template():
+    env = DistEnv.from_env(dict(SRUN_TASK, SLURM_STEP_NUM_TASKS="4", SLURM_STEP_NUM_NODES="2",
+                                SLURM_STEP_NODELIST="gpu[09-10]", MASTER_PORT="25000"))
+    assert (env.master_addr, env.master_port) == ("gpu09", 25000)
+
+
+def test_srun_template_variables():
+    # what templates/srun.sh.j2 exports per task on top of srun's own
+    env = DistEnv.from_env(dict(SRUN_TASK, RANK="3", LOCAL_RANK="1", WORLD_SIZE="4", LOCAL_WORLD_SIZE="2",
+                                NODE_RANK="1", MASTER_ADDR="gpu07", MASTER_PORT="23456", CLUSTERDDP_LAUNCHER="srun"))
+    assert env == DistEnv(3, 1, 4, 2, 1, 2, "gpu07", 23456, "srun")
+
+
+def test_gpus_per_task_narrowing_does_not_change_ranks():
+    env = DistEnv.from_env(dict(SRUN_TASK, CUDA_VISIBLE_DEVICES="0"))
+    assert env.local_rank == 1  # select_device then uses device 0: the only one this task sees
+
+
+def test_spawn_values_win_over_the_srun_step_they_run_in():
+    assert DistEnv.from_env(SPAWN) == DistEnv(3, 1, 4, 2, 1, 2, "node1", 21234, "spawn")
+
+
+def test_single_only_when_asked():
+    with pytest.raises(RuntimeEnvError, match="no distributed environment found.*allow_single=True"):
+        DistEnv.from_env({})
+    env = DistEnv.from_env({}, allow_single=True)
+    assert (env.rank, env.world_size, env.source) == (0, 1, "single")
+
+
+def test_batch_shell_is_not_a_rank():
+    batch = {k: v for k, v in SRUN_TASK.items() if k != "SLURM_STEP_ID"}
+    with pytest.raises(RuntimeEnvError, match="batch script of Slurm job 123456 without srun: SLURM_NTASKS=4"):
+        DistEnv.from_env(batch)
+
+
+@pytest.mark.parametrize("env,message", [
+    (dict(SRUN_TASK, SLURM_NTASKS="5", SLURM_TASKS_PER_NODE="3,2"),
+     "SLURM_NTASKS=5 is not a multiple of SLURM_JOB_NUM_NODES=2.*likely --ntasks-per-node does not match the GPUs"),
+    (dict(SRUN_TASK, SLURM_TASKS_PER_NODE="3,1"), "nodes run different numbers of tasks"),
+    (dict(TORCHRUN, WORLD_SIZE="6"), "WORLD_SIZE=6 is not a multiple of LOCAL_WORLD_SIZE=4"),
+    (dict(TORCHRUN, RANK="9"), "inconsistent ranks.*RANK=9"),
+    ({k: v for k, v in TORCHRUN.items() if k != "MASTER_PORT"}, "MASTER_PORT not"),
+    (dict(TORCHRUN, CLUSTERDDP_WORLD_SIZE="16"),
+     "rendered for CLUSTERDDP_WORLD_SIZE=16 ranks.*started 8.*ntasks-per-node does not match GPUs"),
+    (dict(SRUN_TASK, SLURM_PROCID="x"), "SLURM_PROCID='x' is not an integer"),
+    (dict(SRUN_TASK, SLURM_JOB_NODELIST="gpu[07-"), "cannot take MASTER_ADDR"),
+    ({k: v for k, v in SPAWN.items() if k != "NODE_RANK"}, "missing NODE_RANK"),
+])
+def test_bad_combinations_name_what_was_seen(env, message):
+    with pytest.raises(RuntimeEnvError, match=message):
+        DistEnv.from_env(env)
