@@ -80,6 +80,7 @@ def cli() -> None:
       clusterddp submit --dry-run ...   print the sbatch script, submit nothing
       clusterddp render ... -o job.sh   write the script to a file
       clusterddp status / logs / cancel JOBID
+      clusterddp new train.py           write a DDP training skeleton
     """
 
 
@@ -367,6 +368,21 @@ def _print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> 
             time.sleep(0.5)
     except KeyboardInterrupt:
         return
+
+
+@cli.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
+def new(path: str, force: bool) -> None:
+    """Write a runnable, commented DDP training script to PATH (the fastest way from a single-GPU loop to DDP)."""
+    from .skeleton import SKELETON
+
+    target = Path(path)
+    if target.exists() and not force:
+        raise CLIError(SpecError(f"{path} already exists; not overwriting it (use --force, or choose another name)"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(SKELETON.format(name=target.name))
+    click.echo(f"clusterddp: wrote {path}; try: clusterddp submit --local --procs-per-node 2 {path}", err=True)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 
 import torch
@@ -147,5 +148,13 @@ def main(argv=None) -> float:
     return loss_value
 
 
+def _spawned(local_rank: int, argv) -> None:
+    main(argv)
+
+
 if __name__ == "__main__":
-    main()
+    if os.environ.get("CLUSTERDDP_LAUNCHER") == "spawn" and "LOCAL_RANK" not in os.environ:
+        # The spawn launcher starts one process per node; it starts the node's ranks (mp.spawn pattern).
+        runtime.spawn(_spawned, args=(sys.argv[1:],))
+    else:
+        main()

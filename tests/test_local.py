@@ -146,3 +146,14 @@ def test_slurm_variables_of_a_parent_job_do_not_leak(tmp_path):
                    str(SCRIPTS / "allreduce.py"), cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert sorted(r["rank"] for r in results(proc.stdout)) == [0, 1]
+
+
+def test_new_skeleton_runs_on_two_ranks(tmp_path):
+    made = run_cli("new", "train.py", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    again = run_cli("new", "train.py", cwd=tmp_path)
+    assert again.returncode == 2 and "already exists" in again.stderr
+    proc = run_cli("submit", "--local", "--procs-per-node", "2", "train.py", "--", "--epochs", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("loss") == 2 and "world size 2" in proc.stdout
+    assert list(tmp_path.glob("clusterddp-runs/train-local-*/model.pt"))

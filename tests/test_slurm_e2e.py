@@ -212,3 +212,19 @@ def test_unknown_job_id(work):
         proc = run_cli(*command, cwd=d, env=env)
         assert proc.returncode == 1, command
         assert "job 999999 is unknown to Slurm" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
+def test_training_example_on_two_nodes(work, launcher):
+    """examples/train_ddp.py as a 2-node x 2-GPU job (gloo on the fake GPUs' CPUs), under each launcher."""
+    d, _ = work
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples", d / "examples", dirs_exist_ok=True)
+    proc = submit(work, "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "10",
+                  "examples/train_ddp.py", "--wait", "--", "--epochs", "1", "--images", "2", "--depth", "3",
+                  "--max-steps", "2", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    job_id = job_id_of(proc)
+    run_dir = d / "clusterddp-runs" / f"train_ddp-{job_id}"
+    text = "".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("*.out")))
+    assert "world size 4 (2 node(s) x 2)" in text and "final loss" in text, text[-3000:]
+    assert (run_dir / "checkpoints" / "epoch-1.pt").exists()
