@@ -10,10 +10,12 @@
 """
 from __future__ import annotations
 
+import gc
 import os
 import re
 import socket
 import tempfile
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Dict, List, Mapping, Optional
@@ -200,6 +202,7 @@ def _check_rendered_world(found: DistEnv, env: Mapping[str, str]) -> None:
 
 # --- side effects: one process group per process -------------------------------------------------------------
 _STATE: Dict[str, Any] = {}
+_WRAPPED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # DDP modules made by wrap(), for shutdown()
 
 
 def _free_port() -> int:
@@ -262,6 +265,13 @@ def shutdown() -> None:
     """Destroy the process group (idempotent)."""
     import torch.distributed as dist
 
+    # A DDP reducer that outlives its process group can abort the process at exit ("terminate called without
+    # an active exception", seen with gloo under mp.spawn): release the reducers of wrapped models first.
+    for model in list(_WRAPPED):
+        if getattr(model, "reducer", None) is not None:
+            model.reducer = None
+    _WRAPPED.clear()
+    gc.collect()  # reference cycles (autograd hooks) holding reducer state go now, not at interpreter exit
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _STATE.clear()
@@ -337,7 +347,9 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
     if dev.type == "cuda":
         ddp_kwargs.setdefault("device_ids", [dev.index])
         ddp_kwargs.setdefault("output_device", dev.index)
-    return DDP(model, **ddp_kwargs)
+    wrapped = DDP(model, **ddp_kwargs)
+    _WRAPPED.add(wrapped)
+    return wrapped
 
 
 def unwrap(model: Any) -> Any:

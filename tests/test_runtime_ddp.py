@@ -81,3 +81,15 @@ def test_example_loss_goes_down_on_two_ranks(tmp_path):
     assert len(losses) == 2 and losses[1] < losses[0], proc.stdout
     assert "world size 2" in proc.stdout and "images/s" in proc.stdout and "final loss" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["epoch-1.pt", "epoch-2.pt"]
+
+
+@pytest.mark.slow
+def test_dp_vs_ddp_reports_cpu_scaling(tmp_path):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "dp_vs_ddp.py"), "--steps", "3", "--warmup", "1",
+                           "--depth", "3", "--batch-size", "2"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "no GPU on this machine" in proc.stdout or "nn.DataParallel" in proc.stdout
+    assert re.search(r"DDP, 2 (ranks|GPU): +[0-9.]+ images/s +scaling efficiency [0-9.]+", proc.stdout), proc.stdout

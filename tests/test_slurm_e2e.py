@@ -228,3 +228,20 @@ def test_training_example_on_two_nodes(work, launcher):
     text = "".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("*.out")))
     assert "world size 4 (2 node(s) x 2)" in text and "final loss" in text, text[-3000:]
     assert (run_dir / "checkpoints" / "epoch-1.pt").exists()
+
+
+def test_wait_ctrl_c_can_cancel(work):
+    d, env = work
+    cli = subprocess.Popen(["python3", "-m", "clusterddp", "submit", "--nodes", "1", "--gpus", "1", "--wait",
+                            "--on-interrupt", "cancel", "sleeper.py", "--", "300"], cwd=d, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    logs = d / "clusterddp-runs"
+    while time.monotonic() < deadline and not any("started" in p.read_text() for p in logs.glob("sleeper-*/*.out")):
+        time.sleep(0.3)
+    cli.send_signal(2)  # SIGINT, as Ctrl-C
+    out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 130 and "cancelled job" in err, err
+    from clusterddp import slurm
+
+    assert slurm.wait(out.strip()).state == "CANCELLED"
