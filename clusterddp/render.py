@@ -78,7 +78,8 @@ def environment(user_dirs: Sequence[str] = ()) -> jinja2.Environment:
 
 def available_templates(user_dirs: Sequence[str] = ()) -> List[str]:
     names = {n for n in environment(user_dirs).list_templates() if not n.startswith("clusterddp/")}
-    return sorted(n[: -len(TEMPLATE_SUFFIX)] for n in names if n.endswith(TEMPLATE_SUFFIX) and n != "base" + TEMPLATE_SUFFIX)
+    parts = {"base" + TEMPLATE_SUFFIX, "rendezvous" + TEMPLATE_SUFFIX}  # building blocks, not job templates
+    return sorted(n[: -len(TEMPLATE_SUFFIX)] for n in names if n.endswith(TEMPLATE_SUFFIX) and n not in parts)
 
 
 def directive_lines(spec: JobSpec) -> List[str]:
@@ -89,6 +90,7 @@ def directive_lines(spec: JobSpec) -> List[str]:
 
 def program_argv(spec: JobSpec) -> List[str]:
     """What each rank runs after the launcher: ``train.py ARGS`` or ``-m pkg.mod ARGS``."""
+    spec.require_entry_point()
     return (["-m", spec.script] if spec.module else [spec.script]) + list(spec.args)
 
 
@@ -101,7 +103,7 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         "spec": spec,
         "version": __version__,
         "directives": directive_lines(spec),
-        "program": " ".join(q(a) for a in program_argv(spec)),
+        "program": " ".join(q(a) for a in program_argv(spec)) if spec.script else "",
         "python": q(spec.python),
         "env": [(name, q(value)) for name, value in spec.env],
         "setup": list(spec.setup),
@@ -116,7 +118,12 @@ def context(spec: JobSpec) -> Dict[str, Any]:
 
 def render(spec: JobSpec, template: Optional[str] = None, template_dirs: Sequence[str] = ()) -> str:
     """The sbatch script for ``spec`` (template defaults to ``spec.template`` or the launcher's own)."""
-    name = template or spec.template or spec.launcher
+    spec.require_entry_point()
+    return render_part(spec, template or spec.template or spec.launcher, template_dirs)
+
+
+def render_part(spec: JobSpec, name: str, template_dirs: Sequence[str] = ()) -> str:
+    """Render one template by name with the spec's context (also used for building blocks such as rendezvous)."""
     env = environment(template_dirs)
     try:
         tmpl = env.get_template(name + TEMPLATE_SUFFIX)

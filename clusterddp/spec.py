@@ -103,7 +103,7 @@ class JobSpec:
     processes per node (gloo). ``cpus_per_task`` is CPUs per *rank*, whatever the launcher.
     """
 
-    script: str
+    script: str = ""
     args: Tuple[str, ...] = ()
     module: bool = False
     nodes: int = 1
@@ -174,10 +174,17 @@ class JobSpec:
         return slug(self.job_name or "job")
 
     def default_job_name(self) -> str:
+        if not self.script:
+            return "clusterddp"
         base = self.script.rsplit(".", 1)[-1] if self.module else self.script.rsplit("/", 1)[-1]
         if base.endswith(".py"):
             base = base[:-3]
         return slug(base)
+
+    def require_entry_point(self) -> None:
+        """A script job needs a script (the Python API's function jobs do not)."""
+        if not self.script:
+            raise SpecError("no entry point given: pass a script path (train.py) or -m package.module")
 
     def replace(self, **changes: object) -> "JobSpec":
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -240,8 +247,6 @@ class JobSpec:
         if self.gpu_request == "gpus-per-task" and self.launcher != "srun":
             raise SpecError("gpu_request 'gpus-per-task' needs one Slurm task per GPU: use it with --launcher srun "
                             "(torchrun and spawn run one task per node)")
-        if not self.script:
-            raise SpecError("no entry point given: pass a script path (train.py) or -m package.module")
         if self.module and not _MODULE.match(self.script):
             raise SpecError(f"invalid module name {self.script!r}: expected dotted Python identifiers "
                             "(e.g. -m mypkg.train)")
