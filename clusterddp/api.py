@@ -42,9 +42,12 @@ def executor_params(spec: JobSpec) -> Dict[str, Any]:
                         "use launcher='srun' (or leave the default)")
     if spec.template is not None:
         raise SpecError("templates do not apply to submitit jobs (submitit writes its own sbatch script)")
+    if spec.requeue:
+        raise SpecError("requeue=True is the sbatch templates' mechanism; submitit jobs checkpoint and requeue "
+                        "through submitit's own checkpoint() protocol: leave requeue unset")
     params: Dict[str, Any] = {
         "job_name": spec.job_name, "nodes": spec.nodes, "ntasks_per_node": spec.tasks_per_node,
-        "stderr_to_stdout": True,
+        "stderr_to_stdout": True, "signal_delay_s": spec.signal_seconds,
         # A rank that raises ends the step instead of leaving the others waiting for it.
         "srun_args": ["--kill-on-bad-exit=1"] + ([f"--cpus-per-task={spec.cpus_per_task}"]
                                                  if spec.cpus_per_task else []),

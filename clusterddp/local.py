@@ -105,7 +105,7 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
         ("CLUSTERDDP_NNODES", str(n)), ("CLUSTERDDP_GPUS_PER_NODE", str(spec.gpus_per_node)),
         ("CLUSTERDDP_PROCS_PER_NODE", str(per)), ("CLUSTERDDP_WORLD_SIZE", str(spec.world_size)),
         ("CLUSTERDDP_RUN_DIR", run_dir), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
-        ("OMP_NUM_THREADS", str(threads)),
+        ("OMP_NUM_THREADS", str(threads)), ("CLUSTERDDP_STOP_FILE", str(Path(run_dir) / "stop-requested")),
     ]
     if not use_gpus:
         common.append(("CUDA_VISIBLE_DEVICES", ""))
@@ -290,7 +290,13 @@ def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    def on_usr2(signum: int, frame: object) -> None:
+        # As at a Slurm time limit: ask every rank to checkpoint and stop (clusterddp.runtime.should_stop()).
+        Path(dict(plan.common)["CLUSTERDDP_STOP_FILE"]).touch()
+        note("clusterddp: SIGUSR2: asked every rank to checkpoint and stop")
+
     signal.signal(signal.SIGTERM, on_term)
+    previous_usr2 = signal.signal(signal.SIGUSR2, on_usr2)
     try:
         runner.start()
         code, first = runner.wait()
@@ -301,6 +307,7 @@ def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGUSR2, previous_usr2)
     runner.join_output()
     if first is not None:
         from .logscan import summary, tracebacks

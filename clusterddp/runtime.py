@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import signal
 import socket
 import tempfile
 import weakref
@@ -256,6 +257,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=seconds))
     _STATE.update(env=env, device=device, backend=backend)
+    _install_stop_handlers()
     if device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     return env
@@ -360,26 +362,62 @@ def unwrap(model: Any) -> Any:
 def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
            **kwargs: Any) -> Any:
     """A DataLoader over this rank's share of ``dataset`` (DistributedSampler); each new iteration advances the
-    sampler's epoch, so shuffling differs per epoch without calling set_epoch. ``batch_size`` is per rank."""
+    sampler's epoch, so shuffling differs per epoch without calling set_epoch. ``batch_size`` is per rank.
+
+    It remembers where it is (``state_dict()``: epoch and batches done), so a Checkpointer can resume mid-epoch
+    at the exact batch.
+    """
+    import itertools
+
     from torch.utils.data import DataLoader, DistributedSampler
+
+    class ResumableSampler(DistributedSampler):
+        skip = 0  # indices to drop at the start of the next epoch (resuming mid-epoch)
+
+        def __iter__(self):  # type: ignore[override]
+            skip, self.skip = self.skip, 0
+            return itertools.islice(super().__iter__(), skip, None)
 
     class EpochLoader(DataLoader):
         """DataLoader whose every ``iter()`` starts the next epoch of its DistributedSampler."""
 
         next_epoch = 0
+        epoch = -1
+        batches_done = 0
+        _skip_batches = 0
 
         def set_epoch(self, epoch: int) -> None:
-            """Resume at ``epoch`` (after loading a checkpoint)."""
+            """Start the next iteration at ``epoch``."""
             self.next_epoch = epoch
 
         def __iter__(self):  # type: ignore[override]
-            self.sampler.set_epoch(self.next_epoch)
-            self.epoch = self.next_epoch
-            self.next_epoch += 1
-            return super().__iter__()
+            self.epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
+            self.sampler.set_epoch(self.epoch)
+            if own_generator:
+                # Each iter() draws a worker base seed; from a generator of its own, seeded per epoch, that draw
+                # neither moves the global RNG nor depends on where a resumed run started.
+                self.generator.manual_seed(seed * 1_000_003 + self.epoch)
+            self.sampler.skip = self._skip_batches * self.batch_size
+            self.batches_done, self._skip_batches = self._skip_batches, 0
+            for batch in super().__iter__():
+                self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it
+                yield batch
 
-    sampler = DistributedSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
-                                 drop_last=drop_last)
+        def state_dict(self) -> Dict[str, int]:
+            if 0 <= self.epoch < self.next_epoch and self.batches_done < len(self):
+                return {"epoch": self.epoch, "batches_done": self.batches_done}
+            return {"epoch": self.next_epoch, "batches_done": 0}
+
+        def load_state_dict(self, state: Mapping[str, int]) -> None:
+            self.next_epoch, self._skip_batches = int(state["epoch"]), int(state["batches_done"])
+
+    import torch
+
+    own_generator = "generator" not in kwargs
+    if own_generator:
+        kwargs["generator"] = torch.Generator()
+    sampler = ResumableSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
+                               drop_last=drop_last)
     return EpochLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
 
 
@@ -404,6 +442,158 @@ def save_on_main(obj: Any, path: str) -> None:
     barrier()
 
 
+# --- stopping early: time limits and preemption ------------------------------------------------------------
+_STOP: Dict[str, Any] = {"signal": None, "polled": False}
+
+
+def _install_stop_handlers() -> None:
+    """SIGUSR2 and SIGTERM ask the job to stop at the next should_stop(). A script that never calls should_stop()
+    keeps the default meaning of those signals."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            if not _STOP["polled"]:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            _STOP["signal"] = signum
+
+        signal.signal(sig, handler)
+
+
+def should_stop() -> bool:
+    """True on every rank at the same call once a stop was requested (the time-limit warning, SIGUSR2, SIGTERM,
+    or the job's stop file): checkpoint and return. The ranks agree collectively, so none runs ahead."""
+    _STOP["polled"] = True
+    stop_file = os.environ.get("CLUSTERDDP_STOP_FILE")
+    local = _STOP["signal"] is not None or bool(stop_file and os.path.exists(stop_file))
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and world_size() > 1:
+        import torch
+
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        if _STATE.get("backend") == "nccl":
+            flag = flag.to(_STATE["device"])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+    return local
+
+
+def _rng_state() -> Dict[str, Any]:
+    import random
+
+    import torch
+
+    state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    import random
+
+    import torch
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])
+
+
+class Checkpointer:
+    """Checkpoints that make an interrupted job continue exactly where it stopped.
+
+        ckpt = runtime.Checkpointer(os.path.join(os.environ.get("CLUSTERDDP_RUN_DIR", "."), "checkpoints"))
+        state = ckpt.load_latest(model, optimizer, loader)     # None on a fresh start; every rank loads the same
+        ...
+        if runtime.should_stop():
+            ckpt.save(step, model, optimizer, loader); return
+
+    ``save`` is collective: rank 0 writes model, optimizer, the loader's position and every rank's RNG states
+    atomically (temp file + rename) and keeps the last ``keep`` checkpoints.
+    """
+
+    def __init__(self, directory: str, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.directory, self.keep = directory, keep
+
+    def _paths(self) -> List[str]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        steps = sorted((int(m.group(1)), n) for n in names if (m := re.fullmatch(r"ckpt-(\d+)\.pt", n)))
+        return [os.path.join(self.directory, n) for _, n in steps]
+
+    def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
+        import torch.distributed as dist
+
+        states: List[Any] = [_rng_state()]
+        if dist.is_available() and dist.is_initialized() and world_size() > 1:
+            states = [None] * world_size()
+            dist.all_gather_object(states, _rng_state())
+        path = os.path.join(self.directory, f"ckpt-{int(step):010d}.pt")
+        payload = {"step": int(step), "model": unwrap(model).state_dict(),
+                   "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                   "loader": loader.state_dict() if loader is not None else None,
+                   "rng": states, "world_size": world_size(), "extra": extra}
+        save_on_main(payload, path)  # atomic, then a barrier
+        if is_main():
+            for old in self._paths()[:-self.keep]:
+                os.unlink(old)
+        return path
+
+    def latest(self) -> Optional[str]:
+        """The newest checkpoint's path, as rank 0 sees it (every rank gets the same answer)."""
+        import torch.distributed as dist
+
+        found = [self._paths()[-1] if self._paths() else None]
+        if dist.is_available() and dist.is_initialized() and world_size() > 1:
+            dist.broadcast_object_list(found, src=0)
+        return found[0]
+
+    def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None) -> Optional[Dict[str, Any]]:
+        """Restore the newest checkpoint into the given objects; returns it (step, extra, ...) or None."""
+        import torch
+
+        path = self.latest()
+        if path is None:
+            return None
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        if model is not None:
+            unwrap(model).load_state_dict(payload["model"])
+        if optimizer is not None and payload["optimizer"] is not None:
+            optimizer.load_state_dict(payload["optimizer"])
+        if loader is not None and payload["loader"] is not None:
+            loader.load_state_dict(payload["loader"])
+        if payload["world_size"] == world_size():
+            _set_rng_state(payload["rng"][rank()])
+        else:
+            print0(f"clusterddp: checkpoint {path} was written by {payload['world_size']} ranks, this job has "
+                   f"{world_size()}: random number states not restored (results will differ from an "
+                   "uninterrupted run)")
+        payload["path"] = path
+        return payload
+
+
 def spawn(fn: Any, nprocs: Optional[int] = None, args: tuple = ()) -> None:
     """torch.multiprocessing.spawn for the spawn launcher: sets LOCAL_RANK in each worker so that ``init()``
     finds its rank, then calls ``fn(local_rank, *args)``."""
@@ -419,4 +609,5 @@ def _spawned(local_rank: int, fn: Any, args: tuple) -> None:
 
 
 __all__ = ["DistEnv", "init", "shutdown", "wrap", "unwrap", "loader", "is_main", "print0", "log", "barrier",
-           "all_reduce_mean", "save_on_main", "device", "rank", "world_size", "select_device", "spawn"]
+           "all_reduce_mean", "save_on_main", "device", "rank", "world_size", "select_device", "spawn",
+           "should_stop", "Checkpointer"]

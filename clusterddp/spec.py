@@ -127,6 +127,10 @@ class JobSpec:
     master_port: Optional[int] = None
     python: str = "python3"
     template: Optional[str] = None
+    requeue: Optional[bool] = None
+    max_requeues: int = 3
+    signal_seconds: int = 120
+    stop_grace: int = 90
 
     def __post_init__(self) -> None:
         # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.
@@ -157,6 +161,13 @@ class JobSpec:
     @property
     def time_seconds(self) -> Optional[int]:
         return None if self.time is None else parse_time(self.time)
+
+    @property
+    def requeues(self) -> bool:
+        """Checkpoint-and-requeue on the time-limit warning: asked for, or by default whenever there is a limit."""
+        if self.requeue is not None:
+            return self.requeue
+        return bool(self.time_seconds)
 
     @property
     def slurm_tasks_per_node(self) -> int:
@@ -208,6 +219,10 @@ class JobSpec:
                 d.append((name, value))
         if self.exclusive:
             d.append(("exclusive", None))
+        if self.requeues:
+            # B: signals only the batch shell, which asks the ranks to stop (USR1 is swallowed by NCCL in known
+            # versions; without B: the torchrun agent dies of it). A requeued job appends to its logs.
+            d += [("signal", f"B:USR2@{self.signal_seconds}"), ("requeue", None), ("open-mode", "append")]
         # Not %x: the job name is user text and a '/' in it would make paths; the stem is sanitised. A '%'
         # in the directory would be read as a pattern by sbatch, so it is doubled.
         d.append(("output", f"{self.output_dir.replace('%', '%%')}/{self.file_stem.replace('%', '%%')}-%j.out"))
@@ -234,6 +249,13 @@ class JobSpec:
                     f"procs_per_node={self.procs_per_node}; drop --procs-per-node or use --gpus 0 for a CPU job")
         if self.cpus_per_task is not None:
             positive_int("cpus_per_task", self.cpus_per_task, 1)
+        positive_int("max_requeues", self.max_requeues, 0)
+        positive_int("signal_seconds", self.signal_seconds, 10)
+        positive_int("stop_grace", self.stop_grace, 1)
+        if self.requeues and self.time_seconds and self.signal_seconds >= self.time_seconds:
+            raise SpecError(f"signal_seconds={self.signal_seconds} is not below the time limit {self.time!r} "
+                            f"({self.time_seconds} s): the warning would come before the job starts; lower "
+                            "--signal-before or raise --time")
         if self.master_port is not None:
             positive_int("master_port", self.master_port, 1)
             if self.master_port > 65535:
@@ -293,6 +315,7 @@ _OWNED_DIRECTIVES: Dict[str, str] = {
     "nodes": "--nodes", "ntasks-per-node": "--gpus / --procs-per-node", "ntasks": "--gpus / --procs-per-node",
     "gpus-per-node": "--gpus", "gres": "--gpus with --gpu-request gres", "gpus-per-task": "--gpu-request",
     "cpus-per-task": "--cpus-per-task", "output": "--output-dir", "job-name": "--job-name",
+    "signal": "--signal-before (with --requeue)", "requeue": "--requeue", "open-mode": "--requeue",
 }
 
 

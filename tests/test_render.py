@@ -26,7 +26,7 @@ CASES = {
     "cpu": JobSpec("train.py", nodes=2, procs_per_node=4, cpus_per_task=2, exclusive=True, constraint="skylake"),
     "gres_module": JobSpec("mypkg.train", module=True, nodes=4, gpus_per_node=2, gpu_request="gres",
                            setup=("module load cuda/12", "source ~/venv/bin/activate"), env=(("NCCL_DEBUG", "INFO"),),
-                           sbatch_args=("--mail-type=END", "--requeue"), master_port=29400, time="30"),
+                           sbatch_args=("--mail-type=END", "--no-kill"), master_port=29400, time="30"),
     "gpus_per_task": JobSpec("train.py", nodes=2, gpus_per_node=4, launcher="srun", gpu_request="gpus-per-task"),
     "hostile": JobSpec("my script.py", args=HOSTILE_ARGS, nodes=2, gpus_per_node=2,
                        job_name='x" --partition=evil # \\ $(id) `id` ;', output_dir="runs dir/100%",

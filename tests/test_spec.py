@@ -93,9 +93,9 @@ def test_sbatch_quote(value, encoded):
 
 def test_directives_are_data():
     spec = JobSpec("t.py", nodes=2, gpus_per_node=8, time="1:00:00", exclusive=True, gpu_request="gres",
-                   job_name="a/b%c", sbatch_args=("--mail-type=END", "--requeue"))
+                   job_name="a/b%c", sbatch_args=("--mail-type=END", "--no-kill"))
     d = dict(spec.sbatch_directives())
     assert d["gres"] == "gpu:8" and d["nodes"] == "2" and d["ntasks-per-node"] == "1"
-    assert d["exclusive"] is None and d["requeue"] is None and d["mail-type"] == "END"
+    assert d["exclusive"] is None and d["no-kill"] is None and d["mail-type"] == "END"
     # the job name never reaches a file path unsanitised
     assert d["output"] == "clusterddp-runs/a_b_c-%j.out"

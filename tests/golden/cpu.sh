@@ -60,7 +60,7 @@ sys.exit("clusterddp: MASTER_PORT %d is already in use on %s; choose another --m
 CLUSTERDDP_PY
 )"
 export MASTER_PORT
-echo "clusterddp: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: world size 8 (2 x 4), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+echo "clusterddp: job $SLURM_JOB_ID (restart count ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST: world size 8 (2 x 4), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
 
 # One torchrun agent per node; the agents meet at a c10d rendezvous on MASTER_ADDR:MASTER_PORT.
@@ -72,9 +72,14 @@ srun --nodes=2 --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill
     train.py &
 CLUSTERDDP_SRUN_PID=$!
 
-# srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it.
+# srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
+# a trap interrupts `wait`, so wait again while srun is still there.
 CLUSTERDDP_STATUS=0
 wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
+    CLUSTERDDP_STATUS=0
+    wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+done
 if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
     echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
 fi

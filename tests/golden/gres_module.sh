@@ -4,9 +4,12 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --gres=gpu:2
 #SBATCH --time=30
+#SBATCH --signal=B:USR2@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 #SBATCH --output=clusterddp-runs/train-%j.out
 #SBATCH --mail-type=END
-#SBATCH --requeue
+#SBATCH --no-kill
 #
 # Rendered by clusterddp 0.1.0: 4 node(s) x 2 rank(s) per node = world size 8
 # launcher: torchrun, backend: nccl. Regenerate rather than edit: clusterddp render --help
@@ -63,11 +66,47 @@ sys.exit("clusterddp: MASTER_PORT %d is already in use on %s; choose another --m
 CLUSTERDDP_PY
 )"
 export MASTER_PORT
-echo "clusterddp: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: world size 8 (4 x 2), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+echo "clusterddp: job $SLURM_JOB_ID (restart count ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST: world size 8 (4 x 2), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
 
+# Time limit and preemption. Slurm signals this shell 120 s before the limit (USR2); bash runs
+# a trap only once its foreground child is done, hence srun in the background and `wait` in a loop below.
+# The ranks see the stop request through $CLUSTERDDP_STOP_FILE (clusterddp.runtime.should_stop()).
+export CLUSTERDDP_STOP_FILE="$RUN_DIR/stop-requested-${SLURM_RESTART_COUNT:-0}"
+CLUSTERDDP_SIGNAL=""
+clusterddp_stop() {
+    [ -z "$CLUSTERDDP_SIGNAL" ] || return 0
+    CLUSTERDDP_SIGNAL="$1"
+    echo "clusterddp: SIG$1 received (restart count ${SLURM_RESTART_COUNT:-0}): every rank checkpoints and stops; srun is ended after 90 s"
+    touch "$CLUSTERDDP_STOP_FILE"
+    ( sleep 90; kill -TERM "$CLUSTERDDP_SRUN_PID" 2>/dev/null ) &
+    CLUSTERDDP_TIMER_PID=$!
+}
+trap 'clusterddp_stop USR2' USR2
+trap 'clusterddp_stop TERM' TERM
+clusterddp_requeue() {
+    local count="${SLURM_RESTART_COUNT:-0}"
+    if [ "$count" -ge 3 ]; then
+        echo "clusterddp: requeue limit reached ($count of 3 requeues used): the job ends here with its last checkpoint; submit it again to continue" >&2
+        exit 75
+    fi
+    if ! command -v scontrol >/dev/null 2>&1; then
+        echo "clusterddp: scontrol is not available where this job runs (a container?): cannot requeue; the last checkpoint is kept" >&2
+        exit 76
+    fi
+    # An array task is requeued alone, not the whole array.
+    local target="$SLURM_JOB_ID"
+    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
+        target="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    fi
+    echo "clusterddp: requeueing job $target (requeue $((count + 1)) of 3)"
+    trap - USR2 TERM
+    scontrol requeue "$target"
+    exit 0
+}
+
 # One torchrun agent per node; the agents meet at a c10d rendezvous on MASTER_ADDR:MASTER_PORT.
-srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1 \
+srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append \
     --output="${RUN_DIR//%/%%}/node-%n.out" \
     torchrun --nnodes=4 --nproc-per-node=2 \
     --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
@@ -75,9 +114,20 @@ srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1 \
     -m mypkg.train &
 CLUSTERDDP_SRUN_PID=$!
 
-# srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it.
+# srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
+# a trap interrupts `wait`, so wait again while srun is still there.
 CLUSTERDDP_STATUS=0
 wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
+    CLUSTERDDP_STATUS=0
+    wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+done
+[ -z "${CLUSTERDDP_TIMER_PID:-}" ] || kill "$CLUSTERDDP_TIMER_PID" 2>/dev/null || true
+if [ "$CLUSTERDDP_SIGNAL" = USR2 ]; then
+    clusterddp_requeue
+elif [ "$CLUSTERDDP_SIGNAL" = TERM ]; then
+    echo "clusterddp: terminated (preempted or cancelled): not requeueing here; the last checkpoint is kept" >&2
+fi
 if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
     echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
 fi

@@ -1,0 +1,59 @@
+"""A deterministic training job that checkpoints when asked to stop and resumes where it stopped.
+
+Rank 0 appends one line per optimizer step to --steps-log ("<restart count> <global step>"), and writes the final
+parameters to --out. Used by the requeue tests (Slurm and local).
+"""
+import argparse
+import os
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils.data import TensorDataset
+
+from clusterddp import runtime
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps-log", required=True)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--step-sleep", type=float, default=0.2)
+    args = p.parse_args()
+    env = runtime.init(timeout=120, allow_single=True)
+    torch.manual_seed(1234)
+    g = torch.Generator().manual_seed(99)
+    data = TensorDataset(torch.randn(96, 6, generator=g), torch.randn(96, 1, generator=g))
+    model = runtime.wrap(nn.Sequential(nn.Linear(6, 12), nn.Dropout(0.2), nn.ReLU(), nn.Linear(12, 1)))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    batches = runtime.loader(data, batch_size=4, seed=7)
+    ckpt = runtime.Checkpointer(args.ckpt_dir, keep=2)
+    state = ckpt.load_latest(model, opt, batches)
+    step = state["step"] if state else 0
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+    runtime.print0(f"RESUME from step {step} (restart count {restart})" if state else "FRESH start")
+    for epoch in range(batches.next_epoch, args.epochs):
+        for x, y in batches:
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+            if runtime.is_main():
+                with open(args.steps_log, "a") as fh:
+                    fh.write(f"{restart} {step}\n")
+            time.sleep(args.step_sleep)
+            if runtime.should_stop():
+                path = ckpt.save(step, model, opt, batches)
+                runtime.print0(f"STOPPED at step {step}, checkpoint {path}")
+                runtime.shutdown()
+                return
+    runtime.save_on_main({k: v.clone() for k, v in runtime.unwrap(model).state_dict().items()}, args.out)
+    runtime.print0(f"DONE at step {step}")
+    runtime.shutdown()
+
+
+if __name__ == "__main__":
+    main()
