@@ -1,0 +1,132 @@
+"""Time limits and preemption: checkpoint, requeue, resume; the result equals an uninterrupted run's, bit for bit."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from clusterddp import slurm
+
+from .conftest import SCRIPTS, run_cli
+
+TOTAL_STEPS = 36  # resumable.py: 3 epochs x 96 samples / (2 ranks x batch 4)
+
+
+def steps(log: Path) -> list:
+    return [tuple(int(x) for x in line.split()) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def identical(a: Path, b: Path) -> bool:
+    sa, sb = torch.load(a), torch.load(b)
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def job_args(d: Path, name: str, sleep: float) -> list:
+    return ["resumable.py", "--", "--ckpt-dir", str(d / f"{name}-ck"), "--out", str(d / f"{name}.pt"),
+            "--steps-log", str(d / f"{name}.log"), "--step-sleep", str(sleep)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same job, never interrupted (local backend; the same gloo arithmetic on this machine)."""
+    d = tmp_path_factory.mktemp("reference")
+    shutil.copy(SCRIPTS / "resumable.py", d)
+    proc = run_cli("submit", "--local", "--launcher", "srun", "--procs-per-node", "2", *job_args(d, "ref", 0), cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    assert [s for _, s in steps(d / "ref.log")] == list(range(1, TOTAL_STEPS + 1))
+    return d / "ref.pt"
+
+
+@pytest.fixture
+def work(slurm_env, tmp_path):
+    shutil.copy(SCRIPTS / "resumable.py", tmp_path)
+    return tmp_path
+
+
+def interrupt_and_release(job_id: str, log: Path, after_steps: int) -> None:
+    """Signal the batch shell as Slurm does before the time limit, then skip the requeue's ~2 min BeginTime."""
+    deadline = time.monotonic() + 120
+    while len(steps(log)) < after_steps and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(steps(log)) >= after_steps, "the job did not get going"
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+    while time.monotonic() < deadline:
+        info = slurm.info(job_id)
+        if info.state == "PENDING" and info.reason == "BeginTime":
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+            return
+        if info.done:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} was not requeued")
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_interrupted_job_resumes_bit_identical(work, reference, launcher):
+    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "1", "--time", "10",
+                   *job_args(work, "run", 0.25), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    interrupt_and_release(job_id, work / "run.log", after_steps=8)
+    final = slurm.wait(job_id)
+    assert final.state == "COMPLETED", final
+    done = steps(work / "run.log")
+    # every step exactly once, in order, across the two attempts; the second attempt is restart count 1
+    assert [s for _, s in done] == list(range(1, TOTAL_STEPS + 1))
+    assert {r for r, _ in done} == {0, 1}
+    assert identical(work / "run.pt", reference)
+    batch_log = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
+    assert "requeueing job" in batch_log and "(restart count 1)" in batch_log
+
+
+@pytest.mark.slurm
+def test_requeue_limit_ends_the_job_clearly(work):
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "1", "--time", "10", "--max-requeues",
+                   "1", *job_args(work, "run", 0.25), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    interrupt_and_release(job_id, work / "run.log", after_steps=5)
+    # the second interruption, in the requeued run
+    deadline = time.monotonic() + 120
+    while not any(r == 1 for r, _ in steps(work / "run.log")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first_run = max(s for r, s in steps(work / "run.log") if r == 0)
+    interrupt_and_release(job_id, work / "run.log", after_steps=first_run + 3)
+    final = slurm.wait(job_id)
+    assert final.state == "FAILED" and final.exit_code == 75, final
+    batch_log = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
+    assert "requeue limit reached (1 of 1 requeues used)" in batch_log
+    done = steps(work / "run.log")
+    assert [s for _, s in done] == list(range(1, len(done) + 1))  # nothing repeated, nothing skipped
+    assert len(list((work / "run-ck").glob("ckpt-*.pt"))) >= 1 and not (work / "run.pt").exists()
+
+
+def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, reference):
+    shutil.copy(SCRIPTS / "resumable.py", tmp_path)
+    cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "torchrun",
+                            "--procs-per-node", "2", *job_args(tmp_path, "run", 0.25)], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while len(steps(tmp_path / "run.log")) < 6 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    cli.send_signal(signal.SIGUSR2)
+    out, err = cli.communicate(timeout=90)
+    assert cli.returncode == 0, err
+    assert "asked every rank to checkpoint and stop" in err and "STOPPED at step" in out
+    stopped_at = len(steps(tmp_path / "run.log"))
+    assert stopped_at < TOTAL_STEPS and not (tmp_path / "run.pt").exists()
+    again = run_cli("submit", "--local", "--launcher", "torchrun", "--procs-per-node", "2",
+                    *job_args(tmp_path, "run", 0), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"RESUME from step {stopped_at}" in again.stdout
+    assert [s for _, s in steps(tmp_path / "run.log")] == list(range(1, TOTAL_STEPS + 1))
+    assert identical(tmp_path / "run.pt", reference)
+    assert os.path.exists(tmp_path / "run-ck")
