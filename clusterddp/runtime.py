@@ -385,6 +385,7 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, d
         epoch = -1
         batches_done = 0
         _skip_batches = 0
+        _active = False  # inside an epoch's iteration (a `break` out of the loop ends it)
 
         def set_epoch(self, epoch: int) -> None:
             """Start the next iteration at ``epoch``."""
@@ -399,12 +400,17 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, d
                 self.generator.manual_seed(seed * 1_000_003 + self.epoch)
             self.sampler.skip = self._skip_batches * self.batch_size
             self.batches_done, self._skip_batches = self._skip_batches, 0
-            for batch in super().__iter__():
-                self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it
-                yield batch
+            self._active = True
+            try:
+                for batch in super().__iter__():
+                    self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it
+                    yield batch
+            finally:
+                self._active = False
 
         def state_dict(self) -> Dict[str, int]:
-            if 0 <= self.epoch < self.next_epoch and self.batches_done < len(self):
+            """Where to resume: mid-epoch while an epoch is being iterated, else at the next epoch."""
+            if self._active and self.batches_done < len(self):
                 return {"epoch": self.epoch, "batches_done": self.batches_done}
             return {"epoch": self.next_epoch, "batches_done": 0}
 

@@ -92,7 +92,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
     p.add_argument("--log-every", type=int, default=4, help="steps between progress lines")
     p.add_argument("--ckpt-dir", default=None,
-                   help="checkpoint per epoch here (default: $CLUSTERDDP_RUN_DIR/checkpoints or ./checkpoints)")
+                   help="checkpoints here; the newest is resumed at start (default: $CLUSTERDDP_RUN_DIR/checkpoints "
+                        "or ./checkpoints)")
+    p.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch only)")
+    p.add_argument("--keep", type=int, default=2, help="checkpoints kept")
     p.add_argument("--no-amp", action="store_true", help="on GPU, train in fp32 instead of bf16 autocast")
     return p.parse_args(argv)
 
@@ -108,17 +111,22 @@ def main(argv=None) -> float:
     batches = runtime.loader(data, batch_size=args.batch_size, seed=args.seed,   # DDP: each rank its share
                              num_workers=args.workers, pin_memory=dev.type == "cuda")
     amp = dev.type == "cuda" and not args.no_amp
-    ckpt_dir = args.ckpt_dir or os.path.join(os.environ.get("CLUSTERDDP_RUN_DIR", "."), "checkpoints")
+    # Checkpoints: in the job's run directory, which a requeued Slurm job keeps (same job id).
+    ckpt = runtime.Checkpointer(args.ckpt_dir or os.path.join(os.environ.get("CLUSTERDDP_RUN_DIR", "."),
+                                                              "checkpoints"), keep=args.keep)
+    state = ckpt.load_latest(model, opt, batches)             # DDP: every rank resumes from the same checkpoint
+    step = state["step"] if state else 0
     runtime.print0(f"train_ddp: world size {env.world_size} ({env.num_nodes} node(s) x {env.local_world_size}), "
                    f"device {dev.type}, {len(data)} patches of {args.patch}x{args.patch}, "
-                   f"{len(batches)} steps per epoch per rank, amp {'on' if amp else 'off'}")
+                   f"{len(batches)} steps per epoch per rank, amp {'on' if amp else 'off'}"
+                   + (f"; resuming at step {step} from {state['path']}" if state else ""))
     loss_value, total_images, total_time = float("nan"), 0, 0.0
-    for epoch in range(args.epochs):
+    for epoch in range(batches.next_epoch, args.epochs):
         model.train()
         start = time.perf_counter()
-        seen, running = 0, 0.0
-        for step, (noisy, clean) in enumerate(batches):        # DDP: the sampler's epoch advances by itself
-            if args.max_steps and step >= args.max_steps:
+        seen, running, done_here = 0, 0.0, 0
+        for noisy, clean in batches:                           # DDP: the sampler's epoch advances by itself
+            if args.max_steps and batches.batches_done > args.max_steps:
                 break
             noisy, clean = noisy.to(dev, non_blocking=True), clean.to(dev, non_blocking=True)
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=amp):
@@ -126,22 +134,30 @@ def main(argv=None) -> float:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            step += 1
+            done_here += 1
             seen += noisy.shape[0] * env.world_size
             running += loss.item()
-            if (step + 1) % args.log_every == 0:
+            if batches.batches_done % args.log_every == 0:
                 rate = seen / (time.perf_counter() - start)
-                runtime.print0(f"epoch {epoch + 1}/{args.epochs} step {step + 1}/{len(batches)} "
-                               f"loss {runtime.all_reduce_mean(running / (step + 1)):.5f} {rate:.1f} images/s")
+                runtime.print0(f"epoch {epoch + 1}/{args.epochs} step {batches.batches_done}/{len(batches)} "
+                               f"loss {runtime.all_reduce_mean(running / done_here):.5f} {rate:.1f} images/s")
+            if args.ckpt_every and step % args.ckpt_every == 0:
+                ckpt.save(step, model, opt, batches)           # periodic: what survives a preemption
+            if runtime.should_stop():                          # time limit or preemption: all ranks agree
+                path = ckpt.save(step, model, opt, batches)
+                runtime.print0(f"stopping at step {step} (epoch {epoch + 1}); checkpoint {path}; "
+                               "a requeued or re-run job resumes here")
+                runtime.shutdown()
+                return loss_value
         if dev.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
-        steps = min(len(batches), args.max_steps or len(batches))
-        loss_value = runtime.all_reduce_mean(running / max(1, steps))   # DDP: metrics averaged over ranks
+        loss_value = runtime.all_reduce_mean(running / max(1, done_here))   # DDP: metrics averaged over ranks
         total_images, total_time = total_images + seen, total_time + elapsed
-        runtime.print0(f"epoch {epoch + 1}/{args.epochs} done: loss {loss_value:.5f}, {seen / elapsed:.1f} images/s")
-        runtime.save_on_main({"epoch": epoch + 1, "model": runtime.unwrap(model).state_dict(),   # DDP: rank 0 saves
-                              "optimizer": opt.state_dict(), "args": vars(args)},
-                             os.path.join(ckpt_dir, f"epoch-{epoch + 1}.pt"))
+        runtime.print0(f"epoch {epoch + 1}/{args.epochs} done: loss {loss_value:.5f}, "
+                       f"{seen / max(elapsed, 1e-9):.1f} images/s")
+        ckpt.save(step, model, opt, batches, epoch=epoch + 1)  # DDP: rank 0 writes, atomically
     runtime.print0(f"final loss {loss_value:.5f}; throughput {total_images / max(total_time, 1e-9):.1f} images/s "
                    f"over {env.world_size} rank(s)")
     runtime.shutdown()

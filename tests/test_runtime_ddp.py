@@ -80,7 +80,7 @@ def test_example_loss_goes_down_on_two_ranks(tmp_path):
     losses = [float(x) for x in re.findall(r"epoch \d/2 done: loss ([0-9.]+)", proc.stdout)]
     assert len(losses) == 2 and losses[1] < losses[0], proc.stdout
     assert "world size 2" in proc.stdout and "images/s" in proc.stdout and "final loss" in proc.stdout
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["epoch-1.pt", "epoch-2.pt"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["ckpt-0000000004.pt", "ckpt-0000000008.pt"]
 
 
 @pytest.mark.slow
@@ -93,3 +93,16 @@ def test_dp_vs_ddp_reports_cpu_scaling(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "no GPU on this machine" in proc.stdout or "nn.DataParallel" in proc.stdout
     assert re.search(r"DDP, 2 (ranks|GPU): +[0-9.]+ images/s +scaling efficiency [0-9.]+", proc.stdout), proc.stdout
+
+
+@pytest.mark.slow
+def test_example_resumes_from_its_checkpoint(tmp_path):
+    args = ["submit", "--local", "--procs-per-node", "2", "--output-dir", str(tmp_path / "runs"),
+            str(ROOT / "examples" / "train_ddp.py"), "--", "--images", "4", "--depth", "3", "--ckpt-dir",
+            str(tmp_path / "ck")]
+    first = run_cli(*args, "--epochs", "1", cwd=tmp_path, timeout=300)
+    assert first.returncode == 0, first.stderr
+    second = run_cli(*args, "--epochs", "2", cwd=tmp_path, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "resuming at step 4" in second.stdout and "epoch 1/2 done" not in second.stdout
+    assert "epoch 2/2 done" in second.stdout
