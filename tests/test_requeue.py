@@ -51,21 +51,34 @@ def work(slurm_env, tmp_path):
 
 
 def interrupt_and_release(job_id: str, log: Path, after_steps: int) -> None:
-    """Signal the batch shell as Slurm does before the time limit, then skip the requeue's ~2 min BeginTime."""
+    """Signal the batch shell as Slurm does before the time limit, then skip the requeue's ~2 min BeginTime.
+
+    Returns once the job runs again (restart count up by one) or has ended for good.
+    """
     deadline = time.monotonic() + 120
     while len(steps(log)) < after_steps and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(steps(log)) >= after_steps, "the job did not get going"
+    restarts = int(slurm.parse_scontrol(_show(job_id)).get("Restarts", "0"))
     subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
     while time.monotonic() < deadline:
-        info = slurm.info(job_id)
-        if info.state == "PENDING" and info.reason == "BeginTime":
+        fields = slurm.parse_scontrol(_show(job_id))
+        state, reason = fields.get("JobState"), fields.get("Reason")
+        if int(fields.get("Restarts", "0")) > restarts and state == "RUNNING":
+            return
+        if state in ("COMPLETED", "FAILED", "TIMEOUT"):
+            return
+        if state == "PENDING" and reason == "BeginTime":
+            # Released at once, slurmctld may start it before the old run's credential is revoked and then
+            # kill it ("Killing non-startable batch job: Job credential revoked"): Slurm's own delay is 2 min.
+            time.sleep(3)
             subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
-            return
-        if info.done:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"job {job_id} was not requeued")
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} was not requeued and restarted: {_show(job_id)}")
+
+
+def _show(job_id: str) -> str:
+    return subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True).stdout
 
 
 @pytest.mark.slurm
