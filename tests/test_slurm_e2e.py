@@ -203,7 +203,7 @@ def test_status_logs_cancel(work):
     st = run_cli("status", job_id, cwd=d, env=env)
     assert "CANCELLED" in st.stdout
     batch = run_cli("logs", job_id, cwd=d, env=env)
-    assert batch.returncode == 0 and f"job {job_id} on node[1-2]" in batch.stdout
+    assert batch.returncode == 0 and f"job {job_id} (restart count 0) on node[1-2]" in batch.stdout
 
 
 def test_unknown_job_id(work):
