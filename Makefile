@@ -23,6 +23,12 @@ demo: install
 test: install-test
 	$(PYTHON) -m pytest -ra
 
+# Benchmarks (not tests): hyperfine from Debian, torchx in its own venv for the comparison; results in bench/RESULTS.md.
+bench: install
+	@command -v hyperfine >/dev/null || { apt-get update -qq && apt-get install -y -qq hyperfine; }
+	@[ -x bench/.venv-torchx/bin/torchx ] || { $(PYTHON) -m venv bench/.venv-torchx && bench/.venv-torchx/bin/pip install -q torchx; }
+	$(PYTHON) -m bench
+
 cluster-up:
 	tests/slurm/cluster.sh up
 

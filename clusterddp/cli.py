@@ -4,9 +4,9 @@ Never imports torch (login nodes may not have it) nor submitit.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -80,6 +80,7 @@ def cli() -> None:
       clusterddp submit --dry-run ...   print the sbatch script, submit nothing
       clusterddp render ... -o job.sh   write the script to a file
       clusterddp status / logs / cancel JOBID
+      clusterddp explain ...            world size, rank table, environment, warnings
       clusterddp new train.py           write a DDP training skeleton
     """
 
@@ -209,7 +210,7 @@ def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_inte
     out_dir = Path(spec.output_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        pending = out_dir / f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}.sbatch"
+        pending = out_dir / f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"
         pending.write_text(text)
     except OSError as exc:
         raise CLIError(SpecError(f"cannot write the job script into --output-dir {spec.output_dir!r}: "
@@ -269,6 +270,16 @@ def _show_failure(record: Any) -> None:
 
     found = tracebacks([Path(p) for p in record.logs()] + [Path(record.batch_log)])
     click.echo(summary(found, f"{record.run_dir}/ and {record.batch_log}" if not found else record.run_dir), err=True)
+
+
+@cli.command(epilog=EXAMPLES.format(cmd="explain"))
+@spec_options
+def explain(script: str, args: Sequence[str], template_dirs: Sequence[str], **opts: Any) -> None:
+    """Explain the job SCRIPT [-- ARGS...] would be, without submitting: world size, the node/rank/GPU table,
+    MASTER_ADDR/PORT, every variable the script sees and known mistakes."""
+    from .explain import explain as explain_spec
+
+    click.echo(explain_spec(build_spec(script, args, **opts)), nl=False)
 
 
 @cli.command()

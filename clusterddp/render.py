@@ -6,6 +6,7 @@ importlib.resources (wheel, editable install) with a fallback to the source tree
 """
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 from pathlib import Path
@@ -65,8 +66,14 @@ def template_dirs(user_dirs: Sequence[str] = ()) -> List[str]:
 
 
 def environment(user_dirs: Sequence[str] = ()) -> jinja2.Environment:
+    """The Jinja environment for these template directories (cached: compiled templates are reused)."""
+    return _environment(tuple(template_dirs(user_dirs)))
+
+
+@functools.lru_cache(maxsize=16)
+def _environment(dirs: Tuple[str, ...]) -> jinja2.Environment:
     shipped = _ResourceLoader(_shipped_dir())
-    loaders: List[jinja2.BaseLoader] = [jinja2.FileSystemLoader(d) for d in template_dirs(user_dirs)]
+    loaders: List[jinja2.BaseLoader] = [jinja2.FileSystemLoader(d) for d in dirs]
     # "clusterddp/<name>" always means the shipped template, so a site template may override a shipped one
     # by name and still {% extends "clusterddp/torchrun.sh.j2" %}.
     loaders += [shipped, jinja2.PrefixLoader({"clusterddp": shipped})]

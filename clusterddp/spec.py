@@ -4,7 +4,6 @@ backend and the Python API. Everything derived (world size, the #SBATCH directiv
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -27,6 +26,8 @@ _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 def suggest(given: str, valid: Iterable[str]) -> str:
     """' (did you mean X?)' when ``given`` looks like a typo of a valid name, else ''."""
+    import difflib  # only on the error path
+
     close = difflib.get_close_matches(given, list(valid), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

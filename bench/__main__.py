@@ -1,0 +1,282 @@
+"""clusterddp benchmarks: ``python -m bench`` (or ``make bench``). Every figure is a ratio against a baseline
+measured in the same run; whole commands are timed with hyperfine, in-process work with timeit. Nothing here
+asserts a time. Results go to bench/RESULTS.md.
+
+    python -m bench                 # everything that this machine allows
+    python -m bench --only 1,2,3    # some items
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import timeit
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+PY = sys.executable
+TORCHX = BENCH / ".venv-torchx" / "bin" / "torchx"
+CLUSTER_CONF = Path(os.environ.get("CLUSTERDDP_CLUSTER_DIR", "/tmp/clusterddp-cluster")) / "slurm.conf"
+
+Row = Tuple[str, str, str, str]  # item, what, result, target
+
+
+def hyperfine(commands: Dict[str, str], runs: int, warmup: int = 1, cwd: Optional[Path] = None,
+              env: Optional[dict] = None) -> Dict[str, Tuple[float, float]]:
+    """name -> (mean s, stddev s), measured by hyperfine in one interleaved session."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        argv = ["hyperfine", "--style", "none", "--warmup", str(warmup), "--runs", str(runs), "--export-json",
+                out.name]
+        for name, cmd in commands.items():
+            argv += ["--command-name", name, cmd]
+        subprocess.run(argv, check=True, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
+        data = json.load(open(out.name))
+    return {r["command"]: (r["mean"], r["stddev"]) for r in data["results"]}
+
+
+def fmt(mean: float, std: float) -> str:
+    return f"{mean * 1000:.0f} ± {std * 1000:.0f} ms"
+
+
+def item1_cli(rows: List[Row], work: Path) -> None:
+    (work / "train.py").write_text("print('hi')\n")
+    cmds = {
+        "floor: python -c 'import click, jinja2'": f"{PY} -c 'import click, jinja2'",
+        "clusterddp submit --dry-run": f"{PY} -m clusterddp submit --dry-run --nodes 2 --gpus 8 train.py",
+        "clusterddp render": f"{PY} -m clusterddp render --nodes 2 --gpus 8 train.py",
+        "submitit: same job's sbatch text": (
+            f"{PY} -c \"import submitit.slurm.slurm as s; s._make_sbatch_string(command='python train.py', "
+            "folder='x', nodes=2, ntasks_per_node=8, gpus_per_node=8)\""),
+    }
+    if TORCHX.exists():
+        cmds["torchx run --dryrun -s slurm dist.ddp -j 2x8"] = \
+            f"{TORCHX} run --dryrun -s slurm dist.ddp -j 2x8 --script train.py"
+    res = hyperfine(cmds, runs=20, warmup=3, cwd=work)
+    floor = res["floor: python -c 'import click, jinja2'"][0]
+    dry = res["clusterddp submit --dry-run"][0]
+    for name, (mean, std) in res.items():
+        target = ""
+        if name.startswith("clusterddp"):
+            target = "<= 1.3x floor"
+        rows.append(("1", name, f"{fmt(mean, std)} = {mean / floor:.2f}x floor", target))
+    if "torchx run --dryrun -s slurm dist.ddp -j 2x8" in res:
+        tx = res["torchx run --dryrun -s slurm dist.ddp -j 2x8"][0]
+        rows.append(("1", "torchx dry-run / clusterddp dry-run", f"{tx / dry:.2f}x", ">= 3x"))
+    else:
+        rows.append(("1", "torchx dry-run", "skipped: bench/.venv-torchx missing (make bench creates it)", ""))
+    out = subprocess.run([PY, "-X", "importtime", "-c", "import clusterddp.cli"], capture_output=True, text=True,
+                         cwd=ROOT).stderr
+    costs = []
+    for line in out.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|\s+(.*)", line)
+        if m:
+            costs.append((int(m.group(2)), m.group(3).strip()))
+    top = sorted(costs, reverse=True)[:5]
+    rows.append(("1", "import clusterddp.cli: top 5 cumulative import costs",
+                 "; ".join(f"{name} {us / 1000:.1f} ms" for us, name in top), "no torch, no submitit"))
+    imported = subprocess.run([PY, "-c", "import sys, clusterddp.cli; print('torch' in sys.modules, "
+                               "'submitit' in sys.modules)"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    rows.append(("1", "torch / submitit imported by the CLI", imported, "False False"))
+
+
+def item2_render(rows: List[Row]) -> None:
+    sys.path.insert(0, str(ROOT))
+    from clusterddp import JobSpec
+    from clusterddp.render import render
+
+    specs = [JobSpec("train.py", nodes=1 + i % 64, gpus_per_node=i % 9, job_name=f"job{i}",
+                     launcher=("torchrun", "srun", "spawn")[i % 3], time=f"{1 + i % 48}:00:00",
+                     env=(("RUN", str(i)),), args=("--seed", str(i))) for i in range(1000)]
+    render(specs[0])  # template compilation is a one-off cost
+    best = min(timeit.repeat(lambda: [render(s) for s in specs], number=1, repeat=5))
+    rows.append(("2", "render 1,000 different job specs, one process", f"{best:.3f} s", "< 1 s"))
+    small, big = JobSpec("t.py", nodes=2, gpus_per_node=8), JobSpec("t.py", nodes=4096, gpus_per_node=8)
+    t_small = min(timeit.repeat(lambda: render(small), number=200, repeat=5)) / 200
+    t_big = min(timeit.repeat(lambda: render(big), number=200, repeat=5)) / 200
+    rows.append(("2", "render a 4,096-node spec / a 2-node spec",
+                 f"{t_big * 1e6:.0f} us / {t_small * 1e6:.0f} us = {t_big / t_small:.2f}x", "~1x"))
+
+
+def item3_hostlist(rows: List[Row], work: Path) -> None:
+    from clusterddp.hostlist import expand, first
+
+    cases = {"node[1-65536]": 65536, "a[1-1000]b[1-1000]": 1_000_000}
+    for text, n in cases.items():
+        t = min(timeit.repeat(lambda: expand(text), number=1, repeat=3))
+        assert len(expand(text)) == n
+        rows.append(("3", f"expand {text} ({n:,} names), clusterddp.hostlist", f"{t * 1000:.0f} ms", ""))
+    if shutil.which("scontrol") and CLUSTER_CONF.exists():
+        env = dict(os.environ, SLURM_CONF=str(CLUSTER_CONF))
+        res = hyperfine({f"scontrol {t}": f"scontrol show hostnames '{t}' > /dev/null" for t in cases}, runs=3,
+                        cwd=work, env=env)
+        res_py = hyperfine({f"python {t}": f"{PY} -c \"from clusterddp.hostlist import expand; "
+                            f"print(chr(10).join(expand('{t}')))\" > /dev/null" for t in cases}, runs=3, cwd=ROOT)
+        for t in cases:
+            ours, theirs = res_py[f"python {t}"][0], res[f"scontrol {t}"][0]
+            rows.append(("3", f"{t}: scontrol show hostnames / python -m-style expand (whole command)",
+                         f"{theirs * 1000:.0f} ms / {ours * 1000:.0f} ms = {theirs / ours:.2f}x", ""))
+    else:
+        rows.append(("3", "scontrol show hostnames", "skipped: no Slurm configuration (tests/slurm/cluster.sh up)",
+                     ""))
+    short = "node[1-4]"
+    long_ = ",".join(f"g{i}n[1-65536]" for i in range(20000))  # 1.3 billion names, 300k characters
+    t_short = min(timeit.repeat(lambda: first(short), number=2000, repeat=5)) / 2000
+    t_long = min(timeit.repeat(lambda: first(long_), number=2000, repeat=5)) / 2000
+    rows.append(("3", "first host: 20,000-group list (1.3e9 names) / 4-name list",
+                 f"{t_long * 1e6:.1f} us / {t_short * 1e6:.1f} us = {t_long / t_short:.2f}x", "O(1): ~1x"))
+
+
+def item4_startup(rows: List[Row], work: Path) -> None:
+    script = BENCH / "first_allreduce.py"
+    agent = (f"{PY} -m torch.distributed.run --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d "
+             f"--rdzv-endpoint=127.0.0.1:29731 --rdzv-id=bench {script}")
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    res = hyperfine({
+        "bare torchrun x2": f"bash -c '{agent} > /dev/null 2>&1 & {agent} > /dev/null 2>&1; wait'",
+        "clusterddp submit --local": (f"{PY} -m clusterddp submit --local --nodes 2 --procs-per-node 2 "
+                                      f"--output-dir {work}/runs {script} > /dev/null 2>&1"),
+    }, runs=5, warmup=1, cwd=work, env=env)
+    bare, ours = res["bare torchrun x2"], res["clusterddp submit --local"]
+    rows.append(("4", "start-up to first all-reduce, 2 nodes x 2 ranks, CPU: local backend / bare torchrun",
+                 f"{fmt(*ours)} / {fmt(*bare)} = {ours[0] / bare[0]:.2f}x", "<= 1.1x"))
+
+
+def item5_cluster(rows: List[Row], work: Path) -> None:
+    if not (shutil.which("sbatch") and CLUSTER_CONF.exists()):
+        rows.append(("5", "submit to all ranks joined, test cluster", "skipped: no test cluster "
+                     "(sudo tests/slurm/cluster.sh up)", ""))
+        return
+    env = dict(os.environ, SLURM_CONF=str(CLUSTER_CONF))
+    shutil.copy(BENCH / "first_allreduce.py", work / "job.py")
+    hand = {
+        "torchrun": ("#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=2 --output=hand-%j.out\n"
+                     'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+                     "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))\n"
+                     "srun torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d "
+                     '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" job.py\n'),
+        "srun": ("#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --output=hand-%j.out\n"
+                 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+                 "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))\n"
+                 "srun bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec python3 job.py'\n"),
+    }
+    for launcher, text in hand.items():
+        (work / f"hand-{launcher}.sh").write_text(text)
+        subprocess.run([PY, "-m", "clusterddp", "render", "--launcher", launcher, "--nodes", "2", "--gpus", "2",
+                        "--no-requeue", "job.py", "-o", f"ours-{launcher}.sh"], cwd=work, check=True, env=env,
+                       capture_output=True)
+        res = hyperfine({"hand": f"sbatch --wait hand-{launcher}.sh > /dev/null",
+                         "clusterddp": f"sbatch --wait ours-{launcher}.sh > /dev/null"}, runs=5, warmup=1,
+                        cwd=work, env=env)
+        rows.append(("5", f"submit to all ranks joined and done, 2x2, {launcher}: clusterddp / hand-written",
+                     f"{fmt(*res['clusterddp'])} / {fmt(*res['hand'])} = {res['clusterddp'][0] / res['hand'][0]:.2f}x",
+                     "<= 1.1x"))
+
+
+def _throughput(argv: List[str], env: dict, cwd: Path) -> float:
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
+    m = re.search(r"throughput ([0-9.]+) images/s", out.stdout)
+    if not m:
+        raise RuntimeError(f"no throughput in output of {argv}: {out.stdout[-500:]} {out.stderr[-1500:]}")
+    return float(m.group(1))
+
+
+def item6_7_training(rows: List[Row], work: Path, which: set) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    knobs = ["--images", "8", "--epochs", "2"]
+
+    def torchrun(n: int, script: str, extra: List[str]) -> List[str]:
+        return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", script, *knobs, *extra]
+
+    ours_cmd = torchrun(2, str(ROOT / "examples" / "train_ddp.py"), ["--ckpt-dir", str(work / "ck"), "--log-every",
+                                                                      "1000"])
+    if "6" in which:
+        ours, raw = [], []
+        for _ in range(3):  # interleaved, median of three
+            ours.append(_throughput(ours_cmd, env, work))
+            raw.append(_throughput(torchrun(2, str(BENCH / "train_raw.py"), []), env, work))
+        o, r = statistics.median(ours), statistics.median(raw)
+        rows.append(("6", "train_ddp.py images/s, 2 ranks CPU: clusterddp.runtime / raw torch.distributed",
+                     f"{o:.1f} / {r:.1f} = {o / r:.3f}", ">= 0.98"))
+    if "7" in which:
+        one, two = [], []
+        for _ in range(3):
+            one.append(_throughput(torchrun(1, str(ROOT / "examples" / "train_ddp.py"),
+                                            ["--ckpt-dir", str(work / "ck1"), "--log-every", "1000"]), env, work))
+            two.append(_throughput(ours_cmd, env, work))
+            shutil.rmtree(work / "ck", ignore_errors=True)
+            shutil.rmtree(work / "ck1", ignore_errors=True)
+        a, b = statistics.median(one), statistics.median(two)
+        rows.append(("7", "scaling: 2 ranks x 1 thread vs 1 rank x 1 thread (efficiency = b / 2a)",
+                     f"{b:.1f} vs {a:.1f} images/s = {b / (2 * a):.2f}", ">= 0.85 (2 cores: 1.0 max)"))
+
+
+def item8_gpu(rows: List[Row]) -> None:
+    rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
+                 "skipped: no GPU on this machine (the device was not lent to this task)", ""))
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        import torch
+
+        tv = torch.__version__
+    except ImportError:
+        tv = "not installed"
+    return (f"{platform.node()}: {os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, Python "
+            f"{platform.python_version()}, torch {tv}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8", help="comma-separated item numbers")
+    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    args = p.parse_args()
+    which = set(args.only.split(","))
+    if not shutil.which("hyperfine") and which & {"1", "3", "4", "5"}:
+        print("bench: hyperfine is needed (Debian: apt-get install hyperfine; make bench installs it)",
+              file=sys.stderr)
+        return 2
+    rows: List[Row] = []
+    steps: List[Tuple[str, Callable[[], None]]] = []
+    with tempfile.TemporaryDirectory(prefix="clusterddp-bench-") as tmp:
+        work = Path(tmp)
+        steps = [("1", lambda: item1_cli(rows, work)), ("2", lambda: item2_render(rows)),
+                 ("3", lambda: item3_hostlist(rows, work)), ("4", lambda: item4_startup(rows, work)),
+                 ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows))]
+        for number, run in steps:
+            if number in which:
+                print(f"bench: item {number} ...", file=sys.stderr, flush=True)
+                run()
+        if which & {"6", "7"}:
+            print("bench: items 6-7 ...", file=sys.stderr, flush=True)
+            item6_7_training(rows, work, which)
+    rows.sort(key=lambda r: r[0])
+    table = ["| # | what | result | target |", "|---|---|---|---|"]
+    table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    text = "\n".join(table)
+    print(text)
+    if not args.no_write:
+        (BENCH / "RESULTS.md").write_text(
+            f"# Benchmark results\n\n{datetime.date.today().isoformat()}, `python -m bench`, on {machine()}.\n"
+            "Ratios compare commands measured in the same run (hyperfine for whole commands, timeit in-process); "
+            "absolute times on these shared machines drift.\n\n" + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

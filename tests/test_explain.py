@@ -1,0 +1,34 @@
+"""clusterddp explain: the job as it will be, before the queue."""
+from click.testing import CliRunner
+
+from clusterddp import JobSpec
+from clusterddp.cli import cli
+from clusterddp.explain import explain
+
+
+def test_explain_cli(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    r = CliRunner().invoke(cli, ["explain", "--nodes", "6", "--gpus", "8", "--time", "2:00:00", "train.py", "--",
+                                 "--batch-size", "32"])
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "world size = 6 node(s) x 8 GPU(s) per node = 48 ranks" in out
+    assert "  5       40-47           0-7" in out and "  ...\n" in out.replace("...     \n", "...\n")
+    assert "global batch is 32 x 48 = 1536" in out and "1 CPU per rank" in out
+    assert "MASTER_PORT  20000 + job id mod 10000" in out and "CLUSTERDDP_STOP_FILE" in out
+    assert not (tmp_path / "clusterddp-runs").exists()
+
+
+def test_explain_per_launcher_and_warnings():
+    srun = explain(JobSpec("t.py", nodes=2, gpus_per_node=4, launcher="srun", cpus_per_task=8))
+    assert "Slurm tasks: 4 per node (one per rank), 8 CPUs each" in srun and "SLURM_PROCID" in srun
+    assert "1 CPU per rank" not in srun and "no --time" in srun
+    spawn = explain(JobSpec("t.py", nodes=2, gpus_per_node=2, launcher="spawn"))
+    assert "spawn launcher without placeholders" in spawn and "Slurm tasks: 1 per node" in spawn
+    cpu = explain(JobSpec("t.py", nodes=1, procs_per_node=1, master_port=29500, args=("--x", "{master_addr}")))
+    assert "world size 1" in cpu and "MASTER_PORT  29500 (--master-port" in cpu
+    assert "filled in only by the spawn launcher" in cpu and "none (CPU, gloo)" in cpu
+    assert "gpus-per-task" not in cpu
+    narrow = explain(JobSpec("t.py", nodes=1, gpus_per_node=2, launcher="srun", gpu_request="gpus-per-task"))
+    assert "each sees it as device 0" in narrow
