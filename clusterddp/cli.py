@@ -185,8 +185,11 @@ def render(script: str, args: Sequence[str], output: Optional[str], template_dir
               help="Run on this machine instead of Slurm: --nodes x --gpus ranks, GPUs if there are enough, else "
                    "CPU with gloo. Exit code = the job's.")
 @click.option("--quiet", is_flag=True, help="With --local: show only rank 0's output (all ranks are in the logs).")
+@click.option("--no-check", is_flag=True,
+              help="Skip the pre-flight checks (partition, GPUs, CPUs, memory and time limit against sinfo, then "
+                   "sbatch --test-only).")
 def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_interrupt: str, local: bool,
-           quiet: bool, template_dirs: Sequence[str], **opts: Any) -> None:
+           quiet: bool, no_check: bool, template_dirs: Sequence[str], **opts: Any) -> None:
     """Submit SCRIPT [-- ARGS...] as a DDP job: render, write the script, sbatch, print the job id.
 
     With --local, run the same job here, no Slurm needed (try it before you have a cluster).
@@ -207,6 +210,12 @@ def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_inte
         return
     from . import slurm
 
+    if not no_check:
+        from .preflight import check_cluster, check_local
+
+        check_local(spec)
+        for note in check_cluster(spec, slurm.partitions()):
+            click.echo(f"clusterddp: {note}", err=True)
     out_dir = Path(spec.output_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -216,6 +225,14 @@ def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_inte
         raise CLIError(SpecError(f"cannot write the job script into --output-dir {spec.output_dir!r}: "
                                  f"{exc.strerror}; choose a writable directory")) from None
     try:
+        if not no_check:
+            try:
+                slurm.test_only(pending)
+            except slurm.SlurmError as exc:
+                from .preflight import PreflightError
+
+                raise PreflightError(f"sbatch --test-only refused the job: {exc.stderr.strip() or exc}; "
+                                     "(--no-check skips the checks)") from None
         job_id = slurm.sbatch(pending)
     except ClusterDDPError as exc:
         raise CLIError(type(exc)(f"{exc}\n  the script is kept at {pending}")) from None

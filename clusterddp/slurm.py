@@ -21,10 +21,18 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 _JOBID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 
 
+def clean_env() -> Dict[str, str]:
+    """This environment without the SLURM_* / SBATCH_* / SRUN_* variables of a job we may be running inside:
+    sbatch reads SBATCH_* as options, and a child job inherits stale SLURM_* values (wrong CPU binding, for one).
+    SLURM_CONF, which says which cluster to talk to, is kept."""
+    return {k: v for k, v in os.environ.items()
+            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+
+
 def run(argv: Sequence[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run one Slurm command; a missing binary or a non-zero exit becomes a SlurmError carrying argv and stderr."""
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=clean_env())
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} not found on PATH: run this on a Slurm login node, or try --dry-run "
                          "(print the script) or --local (run on this machine)", argv) from None
@@ -56,6 +64,54 @@ def test_only(script: Path) -> str:
     """``sbatch --test-only``: Slurm's own check that the request fits, without queueing. Returns its message."""
     proc = run(["sbatch", "--test-only", str(script)])
     return (proc.stderr or proc.stdout).strip()
+
+
+@dataclass
+class Partition:
+    name: str
+    nodes: int
+    max_time_s: Optional[int]  # None: unlimited
+    gpus_per_node: int         # the most any node of the partition has
+    cpus_per_node: int
+    mem_mb_per_node: int
+    default: bool = False
+
+
+def _gpu_count(gres: str) -> int:
+    """GPUs in an sinfo GRES field such as ``gpu:2``, ``gpu:a100:4(S:0-1)`` or ``gpu:2,shard:8``."""
+    total = 0
+    for part in gres.split(","):
+        m = re.match(r"^gpu(?::[^:(]+)?:(\d+)", part.strip())
+        if m:
+            total += int(m.group(1))
+    return total
+
+
+def partitions() -> Dict[str, Partition]:
+    """What the cluster offers, per partition (from sinfo, one line per node)."""
+    from .spec import parse_time
+
+    proc = run(["sinfo", "--noheader", "--Node", "--format=%P|%N|%G|%c|%m|%l"])
+    seen: Dict[str, Dict[str, object]] = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 6:
+            continue
+        name, node, gres, cpus, mem, limit = parts
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        p = seen.setdefault(name, {"nodes": set(), "gpus": 0, "cpus": 0, "mem": 0, "limit": limit, "default": default})
+        p["nodes"].add(node)  # type: ignore[union-attr]
+        p["gpus"] = max(p["gpus"], _gpu_count(gres))  # type: ignore[call-overload]
+        p["cpus"] = max(p["cpus"], int(cpus.rstrip("+") or 0))  # type: ignore[call-overload]
+        p["mem"] = max(p["mem"], int(re.sub(r"\D.*", "", mem) or 0))  # type: ignore[call-overload]
+    out = {}
+    for name, p in seen.items():
+        limit = str(p["limit"])
+        max_time = None if limit in ("infinite", "UNLIMITED", "n/a") else parse_time(limit)
+        out[name] = Partition(name, len(p["nodes"]), max_time, int(p["gpus"]), int(p["cpus"]),  # type: ignore
+                              int(p["mem"]), bool(p["default"]))  # type: ignore[arg-type]
+    return out
 
 
 def cancel(job_id: str, signal: Optional[str] = None) -> None:

@@ -112,7 +112,7 @@ def test_golden_cases_pass_sbatch_test_only(slurm_env, tmp_path, name):
 
 
 def test_request_that_cannot_fit_fails_at_submit(work):
-    proc = submit(work, "--nodes", "2", "--gpus", "4", "allreduce.py")
+    proc = submit(work, "--no-check", "--nodes", "2", "--gpus", "4", "allreduce.py")
     assert proc.returncode == 1
     assert "sbatch failed" in proc.stderr and "Requested node configuration is not available" in proc.stderr
     assert "the script is kept at" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,81 @@
+"""Pre-flight checks on ``submit``: catch what would fail hours later, before the job waits in the queue."""
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import List, Optional
+
+from .errors import SpecError
+from .spec import JobSpec
+
+
+class PreflightError(SpecError):
+    """The cluster cannot run this job as asked (a usage error: change the request)."""
+
+
+def _mem_mb(mem: str) -> int:
+    m = re.fullmatch(r"(\d+)([KMGT]?)", mem)
+    value, unit = int(m.group(1)), m.group(2) or "M"  # type: ignore[union-attr]
+    return math.ceil(value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
+
+
+def check_local(spec: JobSpec) -> None:
+    """On this machine: the entry point exists and the output directory can be written."""
+    if not spec.module and not Path(spec.script).is_file():
+        raise PreflightError(f"training script {spec.script!r} not found")
+    out = Path(spec.output_dir)
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise PreflightError(f"output directory {spec.output_dir!r} is not writable here ({probe} is not): choose "
+                             "another --output-dir")
+
+
+def check_cluster(spec: JobSpec, partitions: dict) -> List[str]:
+    """Against what the cluster offers. Raises PreflightError naming the offer and the fix; returns notes."""
+    if not partitions:
+        return ["sinfo lists no partitions: skipped the cluster checks"]
+    if spec.partition is None:
+        name: Optional[str] = next((p.name for p in partitions.values() if p.default), None)
+        if name is None:
+            return ["no default partition: skipped the cluster checks (give --partition)"]
+    else:
+        name = spec.partition
+    if name not in partitions:
+        raise PreflightError(f"partition {name!r} does not exist; partitions here: {', '.join(sorted(partitions))}")
+    p = partitions[name]
+    if spec.nodes > p.nodes:
+        per = spec.tasks_per_node
+        raise PreflightError(f"partition {name} has {p.nodes} node(s); you asked for {spec.nodes}: use at most "
+                             f"--nodes {p.nodes}" + (f" (world size {p.nodes * per})" if per else ""))
+    if spec.gpus_per_node > p.gpus_per_node:
+        if p.gpus_per_node == 0:
+            raise PreflightError(f"partition {name} has no GPUs; you asked for {spec.gpus_per_node} per node: choose "
+                                 "a GPU partition (--partition) or run on CPU (--gpus 0 --procs-per-node N)")
+        nodes = math.ceil(spec.world_size / p.gpus_per_node)
+        if nodes <= p.nodes:
+            fix = f"use --nodes {nodes} --gpus {p.gpus_per_node} for world size {nodes * p.gpus_per_node}"
+        else:
+            fix = (f"the most it offers is --nodes {p.nodes} --gpus {p.gpus_per_node} (world size "
+                   f"{p.nodes * p.gpus_per_node}) for your world size {spec.world_size}")
+        raise PreflightError(f"partition {name} has {p.gpus_per_node} GPUs per node; you asked for "
+                             f"{spec.gpus_per_node}: {fix}")
+    cpus = spec.slurm_tasks_per_node * (spec.slurm_cpus_per_task or 1)
+    if cpus > p.cpus_per_node:
+        most = max(1, p.cpus_per_node // spec.tasks_per_node)
+        raise PreflightError(f"partition {name} has {p.cpus_per_node} CPUs per node; {spec.tasks_per_node} rank(s) x "
+                             f"{spec.cpus_per_task or 1} CPUs need {cpus}: use --cpus-per-task {most} or fewer")
+    if spec.mem is not None and _mem_mb(spec.mem) > p.mem_mb_per_node > 0:
+        raise PreflightError(f"partition {name} has {p.mem_mb_per_node} MB of memory per node; you asked for "
+                             f"--mem {spec.mem}: ask for at most {p.mem_mb_per_node}M (or --mem 0 for all of it)")
+    seconds = spec.time_seconds
+    if p.max_time_s is not None and (not seconds or seconds > p.max_time_s):
+        raise PreflightError(f"partition {name} allows at most {_hms(p.max_time_s)}; you asked for "
+                             f"{spec.time or 'UNLIMITED'}: lower --time (requeue continues longer runs)")
+    return []
+
+
+def _hms(seconds: int) -> str:
+    d, rest = divmod(seconds, 86400)
+    return (f"{d}-" if d else "") + f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
