@@ -130,6 +130,8 @@ def spec_options(f: Callable) -> Callable:
         click.option("--template-dir", "template_dirs", multiple=True, metavar="DIR",
                      help="Directory searched for templates before the shipped ones (also $CLUSTERDDP_TEMPLATE_DIR)."),
         click.option("-m", "--module", is_flag=True, help="SCRIPT is a module name run as python -m SCRIPT."),
+        click.option("-P", "--profile", help="Defaults from [profiles.NAME] of clusterddp.toml / the user config "
+                                             "(clusterddp config show --profile NAME)."),
         click.argument("script"),
         click.argument("args", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -138,15 +140,36 @@ def spec_options(f: Callable) -> Callable:
     return f
 
 
-def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = (), **opts: Any) -> JobSpec:
-    """Options as Click parsed them -> a validated JobSpec (entry point checked on this machine)."""
-    env = parse_env(opts.pop("env", ()))
-    spec = JobSpec(script=script, args=tuple(args), env=env, **opts)
+def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = (), profile: Optional[str] = None,
+               **opts: Any) -> Any:
+    """Options as Click parsed them, over the configured defaults -> (validated JobSpec, template directories).
+
+    An option given on the command line wins; otherwise a value from the profile/config/environment layers;
+    otherwise the built-in default. --env merges with configured env, --setup and --sbatch-arg append.
+    """
+    from click.core import ParameterSource
+
+    from .config import resolve
+
+    ctx = click.get_current_context()
+    configured = {k: v for k, (v, _) in resolve(profile).items()}
+    values: dict = {}
+    for name, value in opts.items():
+        given = ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        if name == "env":
+            values["env"] = tuple({**configured.get("env", {}), **dict(parse_env(value))}.items())
+        elif name in ("setup", "sbatch_args"):
+            values[name] = tuple(configured.get(name, [])) + tuple(value)
+        elif given or name not in configured:
+            values[name] = value
+        else:
+            values[name] = configured[name]
+    spec = JobSpec(script=script, args=tuple(args), **values)
     if not spec.module and not Path(script).is_file():
         hint = " (a directory: give the script inside it)" if Path(script).is_dir() else ""
         raise SpecError(f"training script {script!r} not found{hint}: give a path relative to the directory you "
                         "submit from, or use -m package.module")
-    return spec
+    return spec, tuple(configured.get("template_dirs", [])) + tuple(template_dirs)
 
 
 def _render(spec: JobSpec, template_dirs: Sequence[str]) -> str:
@@ -166,7 +189,7 @@ def _summary(spec: JobSpec) -> str:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 def render(script: str, args: Sequence[str], output: Optional[str], template_dirs: Sequence[str], **opts: Any) -> None:
     """Print the sbatch script for SCRIPT [-- ARGS...] (or write it with -o FILE)."""
-    spec = build_spec(script, args, **opts)
+    spec, template_dirs = build_spec(script, args, template_dirs, **opts)
     text = _render(spec, template_dirs)
     if output:
         Path(output).write_text(text)
@@ -194,7 +217,7 @@ def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_inte
 
     With --local, run the same job here, no Slurm needed (try it before you have a cluster).
     """
-    spec = build_spec(script, args, **opts)
+    spec, template_dirs = build_spec(script, args, template_dirs, **opts)
     if local:
         from .local import submit_local
 
@@ -296,7 +319,7 @@ def explain(script: str, args: Sequence[str], template_dirs: Sequence[str], **op
     MASTER_ADDR/PORT, every variable the script sees and known mistakes."""
     from .explain import explain as explain_spec
 
-    click.echo(explain_spec(build_spec(script, args, **opts)), nl=False)
+    click.echo(explain_spec(build_spec(script, args, template_dirs, **opts)[0]), nl=False)
 
 
 @cli.command()
@@ -405,6 +428,27 @@ def _print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> 
             time.sleep(0.5)
     except KeyboardInterrupt:
         return
+
+
+@cli.group()
+def config() -> None:
+    """Profiles: defaults from clusterddp.toml ([tool.clusterddp] in pyproject.toml) and the user config."""
+
+
+@config.command("show")
+@click.option("-P", "--profile", help="Show the values with this profile applied.")
+def config_show(profile: Optional[str]) -> None:
+    """Print every setting with its merged value and where it came from."""
+    from .config import project_file, show, user_file
+
+    try:
+        text = show(profile)
+    except ClusterDDPError as exc:
+        raise CLIError(exc) from None
+    path, _ = project_file()
+    click.echo(f"# user file:    {user_file()}{'' if user_file().is_file() else ' (none)'}")
+    click.echo(f"# project file: {path or '(none: clusterddp.toml or [tool.clusterddp] in pyproject.toml)'}")
+    click.echo(text, nl=False)
 
 
 @cli.command()

@@ -72,7 +72,7 @@ def test_failing_sbatch_keeps_the_script(runner, tmp_path, monkeypatch):
                                  "Invalid partition name specified' >&2\nexit 1\n")
     (fake / "sbatch").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
-    r = runner.invoke(cli, ["submit", "-p", "nosuch", "train.py"])
+    r = runner.invoke(cli, ["submit", "--no-check", "-p", "nosuch", "train.py"])
     assert r.exit_code == 1
     assert "Invalid partition name specified" in r.stderr and "sbatch --parsable" in r.stderr
     kept = list(Path("clusterddp-runs").glob("train-*.sbatch"))
@@ -83,6 +83,8 @@ def test_failing_sbatch_keeps_the_script(runner, tmp_path, monkeypatch):
 def test_no_sbatch_on_path(runner, monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     r = runner.invoke(cli, ["submit", "train.py"])
+    assert r.exit_code == 1 and "sinfo not found on PATH" in r.stderr and "--dry-run" in r.stderr
+    r = runner.invoke(cli, ["submit", "--no-check", "train.py"])
     assert r.exit_code == 1 and "sbatch not found on PATH" in r.stderr and "--dry-run" in r.stderr
 
 

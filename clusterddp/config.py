@@ -1,0 +1,176 @@
+"""Profiles: job spec defaults from configuration files and the environment.
+
+Precedence, lowest first: built-in defaults < user file ($XDG_CONFIG_HOME/clusterddp/config.toml) < project file
+(clusterddp.toml, or [tool.clusterddp] in pyproject.toml, found from the current directory upwards) <
+CLUSTERDDP_<FIELD> environment variables < the command line. In each file, ``[defaults]`` applies first, then
+``[profiles.NAME]`` when ``--profile NAME`` (or CLUSTERDDP_PROFILE) is given. Keys are JobSpec field names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .errors import SpecError
+from .spec import JobSpec, field_names, suggest
+
+# Fields a file may set: everything but what is given per run.
+FILE_KEYS = [n for n in field_names() if n not in ("script", "args", "module")] + ["template_dirs"]
+LIST_KEYS = {"setup", "sbatch_args", "template_dirs"}
+# Variables that clusterddp's own job scripts export; inside a job they describe that job, not defaults.
+_RUNTIME_NAMES = {"launcher", "gpus_per_node", "procs_per_node"}
+
+
+def _types() -> Dict[str, str]:
+    kinds = {}
+    for f in dataclasses.fields(JobSpec):
+        t = str(f.type)
+        kinds[f.name] = ("bool" if "bool" in t else "int" if "int" in t else "env" if f.name == "env" else
+                         "list" if f.name in LIST_KEYS else "str")
+    kinds["template_dirs"] = "list"
+    return kinds
+
+
+KINDS = _types()
+_EXPECTED = {"env": 'a table of NAME = "value"', "list": "a list of strings", "int": "an integer",
+             "bool": "true or false", "str": "a string"}
+
+
+def _read_toml(path: Path) -> Dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"cannot read {path}: {exc}") from None
+
+
+def user_file() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "clusterddp" / "config.toml"
+
+
+def project_file(start: Optional[Path] = None) -> Tuple[Optional[Path], Dict[str, Any]]:
+    """The nearest clusterddp.toml, or pyproject.toml with [tool.clusterddp], from ``start`` upwards."""
+    here = (start or Path.cwd()).resolve()
+    for d in [here, *here.parents]:
+        if (d / "clusterddp.toml").is_file():
+            return d / "clusterddp.toml", _read_toml(d / "clusterddp.toml")
+        if (d / "pyproject.toml").is_file():
+            tool = _read_toml(d / "pyproject.toml").get("tool", {})
+            if "clusterddp" in tool:
+                return d / "pyproject.toml", tool["clusterddp"]
+    return None, {}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    kind = KINDS[key]
+    bad = SpecError(f"{where}: {key} must be {_EXPECTED[kind]}, got {value!r}")
+    if kind == "int":
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        if not isinstance(value, int):
+            raise bad
+        return value
+    if kind == "bool":
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if kind == "list":
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad
+        return list(value)
+    if kind == "env":
+        if not isinstance(value, dict):
+            raise bad
+        return {str(k): str(v) for k, v in value.items()}
+    if not isinstance(value, str):
+        raise bad
+    return value
+
+
+def _table(values: Mapping[str, Any], where: str) -> Dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if key not in FILE_KEYS:
+            raise SpecError(f"{where}: unknown key {key!r}{suggest(key, FILE_KEYS)}; valid keys: "
+                            f"{', '.join(FILE_KEYS)}")
+        out[key] = _coerce(key, value, where)
+    return out
+
+
+def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
+           cwd: Optional[Path] = None) -> List[Tuple[str, Dict[str, Any]]]:
+    """(source, values) from lowest to highest precedence, below the command line."""
+    environ = os.environ if environ is None else environ
+    profile = profile or environ.get("CLUSTERDDP_PROFILE") or None
+    out: List[Tuple[str, Dict[str, Any]]] = []
+    profiles_seen: List[str] = []
+    files: List[Tuple[Path, Dict[str, Any]]] = []
+    if user_file().is_file():
+        files.append((user_file(), _read_toml(user_file())))
+    path, data = project_file(cwd)
+    if path is not None:
+        files.append((path, data))
+    for path, data in files:
+        unknown = [k for k in data if k not in ("defaults", "profiles")]
+        if unknown:
+            raise SpecError(f"{path}: unknown table {unknown[0]!r}; expected [defaults] and [profiles.NAME]")
+        out.append((f"{path} [defaults]", _table(data.get("defaults", {}), f"{path} [defaults]")))
+        profiles = data.get("profiles", {})
+        profiles_seen += list(profiles)
+        if profile and profile in profiles:
+            where = f"{path} [profiles.{profile}]"
+            out.append((where, _table(profiles[profile], where)))
+    if profile and profile not in profiles_seen:
+        places = ", ".join(str(p) for p, _ in files) or "no configuration file found"
+        raise SpecError(f"unknown profile {profile!r}{suggest(profile, profiles_seen)}; profiles defined: "
+                        f"{', '.join(sorted(set(profiles_seen))) or 'none'} ({places})")
+    env_values = {}
+    inside_job = "CLUSTERDDP_RUN_DIR" in environ
+    for key in FILE_KEYS:
+        name = f"CLUSTERDDP_{key.upper()}"
+        if name in environ and key != "template_dirs" and not (inside_job and key in _RUNTIME_NAMES):
+            env_values[key] = _coerce(key, environ[name], f"environment {name}")
+    if env_values:
+        out.append(("environment CLUSTERDDP_*", env_values))
+    return out
+
+
+def resolve(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
+            cwd: Optional[Path] = None) -> Dict[str, Tuple[Any, str]]:
+    """key -> (value, source) after merging the layers (env tables merge; lists append)."""
+    merged: Dict[str, Tuple[Any, str]] = {}
+    for source, values in layers(profile, environ, cwd):
+        for key, value in values.items():
+            if key == "env" and key in merged:
+                value = {**merged[key][0], **value}
+            elif key in LIST_KEYS and key in merged:
+                value = merged[key][0] + value
+            merged[key] = (value, source)
+    return merged
+
+
+def show(profile: Optional[str] = None) -> str:
+    """Every file-settable field with its merged value and where it came from."""
+    merged = resolve(profile)
+    defaults = {f.name: f.default for f in dataclasses.fields(JobSpec)}
+    lines = []
+    for key in FILE_KEYS:
+        if key in merged:
+            value, source = merged[key]
+        else:
+            value, source = (defaults.get(key, ()), "built-in default")
+        lines.append(f"{key:<15} = {value!r:<32}  # {source}")
+    return "\n".join(lines) + "\n"
