@@ -126,6 +126,13 @@ def spec_options(f: Callable) -> Callable:
                      metavar="SECONDS", help="Ask for the stop signal this long before the time limit."),
         click.option("--stop-grace", type=int, default=90, show_default=True, metavar="SECONDS",
                      help="How long ranks get to checkpoint after the signal before srun is ended."),
+        click.option("--container-image", metavar="IMAGE",
+                     help="Run every task in this image through pyxis/enroot (srun --container-image)."),
+        click.option("--apptainer", metavar="IMAGE", help="Run every task with apptainer exec [--nv] IMAGE."),
+        click.option("--array", metavar="SPEC", help="A job array for sweeps, as sbatch: 0-9, 1,3,5, 0-99%%10 "
+                                                    "(at most 10 at once); $SLURM_ARRAY_TASK_ID tells them apart."),
+        click.option("--after", multiple=True, metavar="JOBID",
+                     help="Start only after JOBID completed successfully (afterok; repeatable)."),
         click.option("--template", help="Template name (default: the launcher's); see --template-dir."),
         click.option("--template-dir", "template_dirs", multiple=True, metavar="DIR",
                      help="Directory searched for templates before the shipped ones (also $CLUSTERDDP_TEMPLATE_DIR)."),
@@ -285,6 +292,9 @@ def _wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
 
     try:
         final = slurm.wait(job_id, on_change=show)
+        if not final.done:  # pending on a dependency that can no longer be met
+            click.echo(f"clusterddp: {_reason(final)}", err=True)
+            return 1
     except KeyboardInterrupt:
         choice = on_interrupt
         if choice == "ask":
@@ -345,12 +355,19 @@ def status(job_ids: Sequence[str]) -> None:
             failed += 1
             continue
         exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
-        rows.append((j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, "" if j.done else j.reason))
+        rows.append((j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, "" if j.done else _reason(j)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     if failed:
         sys.exit(1)
+
+
+def _reason(job: Any) -> str:
+    if job.reason == "DependencyNeverSatisfied":
+        # Slurm keeps such a job pending forever (unless kill_invalid_depend is set).
+        return f"DependencyNeverSatisfied: a job it depends on failed, so it will never start (clusterddp cancel {job.job_id})"
+    return job.reason
 
 
 @cli.command()

@@ -17,7 +17,7 @@ from .errors import SpecError
 from .spec import JobSpec, field_names, suggest
 
 # Fields a file may set: everything but what is given per run.
-FILE_KEYS = [n for n in field_names() if n not in ("script", "args", "module")] + ["template_dirs"]
+FILE_KEYS = [n for n in field_names() if n not in ("script", "args", "module", "after")] + ["template_dirs"]
 LIST_KEYS = {"setup", "sbatch_args", "template_dirs"}
 # Variables that clusterddp's own job scripts export; inside a job they describe that job, not defaults.
 _RUNTIME_NAMES = {"launcher", "gpus_per_node", "procs_per_node"}

@@ -116,6 +116,11 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         "setup": list(spec.setup),
         "run_dir": f"{q(spec.output_dir)}/{q(spec.file_stem)}-\"$SLURM_JOB_ID\"",
         "srun_cpus": spec.cpus_per_task is not None,
+        # Containers: pyxis/enroot options go to srun; apptainer prefixes the command each task runs.
+        "container_srun": (f"--container-image={q(spec.container_image)} --container-mounts=\"$PWD\" "
+                           f"--container-workdir=\"$PWD\" " if spec.container_image else ""),
+        "container_prefix": (f"apptainer exec {'--nv ' if spec.gpus_per_node else ''}{q(spec.apptainer)} "
+                             if spec.apptainer else ""),
         "omp_threads": spec.cpus_per_task or 1,
         "log_kind": {"srun": "per-rank", "torchrun": "per-node (rank-prefixed) and per-rank"}.get(spec.launcher, "per-node"),
         "port_base": 20000,

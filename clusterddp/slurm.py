@@ -232,7 +232,7 @@ def wait(job_id: str, on_change: Callable[[JobInfo], None] = lambda i: None, pol
             on_change(current)
             last = key
             delay = poll
-        if current.done:
+        if current.done or current.reason == "DependencyNeverSatisfied":
             return current
         time.sleep(delay)
         delay = min(max_poll, delay * 1.5)

@@ -19,6 +19,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _MEM = re.compile(r"^[0-9]+[KMGT]?$")
 _SBATCH_OPT = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*$")
+_ARRAY = re.compile(r"^[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?$")
 # Values made only of these characters need no quotes on an #SBATCH line (no space, quote, backslash or '#').
 _SBATCH_BARE = re.compile(r"^[A-Za-z0-9._:/%@+,=-]+$")
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
@@ -128,6 +129,10 @@ class JobSpec:
     master_port: Optional[int] = None
     python: str = "python3"
     template: Optional[str] = None
+    container_image: Optional[str] = None
+    apptainer: Optional[str] = None
+    array: Optional[str] = None
+    after: Tuple[str, ...] = ()
     requeue: Optional[bool] = None
     max_requeues: int = 3
     signal_seconds: int = 120
@@ -135,7 +140,7 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.
-        for name in ("args", "setup", "sbatch_args"):
+        for name in ("args", "setup", "sbatch_args", "after"):
             object.__setattr__(self, name, tuple(str(x) for x in getattr(self, name)))
         env = self.env
         if isinstance(env, Mapping):
@@ -214,10 +219,12 @@ class JobSpec:
                 d.append(("gpus-per-node", str(self.gpus_per_node)))
         if self.slurm_cpus_per_task is not None:
             d.append(("cpus-per-task", str(self.slurm_cpus_per_task)))
-        for name in ("mem", "time", "partition", "account", "qos", "constraint"):
+        for name in ("mem", "time", "partition", "account", "qos", "constraint", "array"):
             value = getattr(self, name)
             if value is not None:
                 d.append((name, value))
+        if self.after:
+            d.append(("dependency", "afterok:" + ":".join(self.after)))
         if self.exclusive:
             d.append(("exclusive", None))
         if self.requeues:
@@ -309,6 +316,21 @@ class JobSpec:
                                 f"clusterddp option instead ({_OWNED_DIRECTIVES[opt[2:]]})")
         if self.template is not None:
             check_line_safe(self.template, "template")
+        if self.container_image is not None and self.apptainer is not None:
+            raise SpecError("conflicting options: --container-image (pyxis/enroot) and --apptainer both given; "
+                            "choose one container runtime")
+        for name in ("container_image", "apptainer"):
+            value = getattr(self, name)
+            if value is not None:
+                check_line_safe(value, name)
+                if not value.strip():
+                    raise SpecError(f"{name} must not be empty")
+        if self.array is not None and not _ARRAY.match(self.array):
+            raise SpecError(f"invalid --array {self.array!r}: expected sbatch's form, e.g. 0-9, 1,3,5, 0-15:4 or "
+                            "0-99%10 (at most 10 at once)")
+        for job in self.after:
+            if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
+                raise SpecError(f"invalid --after {job!r}: expected a job id such as 1234 (or 1234_5)")
 
 
 # sbatch options a raw --sbatch-arg may not override, with the option that sets them.
@@ -317,6 +339,7 @@ _OWNED_DIRECTIVES: Dict[str, str] = {
     "gpus-per-node": "--gpus", "gres": "--gpus with --gpu-request gres", "gpus-per-task": "--gpu-request",
     "cpus-per-task": "--cpus-per-task", "output": "--output-dir", "job-name": "--job-name",
     "signal": "--signal-before (with --requeue)", "requeue": "--requeue", "open-mode": "--requeue",
+    "array": "--array", "dependency": "--after",
 }
 
 

@@ -104,7 +104,7 @@ def test_golden_cases_pass_sbatch_test_only(slurm_env, tmp_path, name):
                         cpus_per_task=spec.cpus_per_task and 2,
                         nodes=min(spec.nodes, 2), gpus_per_node=min(spec.gpus_per_node, 2),
                         procs_per_node=None if spec.gpus_per_node else spec.procs_per_node,
-                        sbatch_args=tuple(a for a in spec.sbatch_args if not a.startswith("--mail")))
+                        sbatch_args=tuple(a for a in spec.sbatch_args if not a.startswith("--mail")), after=())
     script = tmp_path / "job.sh"
     script.write_text(render(spec))
     proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, cwd=tmp_path)
@@ -245,3 +245,55 @@ def test_wait_ctrl_c_can_cancel(work):
     from clusterddp import slurm
 
     assert slurm.wait(out.strip()).state == "CANCELLED"
+
+
+def test_array_runs_each_task_as_a_ddp_job(work):
+    d, env = work
+    proc = submit(work, "--array", "0-1%1", "--nodes", "2", "--gpus", "1", "allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    array_id = job_id_of(proc)
+    from clusterddp import slurm
+
+    finals = [slurm.wait(f"{array_id}_{i}") for i in range(2)]
+    assert [f.state for f in finals] == ["COMPLETED", "COMPLETED"]
+    run_dirs = [p for p in (d / "clusterddp-runs").iterdir() if p.is_dir()]
+    assert len(run_dirs) == 2  # one per array task (each task has its own job id, port and logs)
+    for run_dir in run_dirs:
+        res = results(run_dir)
+        assert sorted(r["rank"] for r in res) == [0, 1] and all(r["sum"] == 3.0 for r in res)
+
+
+def test_failed_parent_leaves_the_child_pending_and_status_says_so(work):
+    d, env = work
+    parent = submit(work, "--nodes", "2", "--gpus", "1", "allreduce.py", "--", "--fail-rank", "1")
+    assert parent.returncode == 0, parent.stderr
+    parent_id = job_id_of(parent)
+    child = submit(work, "--after", parent_id, "--nodes", "2", "--gpus", "1", "allreduce.py")
+    assert child.returncode == 0, child.stderr
+    child_id = job_id_of(child)
+    from clusterddp import slurm
+
+    assert slurm.wait(parent_id).state == "FAILED"
+    final = slurm.wait(child_id)  # returns: the dependency can never be met
+    assert final.state == "PENDING" and final.reason == "DependencyNeverSatisfied"
+    st = run_cli("status", child_id, cwd=d, env=env)
+    assert "will never start" in st.stdout and f"clusterddp cancel {child_id}" in st.stdout
+    waited = submit(work, "--after", parent_id, "--nodes", "1", "--gpus", "1", "allreduce.py", "--wait")
+    assert waited.returncode == 1 and "will never start" in waited.stderr
+    for job in (child_id, job_id_of(waited)):
+        run_cli("cancel", job, cwd=d, env=env)
+
+
+def test_apptainer_wraps_every_task(work):
+    d, env = work
+    bin_dir = d / "bin"  # only the apptainer stand-in: the real srun must stay in charge
+    bin_dir.mkdir()
+    shutil.copy(Path(__file__).resolve().parent / "standins" / "apptainer", bin_dir)
+    record = d / "apptainer.log"
+    env2 = dict(env, PATH=f"{bin_dir}:{env['PATH']}", APPTAINER_RECORD=str(record))
+    proc = run_cli("submit", "--launcher", "srun", "--apptainer", "/images/t.sif", "--nodes", "2", "--gpus", "1",
+                   "allreduce.py", "--wait", cwd=d, env=env2)
+    assert proc.returncode == 0, proc.stderr
+    lines = record.read_text().splitlines()
+    assert lines == ["APPTAINER opts=--nv image=/images/t.sif"] * 2
+    assert sorted(r["rank"] for r in results(d / "clusterddp-runs" / f"allreduce-{job_id_of(proc)}")) == [0, 1]
