@@ -82,6 +82,7 @@ def cli() -> None:
       clusterddp status / logs / cancel JOBID
       clusterddp explain ...            world size, rank table, environment, warnings
       clusterddp new train.py           write a DDP training skeleton
+      clusterddp doctor --nodes 2 ...   check the process group, interfaces and all-reduce speed
     """
 
 
@@ -445,6 +446,65 @@ def _print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> 
             time.sleep(0.5)
     except KeyboardInterrupt:
         return
+
+
+@cli.command()
+@click.option("-N", "--nodes", type=int, default=2, show_default=True)
+@click.option("-G", "--gpus", "--gpus-per-node", "gpus_per_node", type=int, default=0, show_default=True)
+@click.option("--procs-per-node", type=int, help="Ranks per node without GPUs. [default: 1]")
+@click.option("-p", "--partition")
+@click.option("-A", "--account")
+@click.option("-q", "--qos")
+@click.option("-C", "--constraint")
+@click.option("-t", "--time", default="5", show_default=True)
+@click.option("-e", "--env", "env", multiple=True, metavar="NAME=VALUE")
+@click.option("--setup", multiple=True, metavar="LINE")
+@click.option("--python", default="python3", show_default=True)
+@click.option("--output-dir", default="clusterddp-runs", show_default=True)
+@click.option("--local", is_flag=True, help="Run the check on this machine instead of Slurm.")
+def doctor(local: bool, env: Sequence[str], **opts: Any) -> None:
+    """Submit a tiny job on the requested shape that initialises the process group and times all-reduces;
+    report per-rank hosts, interfaces, latency and bandwidth, and a verdict (exit 1 when something is wrong).
+
+    \b
+      clusterddp doctor --nodes 2 --gpus 8 -p gpu
+    """
+    from . import doctor as doc
+    from . import slurm
+
+    spec = JobSpec("clusterddp.doctor", module=True, launcher="srun", job_name="clusterddp-doctor", requeue=False,
+                   env=parse_env(env), **opts)
+    click.echo(f"clusterddp: doctor on {spec.nodes} node(s) x {spec.tasks_per_node} rank(s)", err=True)
+    if local:
+        from .local import PORT_BASE, PORT_SPAN, make_plan, pick_port, run, visible_gpus
+
+        lines: List[str] = []
+        plan = make_plan(spec, os.path.join(spec.output_dir, f"clusterddp-doctor-local-{os.getpid()}"),
+                         pick_port(PORT_BASE + os.getpid() % PORT_SPAN), os.getpid(),
+                         visible_gpus() if spec.gpus_per_node else [])
+        code = run(plan, quiet=True, echo=lines.append, note=lambda line: click.echo(line, err=True))
+        text = "\n".join(lines)
+    else:
+        from .preflight import check_cluster
+
+        for note in check_cluster(spec, slurm.partitions()):
+            click.echo(f"clusterddp: {note}", err=True)
+        out_dir = Path(spec.output_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        script = out_dir / f"clusterddp-doctor-{os.getpid()}.sbatch"
+        script.write_text(_render(spec, ()))
+        job_id = slurm.sbatch(script)
+        click.echo(f"clusterddp: doctor job {job_id} submitted; waiting", err=True)
+        final = slurm.wait(job_id)
+        code = final.return_code
+        log = out_dir / f"clusterddp-doctor-{job_id}" / "rank-0.out"
+        text = log.read_text(errors="replace") if log.exists() else ""
+    report = doc.parse(text)
+    if report is None:
+        raise CLIError(slurm.SlurmError(f"the doctor job ended (exit code {code}) without a report; its output:\n"
+                                        + text[-3000:]))
+    click.echo(doc.format_report(report, local), nl=False)
+    sys.exit(0 if doc.verdict(report, local)[0] and code == 0 else 1)
 
 
 @cli.group()
