@@ -234,6 +234,9 @@ def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_inte
         sys.exit(code)
     if quiet:
         raise CLIError(SpecError("--quiet only applies to --local runs (Slurm jobs write their output to logs)"))
+    if wait_ and spec.array:
+        raise CLIError(SpecError("--wait follows one job; an --array has one per task: submit without --wait and "
+                                 "follow the tasks with clusterddp status JOBID_TASK"))
     text = _render(spec, template_dirs)
     if dry_run:
         click.echo(text, nl=False)

@@ -55,6 +55,9 @@ def test_gpus_per_node_alias_and_render_to_file(runner):
     (["--job-name", "a\nb", "train.py"], 2, "contains a newline"),
     (["--nodes", "two", "train.py"], 2, "'two' is not a valid integer"),
     (["train.py", "--epochs", "3"], 2, "put script arguments after --"),
+    (["--array", "0-3x", "train.py"], 2, "invalid --array '0-3x'"),
+    (["--after", "12ab", "train.py"], 2, "invalid --after '12ab'"),
+    (["--apptainer", "a.sif", "--container-image", "b", "train.py"], 2, "choose one container runtime"),
 ])
 def test_bad_input_one_clear_line(runner, argv, code, message):
     for command in ("render", "submit"):
@@ -62,6 +65,11 @@ def test_bad_input_one_clear_line(runner, argv, code, message):
         assert r.exit_code == code, (command, r.stdout, r.stderr)
         assert message in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_wait_with_array_is_refused(runner):
+    r = runner.invoke(cli, ["submit", "--array", "0-3", "--wait", "train.py"])
+    assert r.exit_code == 2 and "--wait follows one job" in r.stderr
 
 
 def test_failing_sbatch_keeps_the_script(runner, tmp_path, monkeypatch):
