@@ -258,13 +258,14 @@ def main() -> int:
         steps = [("1", lambda: item1_cli(rows, work)), ("2", lambda: item2_render(rows)),
                  ("3", lambda: item3_hostlist(rows, work)), ("4", lambda: item4_startup(rows, work)),
                  ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows))]
+        steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
-            if number in which:
+            if set(number.split(",")) & which:
                 print(f"bench: item {number} ...", file=sys.stderr, flush=True)
-                run()
-        if which & {"6", "7"}:
-            print("bench: items 6-7 ...", file=sys.stderr, flush=True)
-            item6_7_training(rows, work, which)
+                try:
+                    run()
+                except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
+                    rows.append((number, "failed", f"{type(exc).__name__}: {str(exc)[:200]}", ""))
     rows.sort(key=lambda r: r[0])
     table = ["| # | what | result | target |", "|---|---|---|---|"]
     table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]

@@ -199,6 +199,15 @@ def render(script: str, args: Sequence[str], output: Optional[str], template_dir
     """Print the sbatch script for SCRIPT [-- ARGS...] (or write it with -o FILE)."""
     spec, template_dirs = build_spec(script, args, template_dirs, **opts)
     text = _render(spec, template_dirs)
+    # sbatch cannot create the directory of --output: a job submitted by hand from this script would fail at
+    # once without it, with no log to say why.
+    if not Path(spec.output_dir).is_dir():
+        try:
+            Path(spec.output_dir).mkdir(parents=True)
+            click.echo(f"clusterddp: created {spec.output_dir}/ for the job's logs", err=True)
+        except OSError as exc:
+            click.echo(f"clusterddp: warning: cannot create {spec.output_dir}/ ({exc.strerror}); sbatch needs it "
+                       "for the job's log", err=True)
     if output:
         Path(output).write_text(text)
         click.echo(f"clusterddp: wrote {output}: {_summary(spec)}", err=True)

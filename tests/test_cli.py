@@ -40,6 +40,8 @@ def test_gpus_per_node_alias_and_render_to_file(runner):
     assert r.exit_code == 0, r.stderr
     assert "#SBATCH --gpus-per-node=4" in Path("job.sh").read_text()
     assert "wrote job.sh" in r.stderr and r.stdout == ""
+    # sbatch cannot create the log directory itself: a script submitted by hand needs it to exist
+    assert Path("clusterddp-runs").is_dir() and "created clusterddp-runs/" in r.stderr
 
 
 @pytest.mark.parametrize("argv,code,message", [
