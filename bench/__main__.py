@@ -32,11 +32,11 @@ Row = Tuple[str, str, str, str]  # item, what, result, target
 
 
 def hyperfine(commands: Dict[str, str], runs: int, warmup: int = 1, cwd: Optional[Path] = None,
-              env: Optional[dict] = None) -> Dict[str, Tuple[float, float]]:
-    """name -> (mean s, stddev s), measured by hyperfine in one interleaved session."""
+              env: Optional[dict] = None, prepare: Optional[str] = None) -> Dict[str, Tuple[float, float]]:
+    """name -> (mean s, stddev s), measured by hyperfine."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         argv = ["hyperfine", "--style", "none", "--warmup", str(warmup), "--runs", str(runs), "--export-json",
-                out.name]
+                out.name] + (["--prepare", prepare] if prepare else [])
         for name, cmd in commands.items():
             argv += ["--command-name", name, cmd]
         subprocess.run(argv, check=True, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
@@ -145,7 +145,7 @@ def item4_startup(rows: List[Row], work: Path) -> None:
         "bare torchrun x2": f"bash -c '{agent} > /dev/null 2>&1 & {agent} > /dev/null 2>&1; wait'",
         "clusterddp submit --local": (f"{PY} -m clusterddp submit --local --nodes 2 --procs-per-node 2 "
                                       f"--output-dir {work}/runs {script} > /dev/null 2>&1"),
-    }, runs=5, warmup=1, cwd=work, env=env)
+    }, runs=10, warmup=1, cwd=work, env=env)
     bare, ours = res["bare torchrun x2"], res["clusterddp submit --local"]
     rows.append(("4", "start-up to first all-reduce, 2 nodes x 2 ranks, CPU: local backend / bare torchrun",
                  f"{fmt(*ours)} / {fmt(*bare)} = {ours[0] / bare[0]:.2f}x", "<= 1.1x"))
@@ -174,10 +174,16 @@ def item5_cluster(rows: List[Row], work: Path) -> None:
         subprocess.run([PY, "-m", "clusterddp", "render", "--launcher", launcher, "--nodes", "2", "--gpus", "2",
                         "--no-requeue", "job.py", "-o", f"ours-{launcher}.sh"], cwd=work, check=True, env=env,
                        capture_output=True)
-        res = hyperfine({"hand": f"sbatch --wait hand-{launcher}.sh > /dev/null",
-                         "clusterddp": f"sbatch --wait ours-{launcher}.sh > /dev/null"}, runs=5, warmup=1,
-                        cwd=work, env=env)
-        rows.append(("5", f"submit to all ranks joined and done, 2x2, {launcher}: clusterddp / hand-written",
+        # Timed: from sbatch until rank 0 has seen every rank in an all-reduce (it then creates the marker file).
+        # `sbatch --wait` polls too coarsely (it read 10.0 s for everything here).
+        marker = work / "joined"
+        env["BENCH_MARKER"] = str(marker)
+        wait_marker = f"while [ ! -e {marker} ]; do sleep 0.02; done"
+        res = hyperfine({"hand": f"sbatch --parsable hand-{launcher}.sh > /dev/null && {wait_marker}",
+                         "clusterddp": f"sbatch --parsable ours-{launcher}.sh > /dev/null && {wait_marker}"},
+                        runs=6, warmup=1, cwd=work, env=env,
+                        prepare=f"rm -f {marker}; while [ -n \"$(squeue -h)\" ]; do sleep 0.1; done")
+        rows.append(("5", f"submit to all ranks joined, 2x2, {launcher}: clusterddp / hand-written",
                      f"{fmt(*res['clusterddp'])} / {fmt(*res['hand'])} = {res['clusterddp'][0] / res['hand'][0]:.2f}x",
                      "<= 1.1x"))
 
@@ -197,12 +203,14 @@ def item6_7_training(rows: List[Row], work: Path, which: set) -> None:
     def torchrun(n: int, script: str, extra: List[str]) -> List[str]:
         return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", script, *knobs, *extra]
 
-    ours_cmd = torchrun(2, str(ROOT / "examples" / "train_ddp.py"), ["--ckpt-dir", str(work / "ck"), "--log-every",
-                                                                      "1000"])
+    def ours_cmd() -> List[str]:  # a fresh checkpoint directory each time: a second run would resume, not train
+        shutil.rmtree(work / "ck", ignore_errors=True)
+        return torchrun(2, str(ROOT / "examples" / "train_ddp.py"), ["--ckpt-dir", str(work / "ck"),
+                                                                     "--log-every", "1000"])
     if "6" in which:
         ours, raw = [], []
         for _ in range(3):  # interleaved, median of three
-            ours.append(_throughput(ours_cmd, env, work))
+            ours.append(_throughput(ours_cmd(), env, work))
             raw.append(_throughput(torchrun(2, str(BENCH / "train_raw.py"), []), env, work))
         o, r = statistics.median(ours), statistics.median(raw)
         rows.append(("6", "train_ddp.py images/s, 2 ranks CPU: clusterddp.runtime / raw torch.distributed",
@@ -210,11 +218,10 @@ def item6_7_training(rows: List[Row], work: Path, which: set) -> None:
     if "7" in which:
         one, two = [], []
         for _ in range(3):
+            shutil.rmtree(work / "ck1", ignore_errors=True)
             one.append(_throughput(torchrun(1, str(ROOT / "examples" / "train_ddp.py"),
                                             ["--ckpt-dir", str(work / "ck1"), "--log-every", "1000"]), env, work))
-            two.append(_throughput(ours_cmd, env, work))
-            shutil.rmtree(work / "ck", ignore_errors=True)
-            shutil.rmtree(work / "ck1", ignore_errors=True)
+            two.append(_throughput(ours_cmd(), env, work))
         a, b = statistics.median(one), statistics.median(two)
         rows.append(("7", "scaling: 2 ranks x 1 thread vs 1 rank x 1 thread (efficiency = b / 2a)",
                      f"{b:.1f} vs {a:.1f} images/s = {b / (2 * a):.2f}", ">= 0.85 (2 cores: 1.0 max)"))

@@ -70,6 +70,33 @@ def environment(user_dirs: Sequence[str] = ()) -> jinja2.Environment:
     return _environment(tuple(template_dirs(user_dirs)))
 
 
+class _BytecodeCache(jinja2.FileSystemBytecodeCache):
+    """Compiled templates kept between runs (a CLI call compiles nothing twice); a cache that cannot be written
+    is no cache, never an error."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except (OSError, EOFError, ValueError):
+            pass
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+def _bytecode_cache() -> Optional[jinja2.BytecodeCache]:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(base, "clusterddp", f"jinja-{jinja2.__version__}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return None
+    return _BytecodeCache(directory)
+
+
 @functools.lru_cache(maxsize=16)
 def _environment(dirs: Tuple[str, ...]) -> jinja2.Environment:
     shipped = _ResourceLoader(_shipped_dir())
@@ -78,7 +105,8 @@ def _environment(dirs: Tuple[str, ...]) -> jinja2.Environment:
     # by name and still {% extends "clusterddp/torchrun.sh.j2" %}.
     loaders += [shipped, jinja2.PrefixLoader({"clusterddp": shipped})]
     env = jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True)
+                             keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True,
+                             bytecode_cache=_bytecode_cache())
     env.filters["q"] = shlex.quote
     return env
 
