@@ -231,9 +231,10 @@ def _executor(spec: JobSpec, backend: str, folder: Optional[str], array_parallel
 
 
 def _free_port() -> int:
-    from .local import PORT_BASE, PORT_SPAN, pick_port
+    from .local import pick_port
+    from .spec import default_port
 
-    return pick_port(PORT_BASE + os.getpid() % PORT_SPAN)
+    return pick_port(default_port(os.getpid()))
 
 
 def _submit(call: Callable[[], Any], spec: JobSpec, backend: str) -> Any:

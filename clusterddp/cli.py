@@ -488,11 +488,12 @@ def doctor(local: bool, env: Sequence[str], **opts: Any) -> None:
                    env=parse_env(env), **opts)
     click.echo(f"clusterddp: doctor on {spec.nodes} node(s) x {spec.tasks_per_node} rank(s)", err=True)
     if local:
-        from .local import PORT_BASE, PORT_SPAN, make_plan, pick_port, run, visible_gpus
+        from .local import make_plan, pick_port, run, visible_gpus
+        from .spec import default_port
 
         lines: List[str] = []
         plan = make_plan(spec, os.path.join(spec.output_dir, f"clusterddp-doctor-local-{os.getpid()}"),
-                         pick_port(PORT_BASE + os.getpid() % PORT_SPAN), os.getpid(),
+                         pick_port(default_port(os.getpid())), os.getpid(),
                          visible_gpus() if spec.gpus_per_node else [])
         code = run(plan, quiet=True, echo=lines.append, note=lambda line: click.echo(line, err=True))
         text = "\n".join(lines)

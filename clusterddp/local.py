@@ -24,9 +24,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import LocalRunError
 from .render import program_argv
-from .spec import JobSpec
+from .spec import PORT_BASE, PORT_SPAN, JobSpec, default_port
 
-PORT_BASE, PORT_SPAN = 20000, 10000
 KILL_GRACE_S = 5.0
 
 
@@ -77,7 +76,7 @@ def pick_port(preferred: int) -> int:
             except OSError:
                 continue
             return port
-    raise LocalRunError("no free port in 20000-29999 on 127.0.0.1")
+    raise LocalRunError(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} on 127.0.0.1")
 
 
 def cpu_count() -> int:
@@ -323,7 +322,7 @@ def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo
     """The local equivalent of sbatch + wait: returns the exit code (0 after a dry run)."""
     job_id = os.getpid()
     run_dir = os.path.join(spec.output_dir, f"{spec.file_stem}-local-{time.strftime('%Y%m%d-%H%M%S')}-{job_id}")
-    port = spec.master_port or pick_port(PORT_BASE + job_id % PORT_SPAN)
+    port = spec.master_port or pick_port(default_port(job_id))
     plan = make_plan(spec, run_dir, port, job_id, visible_gpus() if spec.gpus_per_node else [])
     if dry_run:
         echo(describe(plan).rstrip("\n"))

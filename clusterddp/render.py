@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import jinja2
 
 from .errors import TemplateError
-from .spec import JobSpec, sbatch_quote
+from .spec import PORT_BASE, PORT_SPAN, JobSpec, sbatch_quote
 
 TEMPLATE_SUFFIX = ".sh.j2"
 ENV_TEMPLATE_DIR = "CLUSTERDDP_TEMPLATE_DIR"
@@ -151,8 +151,8 @@ def context(spec: JobSpec) -> Dict[str, Any]:
                              if spec.apptainer else ""),
         "omp_threads": spec.cpus_per_task or 1,
         "log_kind": {"srun": "per-rank", "torchrun": "per-node (rank-prefixed) and per-rank"}.get(spec.launcher, "per-node"),
-        "port_base": 20000,
-        "port_span": 10000,
+        "port_base": PORT_BASE,
+        "port_span": PORT_SPAN,
     }
 
 

@@ -23,8 +23,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from .errors import RuntimeEnvError
 from .hostlist import HostlistError, first as first_host
+from .spec import default_port
 
-PORT_BASE, PORT_SPAN = 20000, 10000  # as in templates/base.sh.j2
 DEFAULT_TIMEOUT_S = 300.0
 
 
@@ -171,7 +171,7 @@ def _from_srun(env: Mapping[str, str]) -> Optional[DistEnv]:
     if "MASTER_PORT" in env:
         port = _int(env, "MASTER_PORT")
     elif "SLURM_JOB_ID" in env:
-        port = PORT_BASE + _int(env, "SLURM_JOB_ID") % PORT_SPAN
+        port = default_port(_int(env, "SLURM_JOB_ID"))
     else:
         raise RuntimeEnvError(f"no MASTER_PORT and no SLURM_JOB_ID to derive it from ({_seen(env, names)})")
     return DistEnv(rank, local, world, local_world, node, nodes, addr, port, "srun")

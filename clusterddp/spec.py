@@ -15,6 +15,15 @@ GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
 #: Placeholders the spawn launcher fills in, per node, at run time.
 PLACEHOLDERS = ("master_addr", "master_port", "node_rank", "nnodes", "gpus_per_node", "world_size")
 
+#: MASTER_PORT = PORT_BASE + job id mod PORT_SPAN: below Linux's ephemeral ports (32768-60999), and jobs with nearby
+#: ids never share a port. The templates, the runtime and the local backend all use these.
+PORT_BASE, PORT_SPAN = 20000, 10000
+
+
+def default_port(job_id: int) -> int:
+    return PORT_BASE + job_id % PORT_SPAN
+
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _MEM = re.compile(r"^[0-9]+[KMGT]?$")

@@ -133,3 +133,8 @@ def test_python_dash_m_and_console_script(tmp_path):
     r = subprocess.run([sys.executable, "-m", "clusterddp", "render", "t.py"], cwd=tmp_path, capture_output=True,
                        text=True)
     assert r.returncode == 0 and r.stdout.startswith("#!/bin/bash\n")
+
+
+def test_runtime_never_imports_the_login_side():
+    mods = _imported_modules("import clusterddp.runtime")
+    assert "click" not in mods and "jinja2" not in mods and "submitit" not in mods
