@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 import shutil
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
+from . import sbatch_options
 from .errors import ClusterDDPError, SlurmError, SpecError
+from .quoting import shell_quote, shown
 from .spec import JobSpec
 
 BACKENDS = ("auto", "slurm", "local")
@@ -72,12 +73,17 @@ def executor_params(spec: JobSpec) -> Dict[str, Any]:
             params[name] = value
     if spec.exclusive:
         params["exclusive"] = True
-    extra: Dict[str, Any] = {}
+    # --ignore-pbs: sbatch would read #PBS/#BSUB lines near the top of submitit's script as options.
+    extra: Dict[str, Any] = {"ignore_pbs": True}
     for arg in spec.sbatch_args:
-        name, eq, value = arg[2:].partition("=")
-        extra[name.replace("-", "_")] = value if eq else True
-    if extra:
-        params["additional_parameters"] = extra
+        name, value = sbatch_options.resolve(arg)
+        extra[name.replace("-", "_")] = True if value is None else value
+    params["additional_parameters"] = extra
+    # submitit writes #SBATCH values with shell quoting, and sbatch drops a backslash even inside single quotes.
+    for key, value in [*params.items(), *extra.items()]:
+        if isinstance(value, str) and "\\" in value:
+            raise SpecError(f"{key} {shown(value)} contains a backslash, which sbatch would drop from the #SBATCH "
+                            "line submitit writes; use the clusterddp CLI (its own encoder keeps it) or drop the '\\'")
     params["setup"] = setup_lines(spec)
     return params
 
@@ -87,7 +93,7 @@ def setup_lines(spec: JobSpec) -> List[str]:
     from .render import render_part
 
     lines = ["set -eo pipefail"]  # not -u: submitit's own lines may read unset variables
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.env]
+    lines += [f"export {name}={shell_quote(value)}" for name, value in spec.env]
     lines += list(spec.setup)
     lines += [f"export CLUSTERDDP_LAUNCHER=srun CLUSTERDDP_NNODES={spec.nodes} "
               f"CLUSTERDDP_GPUS_PER_NODE={spec.gpus_per_node} CLUSTERDDP_PROCS_PER_NODE={spec.tasks_per_node} "

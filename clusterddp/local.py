@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .errors import LocalRunError
+from .quoting import shell_quote
 from .render import program_argv
 from .spec import PORT_BASE, PORT_SPAN, JobSpec, default_port
 
@@ -146,7 +146,9 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
                   "world_size": str(spec.world_size)}
         for node in range(n):
             filled = dict(values, node_rank=str(node))
-            args = [_fill(a, filled) for a in program]
+            # Placeholders are filled in the script's arguments only, never in the script path (as in spawn.sh.j2).
+            entry = program[:len(program) - len(spec.args)]
+            args = entry + [_fill(a, filled) for a in spec.args]
             env = slurm + [("SLURM_PROCID", str(node)), ("SLURM_LOCALID", "0"), ("SLURM_NODEID", str(node)),
                            ("SLURM_NTASKS", str(n)), ("SLURM_STEP_NUM_TASKS", str(n)), ("SLURM_NTASKS_PER_NODE", "1"),
                            ("SLURM_TASKS_PER_NODE", f"1(x{n})"), ("NODE_RANK", str(node))] + devices(node)
@@ -164,7 +166,7 @@ def _fill(arg: str, values: Dict[str, str]) -> str:
 
 def describe(plan: Plan) -> str:
     """The dry run: every command and its environment, as shell lines a user could run by hand."""
-    q = shlex.quote
+    q = shell_quote
     lines = [f"# clusterddp --local dry run: {plan.spec.nodes} node(s) x {plan.spec.tasks_per_node} = world size "
              f"{plan.spec.world_size} ({plan.spec.launcher} launcher); nothing is started",
              f"# {plan.note.replace('clusterddp: ', '')}", f"# logs in {plan.run_dir}/",

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import functools
 import os
-import shlex
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jinja2
 
 from .errors import TemplateError
-from .spec import PORT_BASE, PORT_SPAN, JobSpec, sbatch_quote
+from .quoting import sbatch_quote, shell_quote
+from .spec import PORT_BASE, PORT_SPAN, JobSpec
 
 TEMPLATE_SUFFIX = ".sh.j2"
 ENV_TEMPLATE_DIR = "CLUSTERDDP_TEMPLATE_DIR"
@@ -107,7 +107,7 @@ def _environment(dirs: Tuple[str, ...]) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True,
                              bytecode_cache=_bytecode_cache())
-    env.filters["q"] = shlex.quote
+    env.filters["q"] = shell_quote  # for site templates: the same encoder as every shell word below
     return env
 
 
@@ -129,17 +129,31 @@ def program_argv(spec: JobSpec) -> List[str]:
     return (["-m", spec.script] if spec.module else [spec.script]) + list(spec.args)
 
 
+def _words(values: Sequence[str]) -> str:
+    return " ".join(shell_quote(v) for v in values)
+
+
 def context(spec: JobSpec) -> Dict[str, Any]:
-    """Everything the templates lay out, computed here (templates do no arithmetic on user values)."""
+    """Everything the templates lay out, computed here (templates do no arithmetic on user values).
+
+    Every user value is a shell word made by shell_quote, or an #SBATCH value made by sbatch_quote; nothing else.
+    """
     from . import __version__
 
-    q = shlex.quote
+    q = shell_quote
+    entry = (["-m", spec.script] if spec.module else [spec.script]) if spec.script else []
+    container = (["apptainer", "exec"] + (["--nv"] if spec.gpus_per_node else []) + [spec.apptainer]
+                 if spec.apptainer else [])
     return {
         "spec": spec,
         "version": __version__,
         "directives": directive_lines(spec),
-        "program": " ".join(q(a) for a in program_argv(spec)) if spec.script else "",
+        "program": _words(entry + list(spec.args)),
         "python": q(spec.python),
+        # spawn fills placeholders in the script's arguments only, never in the command that runs them.
+        "command": _words(container + [spec.python] + entry),
+        "command_words": len(container) + 1 + len(entry),
+        "script_args": _words(spec.args),
         "env": [(name, q(value)) for name, value in spec.env],
         "setup": list(spec.setup),
         "run_dir": f"{q(spec.output_dir)}/{q(spec.file_stem)}-\"$SLURM_JOB_ID\"",
@@ -147,8 +161,7 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         # Containers: pyxis/enroot options go to srun; apptainer prefixes the command each task runs.
         "container_srun": (f"--container-image={q(spec.container_image)} --container-mounts=\"$PWD\" "
                            f"--container-workdir=\"$PWD\" " if spec.container_image else ""),
-        "container_prefix": (f"apptainer exec {'--nv ' if spec.gpus_per_node else ''}{q(spec.apptainer)} "
-                             if spec.apptainer else ""),
+        "container_prefix": _words(container) + " " if container else "",
         "omp_threads": spec.cpus_per_task or 1,
         "log_kind": {"srun": "per-rank", "torchrun": "per-node (rank-prefixed) and per-rank"}.get(spec.launcher, "per-node"),
         "port_base": PORT_BASE,

@@ -50,19 +50,26 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def sbatch(script: Path, extra: Sequence[str] = ()) -> str:
+def _script_argv(script: Path) -> List[str]:
+    """The script as sbatch's last argument: absolute, after '--', so no directory name can read as an option
+    (``--output-dir '--wrap=...'`` must never become ``sbatch --wrap``). --ignore-pbs also here, for scripts from
+    site templates that replace the directives block: #PBS/#BSUB lines are never options."""
+    return ["--ignore-pbs", "--", str(Path(script).resolve())]
+
+
+def sbatch(script: Path) -> str:
     """Submit ``script`` and return the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
-    argv = ["sbatch", "--parsable", *extra, str(script)]
+    argv = ["sbatch", "--parsable", *_script_argv(script)]
     proc = run(argv)
     job_id = proc.stdout.strip().split(";", 1)[0]
-    if not job_id.isdigit():
+    if not re.fullmatch(r"[0-9]+", job_id):
         raise SlurmError(f"sbatch printed no job id (got {proc.stdout.strip()!r})", argv, proc.returncode, proc.stderr)
     return job_id
 
 
 def test_only(script: Path) -> str:
     """``sbatch --test-only``: Slurm's own check that the request fits, without queueing. Returns its message."""
-    proc = run(["sbatch", "--test-only", str(script)])
+    proc = run(["sbatch", "--test-only", *_script_argv(script)])
     return (proc.stderr or proc.stdout).strip()
 
 

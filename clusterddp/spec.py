@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from . import sbatch_options
 from .errors import SpecError
+from .quoting import check_command_word, check_no_control, check_one_line, path_word, sbatch_quote, shown
 
 LAUNCHERS = ("torchrun", "srun", "spawn")
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
@@ -24,13 +26,27 @@ def default_port(job_id: int) -> int:
     return PORT_BASE + job_id % PORT_SPAN
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_MEM = re.compile(r"^[0-9]+[KMGT]?$")
-_SBATCH_OPT = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*$")
-_ARRAY = re.compile(r"^[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?$")
-# Values made only of these characters need no quotes on an #SBATCH line (no space, quote, backslash or '#').
-_SBATCH_BARE = re.compile(r"^[A-Za-z0-9._:/%@+,=-]+$")
+# Patterns are used with fullmatch: Python's '$' also matches before a trailing newline.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_MEM = re.compile(r"[0-9]+[KMGT]?")
+_SBATCH_OPT = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
+_ARRAY = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?")
+
+#: Environment names that -e and profile env may not set: the batch script, srun, torchrun (PET_* are its
+#: options) and bash itself read them, so a value there could redirect the job or run code.
+RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "CLUSTERDDP_", "PET_", "TORCHELASTIC_")
+RESERVED_ENV_NAMES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "RUN_DIR",
+    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "IFS", "CDPATH", "GLOBIGNORE", "PS4", "BASH_XTRACEFD",
+    "POSIXLY_CORRECT", "BASH_COMPAT", "FUNCNEST", "PROMPT_COMMAND",
+    "BASH_VERSINFO", "EUID", "UID", "PPID", "BASHPID",  # readonly in bash: exporting them fails the script
+})
+
+
+def reserved_env_name(name: str) -> bool:
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES) or name.startswith("BASH_FUNC_")
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
@@ -76,28 +92,10 @@ def parse_env(items: Iterable[str]) -> Tuple[Tuple[str, str], ...]:
     out = []
     for item in items:
         if "=" not in item:
-            raise SpecError(f"--env {item!r} has no '=': expected NAME=VALUE (e.g. --env NCCL_DEBUG=INFO)")
+            raise SpecError(f"--env {shown(item)} has no '=': expected NAME=VALUE (e.g. --env NCCL_DEBUG=INFO)")
         name, value = item.split("=", 1)
         out.append((name, value))
     return tuple(out)
-
-
-def sbatch_quote(value: str) -> str:
-    """Encode a value for an ``#SBATCH`` line, which sbatch (not a shell) parses.
-
-    sbatch reads ``\\`` as an escape even inside quotes and an unquoted ``#`` starts a comment, so shell quoting
-    is wrong here: wrap in double quotes, escape ``\\`` and ``"``. Line breaks cannot be encoded at all.
-    """
-    check_line_safe(value, "#SBATCH value")
-    if _SBATCH_BARE.match(value):
-        return value
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def check_line_safe(value: str, what: str) -> None:
-    for bad, name in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL byte")):
-        if bad in value:
-            raise SpecError(f"{what} {value!r} contains {name}; it must fit on one line")
 
 
 def slug(name: str) -> str:
@@ -155,6 +153,10 @@ class JobSpec:
         if isinstance(env, Mapping):
             env = tuple(env.items())
         object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in env))
+        # A relative path that starts with '-' would be read as an option by sbatch, torchrun or python.
+        if not self.module:
+            object.__setattr__(self, "script", path_word(self.script))
+        object.__setattr__(self, "output_dir", path_word(str(self.output_dir)))
         if self.job_name is None:
             object.__setattr__(self, "job_name", self.default_job_name())
         self._validate()
@@ -217,7 +219,9 @@ class JobSpec:
 
     def sbatch_directives(self) -> List[Tuple[str, Optional[str]]]:
         """The ordered ``#SBATCH`` options as (name, value or None for a flag); render.py encodes them."""
-        d: List[Tuple[str, Optional[str]]] = [("job-name", self.job_name), ("nodes", str(self.nodes)),
+        # --ignore-pbs first: sbatch would otherwise turn #PBS/#BSUB lines near the top into options.
+        d: List[Tuple[str, Optional[str]]] = [("ignore-pbs", None), ("job-name", self.job_name),
+                                               ("nodes", str(self.nodes)),
                                                ("ntasks-per-node", str(self.slurm_tasks_per_node))]
         if self.gpus_per_node:
             if self.gpu_request == "gres":
@@ -243,9 +247,7 @@ class JobSpec:
         # Not %x: the job name is user text and a '/' in it would make paths; the stem is sanitised. A '%'
         # in the directory would be read as a pattern by sbatch, so it is doubled.
         d.append(("output", f"{self.output_dir.replace('%', '%%')}/{self.file_stem.replace('%', '%%')}-%j.out"))
-        for arg in self.sbatch_args:
-            name, _, value = arg[2:].partition("=")
-            d.append((name, value if "=" in arg else None))
+        d += [sbatch_options.resolve(arg) for arg in self.sbatch_args]
         return d
 
     # --- validation -----------------------------------------------------------------------------------
@@ -286,70 +288,61 @@ class JobSpec:
         if self.gpu_request == "gpus-per-task" and self.launcher != "srun":
             raise SpecError("gpu_request 'gpus-per-task' needs one Slurm task per GPU: use it with --launcher srun "
                             "(torchrun and spawn run one task per node)")
-        if self.module and not _MODULE.match(self.script):
-            raise SpecError(f"invalid module name {self.script!r}: expected dotted Python identifiers "
+        if self.module and not _MODULE.fullmatch(self.script):
+            raise SpecError(f"invalid module name {shown(self.script)}: expected dotted Python identifiers "
                             "(e.g. -m mypkg.train)")
         if self.time is not None:
             parse_time(self.time)
-        if self.mem is not None and not _MEM.match(self.mem):
-            raise SpecError(f"invalid memory {self.mem!r}: expected a number with an optional unit K, M, G or T "
-                            "(e.g. 64G; Slurm's default unit is M)")
-        for name in ("job_name", "partition", "account", "qos", "constraint", "output_dir", "python"):
+        if self.mem is not None and not _MEM.fullmatch(self.mem):
+            raise SpecError(f"invalid memory {shown(self.mem)}: expected a number with an optional unit K, M, G or "
+                            "T (e.g. 64G; Slurm's default unit is M)")
+        # Values that end up on #SBATCH lines and in paths: names, not free text.
+        for name in ("job_name", "partition", "account", "qos", "constraint", "output_dir", "template",
+                     "container_image"):
             value = getattr(self, name)
             if value is not None:
-                check_line_safe(value, name)
-                if value == "":
+                check_no_control(value, name)
+                if not value.strip():
                     raise SpecError(f"{name} must not be empty")
+        if not self.module:
+            check_no_control(self.script, "script path")
         if "\\" in self.output_dir:
-            raise SpecError(f"output_dir {self.output_dir!r} contains a backslash, which turns off sbatch's "
+            raise SpecError(f"output_dir {shown(self.output_dir)} contains a backslash, which turns off sbatch's "
                             "%j file-name patterns; choose a path without '\\'")
+        # Words bash or a launcher runs as a command.
+        check_command_word(self.python, "python", "--python")
+        if self.apptainer is not None:
+            check_command_word(self.apptainer, "apptainer image", "--apptainer")
         for arg in self.args:
             if "\0" in arg:
-                raise SpecError(f"script argument {arg!r} contains a NUL byte, which no program can receive")
+                raise SpecError(f"script argument {shown(arg)} contains a NUL byte, which no program can receive")
         for name, value in self.env:
-            if not _ENV_NAME.match(name):
-                raise SpecError(f"invalid environment variable name {name!r} in --env: expected letters, digits "
-                                "and '_', not starting with a digit (e.g. NCCL_DEBUG=INFO)")
+            if not _ENV_NAME.fullmatch(name):
+                raise SpecError(f"invalid environment variable name {shown(name)} in --env: expected letters, "
+                                "digits and '_', not starting with a digit (e.g. NCCL_DEBUG=INFO)")
+            if reserved_env_name(name):
+                raise SpecError(f"--env {name}=... is refused: the batch script, srun, torchrun or bash read {name} "
+                                "(SLURM_*, SBATCH_*, SRUN_*, CLUSTERDDP_*, PET_*, TORCHELASTIC_*, MASTER_ADDR/PORT, "
+                                "the RANK family, bash's own variables); clusterddp sets what the job needs")
             if "\0" in value:
-                raise SpecError(f"environment value of {name} contains a NUL byte")
+                raise SpecError(f"environment value of {name} contains a NUL byte, which no program can receive")
         for line in self.setup:
-            check_line_safe(line, "setup line")
+            check_one_line(line, "setup line")
         for arg in self.sbatch_args:
-            opt = arg.split("=", 1)[0]
-            if not _SBATCH_OPT.match(opt):
-                raise SpecError(f"invalid --sbatch-arg {arg!r}: expected a long option as --name or --name=value "
-                                "(e.g. --sbatch-arg=--mail-type=END)")
-            check_line_safe(arg, "--sbatch-arg")
-            if opt[2:] in _OWNED_DIRECTIVES:
-                raise SpecError(f"--sbatch-arg {arg!r} sets {opt}, which clusterddp computes; use the matching "
-                                f"clusterddp option instead ({_OWNED_DIRECTIVES[opt[2:]]})")
-        if self.template is not None:
-            check_line_safe(self.template, "template")
+            if not _SBATCH_OPT.fullmatch(arg.split("=", 1)[0]):
+                raise SpecError(f"invalid --sbatch-arg {shown(arg)}: expected a long option as --name or "
+                                "--name=value (e.g. --sbatch-arg=--mail-type=END)")
+            check_no_control(arg, "--sbatch-arg")
+            sbatch_options.resolve(arg)
         if self.container_image is not None and self.apptainer is not None:
             raise SpecError("conflicting options: --container-image (pyxis/enroot) and --apptainer both given; "
                             "choose one container runtime")
-        for name in ("container_image", "apptainer"):
-            value = getattr(self, name)
-            if value is not None:
-                check_line_safe(value, name)
-                if not value.strip():
-                    raise SpecError(f"{name} must not be empty")
-        if self.array is not None and not _ARRAY.match(self.array):
+        if self.array is not None and not _ARRAY.fullmatch(self.array):
             raise SpecError(f"invalid --array {self.array!r}: expected sbatch's form, e.g. 0-9, 1,3,5, 0-15:4 or "
                             "0-99%10 (at most 10 at once)")
         for job in self.after:
             if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
                 raise SpecError(f"invalid --after {job!r}: expected a job id such as 1234 (or 1234_5)")
-
-
-# sbatch options a raw --sbatch-arg may not override, with the option that sets them.
-_OWNED_DIRECTIVES: Dict[str, str] = {
-    "nodes": "--nodes", "ntasks-per-node": "--gpus / --procs-per-node", "ntasks": "--gpus / --procs-per-node",
-    "gpus-per-node": "--gpus", "gres": "--gpus with --gpu-request gres", "gpus-per-task": "--gpu-request",
-    "cpus-per-task": "--cpus-per-task", "output": "--output-dir", "job-name": "--job-name",
-    "signal": "--signal-before (with --requeue)", "requeue": "--requeue", "open-mode": "--requeue",
-    "array": "--array", "dependency": "--after",
-}
 
 
 def field_names() -> List[str]:

@@ -51,11 +51,11 @@ def test_mapping_every_field():
     assert (p["mem"], p["time"], p["partition"], p["account"], p["qos"], p["constraint"]) == \
         ("64G", 24 * 60 + 1, "gpu", "proj", "high", "a100")
     assert p["exclusive"] is True and p["job_name"] == "sweep"
-    assert p["additional_parameters"] == {"mail_type": "END", "no_kill": True}
+    assert p["additional_parameters"] == {"ignore_pbs": True, "mail_type": "END", "no_kill": True}
     assert "--kill-on-bad-exit=1" in p["srun_args"] and "--cpus-per-task=6" in p["srun_args"]
     setup = "\n".join(p["setup"])
     assert "export NCCL_DEBUG=INFO" in setup and "export ODD='a b'" in setup and "module load cuda" in setup
-    assert "MASTER_ADDR=" in setup and "MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 10000 ))" in setup
+    assert "MASTER_ADDR=" in setup and "MASTER_PORT=$(( 20000 + 10#$SLURM_JOB_ID % 10000 ))" in setup
     assert "CLUSTERDDP_WORLD_SIZE=12" in setup
     assert executor_params(spec.replace(gpu_request="gres"))["gres"] == "gpu:4"
     assert executor_params(spec.replace(gpu_request="gpus-per-task", launcher="srun"))["gpus_per_task"] == 1

@@ -45,7 +45,7 @@ def test_tasks_and_cpus_per_launcher():
     (dict(partition="gpu\r"), "carriage return"),
     (dict(env=(("1BAD", "x"),)), "invalid environment variable name '1BAD'"),
     (dict(sbatch_args=("-J x",)), "invalid --sbatch-arg"),
-    (dict(sbatch_args=("--nodes=4",)), "use the matching clusterddp option"),
+    (dict(sbatch_args=("--nodes=4",)), "sets --nodes, which clusterddp computes; use --nodes instead"),
     (dict(master_port=70000), "at most 65535"),
     (dict(output_dir="a\\b"), "backslash"),
     (dict(setup=("module load x\nrm -rf /",)), "setup line"),

@@ -1,4 +1,5 @@
 #!/bin/bash
+#SBATCH --ignore-pbs
 #SBATCH --job-name=train
 #SBATCH --nodes=4
 #SBATCH --ntasks-per-node=1
@@ -15,6 +16,8 @@
 # launcher: torchrun, backend: nccl. Regenerate rather than edit: clusterddp render --help
 set -euo pipefail
 
+# Set here, not inherited: a stop file from the submitting shell would stop these ranks.
+unset CLUSTERDDP_STOP_FILE
 export PYTHONUNBUFFERED=1
 export CLUSTERDDP_LAUNCHER=torchrun
 export CLUSTERDDP_NNODES=4
@@ -27,10 +30,15 @@ export NCCL_DEBUG=INFO
 module load cuda/12
 source ~/venv/bin/activate
 
-RUN_DIR=clusterddp-runs/train-"$SLURM_JOB_ID"
-mkdir -p -- "$RUN_DIR"
-export CLUSTERDDP_RUN_DIR="$RUN_DIR"
-# (srun reads % in --output as a file-name pattern: the directory part is escaped where it is used.)
+# Slurm's variables are data: bash evaluates a variable's text as arithmetic inside $(( )) and [ -ge ], so
+# anything but digits could run code there, and a '/' would move the run directory. Check before use.
+case "${SLURM_JOB_ID:-}" in
+    ''|*[!0-9]*) echo "clusterddp: SLURM_JOB_ID='${SLURM_JOB_ID:-}' is not a job id; submit this script with sbatch" >&2; exit 1 ;;
+esac
+CLUSTERDDP_RESTARTS="${SLURM_RESTART_COUNT:-0}"
+case "$CLUSTERDDP_RESTARTS" in
+    ''|*[!0-9]*) echo "clusterddp: SLURM_RESTART_COUNT='$CLUSTERDDP_RESTARTS' is not a number" >&2; exit 1 ;;
+esac
 
 # MASTER_ADDR: the first host of the allocation. scontrol prints "Invalid hostlist" and still exits 0,
 # so an empty answer must stop the job here instead of falling back to localhost.
@@ -66,26 +74,32 @@ sys.exit("clusterddp: MASTER_PORT %d is already in use on %s; choose another --m
 CLUSTERDDP_PY
 )"
 export MASTER_PORT
-echo "clusterddp: job $SLURM_JOB_ID (restart count ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST: world size 8 (4 x 2), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+
+RUN_DIR=clusterddp-runs/train-"$SLURM_JOB_ID"
+mkdir -p -- "$RUN_DIR"
+export CLUSTERDDP_RUN_DIR="$RUN_DIR"
+# (srun reads % in --output as a file-name pattern: the directory part is escaped where it is used.)
+echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 8 (4 x 2), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
 
 # Time limit and preemption. Slurm signals this shell 120 s before the limit (USR2); bash runs
 # a trap only once its foreground child is done, hence srun in the background and `wait` in a loop below.
 # The ranks see the stop request through $CLUSTERDDP_STOP_FILE (clusterddp.runtime.should_stop()).
-export CLUSTERDDP_STOP_FILE="$RUN_DIR/stop-requested-${SLURM_RESTART_COUNT:-0}"
+export CLUSTERDDP_STOP_FILE="$RUN_DIR/stop-requested-$CLUSTERDDP_RESTARTS"
 CLUSTERDDP_SIGNAL=""
+CLUSTERDDP_TIMER_PID=""
 clusterddp_stop() {
     [ -z "$CLUSTERDDP_SIGNAL" ] || return 0
     CLUSTERDDP_SIGNAL="$1"
-    echo "clusterddp: SIG$1 received (restart count ${SLURM_RESTART_COUNT:-0}): every rank checkpoints and stops; srun is ended after 90 s"
-    touch "$CLUSTERDDP_STOP_FILE"
+    echo "clusterddp: SIG$1 received (restart count $CLUSTERDDP_RESTARTS): every rank checkpoints and stops; srun is ended after 90 s"
+    touch -- "$CLUSTERDDP_STOP_FILE"
     ( sleep 90; kill -TERM "$CLUSTERDDP_SRUN_PID" 2>/dev/null ) &
     CLUSTERDDP_TIMER_PID=$!
 }
 trap 'clusterddp_stop USR2' USR2
 trap 'clusterddp_stop TERM' TERM
 clusterddp_requeue() {
-    local count="${SLURM_RESTART_COUNT:-0}"
+    local count="$CLUSTERDDP_RESTARTS"
     if [ "$count" -ge 3 ]; then
         echo "clusterddp: requeue limit reached ($count of 3 requeues used): the job ends here with its last checkpoint; submit it again to continue" >&2
         exit 75
@@ -96,10 +110,11 @@ clusterddp_requeue() {
     fi
     # An array task is requeued alone, not the whole array.
     local target="$SLURM_JOB_ID"
-    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
-        target="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-    fi
-    echo "clusterddp: requeueing job $target (requeue $((count + 1)) of 3)"
+    case "${SLURM_ARRAY_JOB_ID:-x}_${SLURM_ARRAY_TASK_ID:-x}" in
+        *[!0-9_]*|_*|*_) ;;  # not an array task (or not numbers): the job itself
+        *) target="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" ;;
+    esac
+    echo "clusterddp: requeueing job $target (requeue $((10#$count + 1)) of 3)"
     trap - USR2 TERM
     scontrol requeue "$target"
     exit 0
@@ -122,7 +137,7 @@ while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
     CLUSTERDDP_STATUS=0
     wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
 done
-[ -z "${CLUSTERDDP_TIMER_PID:-}" ] || kill "$CLUSTERDDP_TIMER_PID" 2>/dev/null || true
+[ -z "$CLUSTERDDP_TIMER_PID" ] || kill "$CLUSTERDDP_TIMER_PID" 2>/dev/null || true
 if [ "$CLUSTERDDP_SIGNAL" = USR2 ]; then
     clusterddp_requeue
 elif [ "$CLUSTERDDP_SIGNAL" = TERM ]; then

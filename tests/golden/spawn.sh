@@ -1,4 +1,5 @@
 #!/bin/bash
+#SBATCH --ignore-pbs
 #SBATCH --job-name=main
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
@@ -9,6 +10,8 @@
 # launcher: spawn, backend: nccl. Regenerate rather than edit: clusterddp render --help
 set -euo pipefail
 
+# Set here, not inherited: a stop file from the submitting shell would stop these ranks.
+unset CLUSTERDDP_STOP_FILE
 export PYTHONUNBUFFERED=1
 export CLUSTERDDP_LAUNCHER=spawn
 export CLUSTERDDP_NNODES=2
@@ -17,10 +20,15 @@ export CLUSTERDDP_PROCS_PER_NODE=8
 export CLUSTERDDP_WORLD_SIZE=16
 export OMP_NUM_THREADS=1
 
-RUN_DIR=clusterddp-runs/main-"$SLURM_JOB_ID"
-mkdir -p -- "$RUN_DIR"
-export CLUSTERDDP_RUN_DIR="$RUN_DIR"
-# (srun reads % in --output as a file-name pattern: the directory part is escaped where it is used.)
+# Slurm's variables are data: bash evaluates a variable's text as arithmetic inside $(( )) and [ -ge ], so
+# anything but digits could run code there, and a '/' would move the run directory. Check before use.
+case "${SLURM_JOB_ID:-}" in
+    ''|*[!0-9]*) echo "clusterddp: SLURM_JOB_ID='${SLURM_JOB_ID:-}' is not a job id; submit this script with sbatch" >&2; exit 1 ;;
+esac
+CLUSTERDDP_RESTARTS="${SLURM_RESTART_COUNT:-0}"
+case "$CLUSTERDDP_RESTARTS" in
+    ''|*[!0-9]*) echo "clusterddp: SLURM_RESTART_COUNT='$CLUSTERDDP_RESTARTS' is not a number" >&2; exit 1 ;;
+esac
 
 # MASTER_ADDR: the first host of the allocation. scontrol prints "Invalid hostlist" and still exits 0,
 # so an empty answer must stop the job here instead of falling back to localhost.
@@ -37,7 +45,7 @@ export MASTER_ADDR
 
 # MASTER_PORT: from the job id, outside Linux's ephemeral range (32768-60999), so that jobs with
 # nearby ids never collide; checked free below, with a fallback that every node then uses.
-MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 10000 ))
+MASTER_PORT=$(( 20000 + 10#$SLURM_JOB_ID % 10000 ))
 CLUSTERDDP_PORT_MODE=fallback
 # This batch shell runs on the first node, where the rendezvous will listen.
 MASTER_PORT="$(python3 - "$MASTER_PORT" "$CLUSTERDDP_PORT_MODE" 20000 10000 <<'CLUSTERDDP_PY'
@@ -58,15 +66,23 @@ sys.exit("clusterddp: MASTER_PORT %d is already in use on %s; choose another --m
 CLUSTERDDP_PY
 )"
 export MASTER_PORT
-echo "clusterddp: job $SLURM_JOB_ID (restart count ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST: world size 16 (2 x 8), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+
+RUN_DIR=clusterddp-runs/main-"$SLURM_JOB_ID"
+mkdir -p -- "$RUN_DIR"
+export CLUSTERDDP_RUN_DIR="$RUN_DIR"
+# (srun reads % in --output as a file-name pattern: the directory part is escaped where it is used.)
+echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 16 (2 x 8), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node logs in $RUN_DIR"
 
 # One task per node running the script, which starts its own 8 workers
-# (torch.multiprocessing.spawn). Placeholders in the arguments ({master_addr}, {master_port}, {node_rank},
-# {nnodes}, {gpus_per_node}, {world_size}) are replaced per node; the replacement never re-evaluates user text.
+# (torch.multiprocessing.spawn). Placeholders in the script's arguments ({master_addr}, {master_port},
+# {node_rank}, {nnodes}, {gpus_per_node}, {world_size}) are replaced per node; the first 2 words (the
+# command itself) are never touched, and the replacement never re-evaluates user text.
 srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 \
     --output="${RUN_DIR//%/%%}/node-%n.out" \
-    bash -c 'args=()
+    bash -c 'cmd=("${@:2:$1}")
+shift "$(( $1 + 1 ))"
+args=()
 for a in "$@"; do
     a="${a//\{master_addr\}/"$MASTER_ADDR"}"
     a="${a//\{master_port\}/"$MASTER_PORT"}"
@@ -77,8 +93,8 @@ for a in "$@"; do
     args+=("$a")
 done
 export NODE_RANK="$SLURM_NODEID"
-exec "${args[@]}"' \
-    clusterddp-spawn python3 main.py --dist-url 'tcp://{master_addr}:{master_port}' --world-size '{nnodes}' --rank '{node_rank}' --multiprocessing-distributed &
+exec "${cmd[@]}" "${args[@]}"' \
+    clusterddp-spawn 2 python3 main.py --dist-url 'tcp://{master_addr}:{master_port}' --world-size '{nnodes}' --rank '{node_rank}' --multiprocessing-distributed &
 CLUSTERDDP_SRUN_PID=$!
 
 # srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
