@@ -157,10 +157,13 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
     """
     from click.core import ParameterSource
 
-    from .config import resolve
+    from .config import resolve, skip_warning
 
     ctx = click.get_current_context()
-    configured = {k: v for k, (v, _) in resolve(profile).items()}
+    skipped: list = []
+    configured = {k: v for k, (v, _) in resolve(profile, skipped=skipped).items()}
+    for path, why in skipped:
+        click.echo(skip_warning(path, why), err=True)
     values: dict = {}
     for name, value in opts.items():
         given = ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
@@ -535,7 +538,7 @@ def config_show(profile: Optional[str]) -> None:
         text = show(profile)
     except ClusterDDPError as exc:
         raise CLIError(exc) from None
-    path, _ = project_file()
+    path, _ = project_file(skipped=[])
     click.echo(f"# user file:    {user_file()}{'' if user_file().is_file() else ' (none)'}")
     click.echo(f"# project file: {path or '(none: clusterddp.toml or [tool.clusterddp] in pyproject.toml)'}")
     click.echo(text, nl=False)
@@ -548,11 +551,17 @@ def new(path: str, force: bool) -> None:
     """Write a runnable, commented DDP training script to PATH (the fastest way from a single-GPU loop to DDP)."""
     from .skeleton import SKELETON
 
+    from .quoting import check_no_control, shell_quote
+
+    check_no_control(path, "file name")
     target = Path(path)
     if target.exists() and not force:
         raise CLIError(SpecError(f"{path} already exists; not overwriting it (use --force, or choose another name)"))
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(SKELETON.format(name=target.name))
+    # The name appears in the skeleton's docstring as a shell word: escaped for the docstring too, so that no
+    # file name can end the string and write code into the script.
+    shown = shell_quote(target.name).replace("\\", "\\\\").replace('"', '\\"')
+    target.write_text(SKELETON.format(name=shown))
     click.echo(f"clusterddp: wrote {path}; try: clusterddp submit --local --procs-per-node 2 {path}", err=True)
 
 

@@ -4,6 +4,11 @@ Precedence, lowest first: built-in defaults < user file ($XDG_CONFIG_HOME/cluste
 (clusterddp.toml, or [tool.clusterddp] in pyproject.toml, found from the current directory upwards) <
 CLUSTERDDP_<FIELD> environment variables < the command line. In each file, ``[defaults]`` applies first, then
 ``[profiles.NAME]`` when ``--profile NAME`` (or CLUSTERDDP_PROFILE) is given. Keys are JobSpec field names.
+
+Trust (cluster file systems are shared): the project search stops at the project root (the first directory with
+.git, pyproject.toml or clusterddp.toml) or at $HOME, and a file owned by another user (root excepted), or
+writable by group or others, is skipped with a warning, as git's safe.directory does: its ``setup`` lines are
+shell code, its ``python`` and ``env`` decide what runs. ``CLUSTERDDP_TRUST=PATH[:PATH...]`` (or ``*``) opts in.
 """
 from __future__ import annotations
 
@@ -50,21 +55,65 @@ def _read_toml(path: Path) -> Dict[str, Any]:
         raise SpecError(f"cannot read {path}: {exc}") from None
 
 
+TRUST_VARIABLE = "CLUSTERDDP_TRUST"
+
+
+def distrust(path: Path, environ: Optional[Mapping[str, str]] = None) -> str:
+    """Why ``path`` must not be read ('' when it may): another user's file, or one that others can change."""
+    environ = os.environ if environ is None else environ
+    trusted = [t for t in environ.get(TRUST_VARIABLE, "").split(os.pathsep) if t]
+    if "*" in trusted or any(os.path.abspath(t) == os.path.abspath(path) for t in trusted):
+        return ""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"it is owned by {_user_name(st.st_uid)}, not by you"
+    if st.st_mode & 0o022:
+        return f"it is writable by {'group and others' if st.st_mode & 0o022 == 0o022 else 'group' if st.st_mode & 0o020 else 'others'} (chmod go-w {path})"
+    return ""
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
 def user_file() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "clusterddp" / "config.toml"
 
 
-def project_file(start: Optional[Path] = None) -> Tuple[Optional[Path], Dict[str, Any]]:
-    """The nearest clusterddp.toml, or pyproject.toml with [tool.clusterddp], from ``start`` upwards."""
+def project_file(start: Optional[Path] = None, skipped: Optional[List[Tuple[Path, str]]] = None,
+                 environ: Optional[Mapping[str, str]] = None) -> Tuple[Optional[Path], Dict[str, Any]]:
+    """The nearest clusterddp.toml, or pyproject.toml with [tool.clusterddp], from ``start`` up to the project
+    root or $HOME. Untrusted files are skipped (and appended to ``skipped`` with the reason)."""
     here = (start or Path.cwd()).resolve()
+    home = Path(os.path.expanduser("~")).resolve()
     for d in [here, *here.parents]:
-        if (d / "clusterddp.toml").is_file():
-            return d / "clusterddp.toml", _read_toml(d / "clusterddp.toml")
-        if (d / "pyproject.toml").is_file():
-            tool = _read_toml(d / "pyproject.toml").get("tool", {})
-            if "clusterddp" in tool:
-                return d / "pyproject.toml", tool["clusterddp"]
+        for name in ("clusterddp.toml", "pyproject.toml"):
+            path = d / name
+            if not path.is_file():
+                continue
+            why = distrust(path, environ)
+            if why:
+                if skipped is not None:
+                    skipped.append((path, why))
+                continue
+            data = _read_toml(path)
+            if name == "clusterddp.toml":
+                return path, data
+            tool = data.get("tool", {})
+            if isinstance(tool, dict) and "clusterddp" in tool:
+                return path, tool["clusterddp"]
+        # The project root ends the search: a file above it belongs to somebody else's tree.
+        if d == home or any((d / marker).exists() for marker in (".git", "pyproject.toml", "clusterddp.toml")):
+            break
     return None, {}
 
 
@@ -111,16 +160,23 @@ def _table(values: Mapping[str, Any], where: str) -> Dict[str, Any]:
 
 
 def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-           cwd: Optional[Path] = None) -> List[Tuple[str, Dict[str, Any]]]:
-    """(source, values) from lowest to highest precedence, below the command line."""
+           cwd: Optional[Path] = None, skipped: Optional[List[Tuple[Path, str]]] = None
+           ) -> List[Tuple[str, Dict[str, Any]]]:
+    """(source, values) from lowest to highest precedence, below the command line. Files that are not trusted
+    are left out and listed in ``skipped`` (path, reason)."""
     environ = os.environ if environ is None else environ
+    skipped = [] if skipped is None else skipped
     profile = profile or environ.get("CLUSTERDDP_PROFILE") or None
     out: List[Tuple[str, Dict[str, Any]]] = []
     profiles_seen: List[str] = []
     files: List[Tuple[Path, Dict[str, Any]]] = []
     if user_file().is_file():
-        files.append((user_file(), _read_toml(user_file())))
-    path, data = project_file(cwd)
+        why = distrust(user_file(), environ)
+        if why:
+            skipped.append((user_file(), why))
+        else:
+            files.append((user_file(), _read_toml(user_file())))
+    path, data = project_file(cwd, skipped, environ)
     if path is not None:
         files.append((path, data))
     for path, data in files:
@@ -149,10 +205,11 @@ def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] =
 
 
 def resolve(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-            cwd: Optional[Path] = None) -> Dict[str, Tuple[Any, str]]:
+            cwd: Optional[Path] = None, skipped: Optional[List[Tuple[Path, str]]] = None
+            ) -> Dict[str, Tuple[Any, str]]:
     """key -> (value, source) after merging the layers (env tables merge; lists append)."""
     merged: Dict[str, Tuple[Any, str]] = {}
-    for source, values in layers(profile, environ, cwd):
+    for source, values in layers(profile, environ, cwd, skipped):
         for key, value in values.items():
             if key == "env" and key in merged:
                 value = {**merged[key][0], **value}
@@ -162,9 +219,15 @@ def resolve(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] 
     return merged
 
 
+def skip_warning(path: Path, why: str) -> str:
+    return (f"clusterddp: warning: ignored {path}: {why}; its settings could run code in your jobs "
+            f"(if you trust it: {TRUST_VARIABLE}={path})")
+
+
 def show(profile: Optional[str] = None) -> str:
-    """Every file-settable field with its merged value and where it came from."""
-    merged = resolve(profile)
+    """Every file-settable field with its merged value and where it came from, then the skipped files."""
+    skipped: List[Tuple[Path, str]] = []
+    merged = resolve(profile, skipped=skipped)
     defaults = {f.name: f.default for f in dataclasses.fields(JobSpec)}
     lines = []
     for key in FILE_KEYS:
@@ -173,4 +236,5 @@ def show(profile: Optional[str] = None) -> str:
         else:
             value, source = (defaults.get(key, ()), "built-in default")
         lines.append(f"{key:<15} = {value!r:<32}  # {source}")
+    lines += [f"# skipped {path}: {why} (trust it with {TRUST_VARIABLE}={path})" for path, why in skipped]
     return "\n".join(lines) + "\n"

@@ -42,7 +42,7 @@ OWNED: Dict[str, str] = {
     "gpus": "--gpus", "gpus-per-node": "--gpus", "gpus-per-task": "--gpu-request gpus-per-task",
     "gpus-per-socket": "--gpus", "gres": "--gpus with --gpu-request gres", "cpus-per-task": "--cpus-per-task",
     "mem": "--mem", "time": "--time", "partition": "--partition", "account": "--account", "qos": "--qos",
-    "constraint": "--constraint", "exclusive": "--exclusive", "job-name": "--job-name",
+    "constraint": "--constraint", "job-name": "--job-name",
     "output": "--output-dir", "error": "--output-dir (stderr goes to the batch log that clusterddp reads)",
     "signal": "--signal-before (with --requeue)", "requeue": "--requeue", "no-requeue": "--no-requeue",
     "open-mode": "--requeue (a requeued job appends to its logs)", "array": "--array", "dependency": "--after",

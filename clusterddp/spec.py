@@ -47,6 +47,8 @@ RESERVED_ENV_NAMES = frozenset({
 
 def reserved_env_name(name: str) -> bool:
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES) or name.startswith("BASH_FUNC_")
+#: slurmctld refuses longer strings in a job request ("Pathname ... too long", seen on 22.05).
+SBATCH_VALUE_MAX = 1024
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
@@ -337,6 +339,15 @@ class JobSpec:
         if self.container_image is not None and self.apptainer is not None:
             raise SpecError("conflicting options: --container-image (pyxis/enroot) and --apptainer both given; "
                             "choose one container runtime")
+        for name, path in (("output_dir", self.output_dir), ("script path", "" if self.module else self.script)):
+            for part in path.split("/"):
+                if len(part.encode("utf-8", "surrogateescape")) > 255:
+                    raise SpecError(f"{name} {shown(path)} has a path component of {len(part.encode())} bytes; "
+                                    "file systems allow at most 255")
+        for name, value in self.sbatch_directives():
+            if value is not None and len(value.encode("utf-8", "surrogateescape")) > SBATCH_VALUE_MAX:
+                raise SpecError(f"#SBATCH --{name} {shown(value)} is {len(value.encode())} bytes long; Slurm refuses "
+                                f"values over {SBATCH_VALUE_MAX} bytes: shorten it")
         if self.array is not None and not _ARRAY.fullmatch(self.array):
             raise SpecError(f"invalid --array {self.array!r}: expected sbatch's form, e.g. 0-9, 1,3,5, 0-15:4 or "
                             "0-99%10 (at most 10 at once)")

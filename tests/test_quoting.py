@@ -17,27 +17,12 @@ from hypothesis import strategies as st
 from clusterddp import JobSpec
 from clusterddp.render import render
 
+from .hostile import STANDINS, run_rendered
 from .test_render import CASES, HOSTILE_ARGS
 
 HERE = Path(__file__).parent
-STANDINS = HERE / "standins"
 RECORDER = HERE / "scripts" / "record_argv.py"
 ROOT = HERE.parent
-
-
-def run_rendered(spec: JobSpec, tmp: Path, env_names=()) -> dict:
-    script = tmp / "job.sh"
-    script.write_text(render(spec))
-    record = tmp / "record.json"
-    if record.exists():
-        record.unlink()
-    env = dict(os.environ, PATH=f"{STANDINS}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
-               SLURM_JOB_NODELIST="node[1-2]", RECORD_FILE=str(record), RECORD_ENV_NAMES=json.dumps(list(env_names)),
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run(["bash", str(script)], cwd=tmp, env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert not (tmp / "pwned").exists(), "a user value was executed"
-    return json.loads(record.read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
