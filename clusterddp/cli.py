@@ -282,9 +282,9 @@ def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_inte
         job_id = slurm.sbatch(pending)
     except ClusterDDPError as exc:
         raise CLIError(type(exc)(f"{exc}\n  the script is kept at {pending}")) from None
-    script_path = out_dir / f"{spec.file_stem}-{job_id}.sbatch"
-    pending.replace(script_path)
-    record = slurm.JobRecord(job_id=job_id, script_path=str(script_path.resolve()),
+    # The script keeps the name sbatch saw: `scontrol show job` reports it as the job's Command.
+    script_path = pending.resolve()
+    record = slurm.JobRecord(job_id=job_id, script_path=str(script_path),
                              batch_log=str((out_dir / f"{spec.file_stem}-{job_id}.out").resolve()),
                              run_dir=str((out_dir / f"{spec.file_stem}-{job_id}").resolve()),
                              launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes)

@@ -356,8 +356,9 @@ def test_profile_owned_by_another_user_is_skipped(runner, tmp_path):
     shown = runner.invoke(cli, ["config", "show"])
     assert f"# skipped {project}: it is owned by uid 4242" in shown.stdout and "touch pwned" not in shown.stdout
     # The user's own opt-in.
-    r = runner.invoke(cli, ["render", "train.py"], env={"CLUSTERDDP_TRUST": str(project)})
-    assert "touch pwned" in r.stdout and "ignored" not in r.stderr
+    for trust in (str(project), f"/elsewhere:{project}", "*"):
+        r = runner.invoke(cli, ["render", "train.py"], env={"CLUSTERDDP_TRUST": trust})
+        assert "touch pwned" in r.stdout and "ignored" not in r.stderr
 
 
 @pytest.mark.parametrize("mode,who", [(0o664, "group"), (0o646, "others"), (0o666, "group and others")])

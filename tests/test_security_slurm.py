@@ -1,0 +1,160 @@
+"""Issue 13's classes through the real sbatch of the test cluster: what Slurm records and runs is exactly what
+clusterddp reports, and no value ever runs as code (no marker file appears)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterddp.sbatch_options import KNOWN, NO_VALUE, REQUIRED_VALUE
+
+from .conftest import SCRIPTS, run_cli
+from .hostile import CORPUS, has_control
+
+pytestmark = pytest.mark.slurm
+RECORDER = Path(__file__).parent / "scripts" / "record_argv.py"
+
+
+@pytest.fixture
+def work(slurm_env, tmp_path):
+    for script in SCRIPTS.glob("*.py"):
+        shutil.copy(script, tmp_path)
+    (tmp_path / ".git").mkdir()  # a project root: no profile from above the test directory
+    return tmp_path, dict(slurm_env)
+
+
+def scontrol(job_id: str, env: dict) -> dict:
+    """`scontrol show job` (multi-line form: Command, WorkDir, StdOut and Comment each own their line)."""
+    text = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, env=env).stdout
+    fields = {}
+    for line in text.split("\n"):
+        line = line.strip()
+        for key in ("Command", "WorkDir", "StdOut", "Comment"):
+            if line.startswith(key + "="):
+                fields[key] = line[len(key) + 1:]
+                if key in ("StdOut", "Command"):  # the same file: Slurm keeps a './' from the directive
+                    fields[key] = os.path.normpath(fields[key])
+        if line.startswith("JobId="):
+            fields["JobName"] = line.split(" JobName=", 1)[1]
+    return fields
+
+
+def wait_all(job_ids, env, timeout=240):
+    deadline = time.monotonic() + timeout
+    pending = set(job_ids)
+    while pending and time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, env=env).stdout
+        pending &= set(out.split())
+        time.sleep(0.5)
+    assert not pending, f"jobs still running: {pending}"
+
+
+def submitted(proc) -> dict:
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.split()[0]
+    lines = dict(line.strip().split(None, 1) for line in proc.stderr.splitlines()[1:] if line.startswith("  "))
+    return {"job_id": job_id, "script": lines["script"], "log": lines["log"]}
+
+
+@pytest.mark.parametrize("source", ["cli", "env", "profile"])
+def test_output_dir_like_an_option_never_becomes_one(work, source):
+    d, env = work
+    value = "--wrap=touch PWNED;echo "
+    args = ["submit", "--wait", "--nodes", "2", "--gpus", "1", "allreduce.py"]
+    if source == "cli":
+        args[1:1] = ["--output-dir", value]
+    elif source == "env":
+        env["CLUSTERDDP_OUTPUT_DIR"] = value
+    else:
+        (d / "clusterddp.toml").write_text(f'[defaults]\noutput_dir = "{value}"\n')
+    proc = run_cli(*args, cwd=d, env=env)
+    job = submitted(proc)
+    fields = scontrol(job["job_id"], env)
+    assert fields["Command"] == job["script"] and Path(job["script"]).is_file()
+    assert fields["StdOut"] == job["log"] and Path(job["log"]).is_file()
+    assert fields["WorkDir"] == str(d)
+    assert Path(job["script"]).parent == d / value
+    assert not list(d.rglob("PWNED")), "a value ran as sbatch --wrap"
+    assert "ended COMPLETED" in proc.stderr
+
+
+def test_doctor_output_dir_like_an_option(work):
+    d, env = work
+    proc = run_cli("doctor", "--nodes", "2", "--output-dir", "--wrap=touch PWNED;echo ", cwd=d, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(d.rglob("PWNED")) and (d / "--wrap=touch PWNED;echo ").is_dir()
+
+
+def test_line_breaks_cannot_rename_or_redirect_the_job(work):
+    d, env = work
+    values = ["x\n#PBS -N other -o /tmp/other-%j.out #", "y\r\n#BSUB -J other2", "z\n#SBATCH --job-name=other3"]
+    env_args = [a for i, v in enumerate(values) for a in ("-e", f"NOTE{i}={v}")]
+    env_args += ["-e", f"RECORD_FILE={d / 'record.json'}", "-e", "RECORD_ENV_NAMES=" + json.dumps(
+        ["NOTE0", "NOTE1", "NOTE2", "SLURM_JOB_NAME"])]
+    proc = run_cli("submit", "--wait", "--launcher", "srun", "--job-name", "mine", *env_args, "record_argv.py", "--",
+                   *values, cwd=d, env=env)
+    job = submitted(proc)
+    fields = scontrol(job["job_id"], env)
+    assert fields["JobName"] == "mine" and fields["StdOut"] == job["log"]
+    got = json.loads((d / "record.json").read_text())
+    assert got["argv"] == values and got["env"] == {"NOTE0": values[0], "NOTE1": values[1], "NOTE2": values[2],
+                                                    "SLURM_JOB_NAME": "mine"}
+    assert not list(Path("/tmp").glob("other-*.out"))
+
+
+def test_every_hostile_value_reaches_slurm_and_the_rank_exactly(work):
+    """The corpus in the job name, a comment, an environment value and an argument, one job per value; a value
+    a field cannot hold is refused by that field before anything is written (test_security.py checks how)."""
+    d, env = work
+    jobs = {}
+    for i, value in enumerate(CORPUS):
+        if "\0" in value:
+            continue
+        name_ok = not has_control(value) and value.strip() and len(value.encode()) <= 1024
+        record = d / f"record-{i}.json"
+        args = ["submit", "--launcher", "srun", "--job-name", value if name_ok else f"v{i}",
+                "--sbatch-arg=--comment=" + (value if name_ok else f"v{i}"), "-e", f"V={value}",
+                "-e", f"RECORD_FILE={record}", "-e", 'RECORD_ENV_NAMES=["V", "SLURM_JOB_NAME"]',
+                "record_argv.py", "--", value]
+        proc = run_cli(*args, cwd=d, env=env)
+        jobs[i] = (submitted(proc), name_ok, record)
+    wait_all([j["job_id"] for j, _, _ in jobs.values()], env)
+    for i, (job, name_ok, record) in jobs.items():
+        value = CORPUS[i]
+        fields = scontrol(job["job_id"], env)
+        got = json.loads(record.read_text(encoding="utf-8"))
+        assert got["argv"] == [value] and got["env"]["V"] == value, i
+        if name_ok:
+            assert got["env"]["SLURM_JOB_NAME"] == value, (i, got["env"]["SLURM_JOB_NAME"])
+            # scontrol ends the Comment line with a space of its own.
+            assert fields["Comment"].rstrip(" ") == value.rstrip(" "), (i, fields["Comment"])
+        assert fields["StdOut"] == job["log"] and fields["Command"] == job["script"]
+    assert not list(d.rglob("pwned")) and not list(d.rglob("PWNED"))
+
+
+def test_option_table_matches_the_installed_sbatch(slurm_env):
+    """sbatch_options.py was read off Slurm 22.05: the installed sbatch lists the same names (from getopt's
+    'ambiguous; possibilities' answers) and the same argument kinds."""
+    def ask(arg: str) -> str:
+        proc = subprocess.run(["sbatch", "--test-only", arg], capture_output=True, text=True, env=slurm_env,
+                              stdin=subprocess.DEVNULL)
+        return proc.stderr.splitlines()[0] if proc.stderr else ""
+
+    found = set()
+    for letter in "abcdefghijklmnopqrstuvwxyz":
+        answer = ask("--" + letter)
+        if "possibilities:" in answer:
+            found |= {w.strip("'")[2:] for w in answer.split("possibilities:")[1].split()}
+        elif "requires an argument" in answer or "allow an argument" in answer:
+            found.add(answer.split("'--")[1].split("'")[0])
+    assert found == KNOWN
+    for name in sorted(KNOWN):
+        if name in REQUIRED_VALUE:
+            assert "requires an argument" in ask("--" + name), name
+        if name in NO_VALUE:
+            assert "allow an argument" in ask(f"--{name}=x"), name
