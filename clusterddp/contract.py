@@ -1,0 +1,91 @@
+"""What the batch script promises the ranks, defined once.
+
+The login side (templates, local backend, Python API) sets these and the job side (``clusterddp.runtime``) reads
+them. The templates keep readable literals (``CLUSTERDDP_RUN_DIR``, ``rank-%t.out``); tests/test_contract.py holds
+them equal to the names here. Imports nothing from clusterddp: both sides may use it.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterator, Mapping
+
+# --- variables the script exports to every rank -------------------------------------------------------------
+LAUNCHER = "CLUSTERDDP_LAUNCHER"                # torchrun | srun | spawn
+NNODES = "CLUSTERDDP_NNODES"
+GPUS_PER_NODE = "CLUSTERDDP_GPUS_PER_NODE"
+PROCS_PER_NODE = "CLUSTERDDP_PROCS_PER_NODE"    # ranks per node
+WORLD_SIZE = "CLUSTERDDP_WORLD_SIZE"            # what the job was rendered for; the runtime checks it
+RUN_DIR = "CLUSTERDDP_RUN_DIR"                  # the job's run directory (logs, checkpoints)
+STOP_FILE = "CLUSTERDDP_STOP_FILE"              # exists once the job is asked to stop (time limit, preemption)
+LOCAL = "CLUSTERDDP_LOCAL"                      # set by the local backend
+#: Read by the runtime, set by the user (not by the script).
+TIMEOUT = "CLUSTERDDP_TIMEOUT"
+#: Exported by the batch script (templates/base.sh.j2) and by the local backend.
+EXPORTED = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR)
+
+# --- the rendezvous port ------------------------------------------------------------------------------------
+#: MASTER_PORT = PORT_BASE + job id mod PORT_SPAN: below Linux's ephemeral ports (32768-60999), and jobs with
+#: nearby ids never share a port. When it is taken, the next free one in the span (wrapping) is used.
+PORT_BASE, PORT_SPAN = 20000, 10000
+PORT_SCHEME = f"{PORT_BASE} + job id mod {PORT_SPAN}"
+
+
+def default_port(job_id: int) -> int:
+    return PORT_BASE + job_id % PORT_SPAN
+
+
+def port_candidates(port: int) -> Iterator[int]:
+    """The ports tried after ``port`` is taken, in order (every port of the span once)."""
+    for i in range(PORT_SPAN):
+        yield PORT_BASE + (port - PORT_BASE + i) % PORT_SPAN
+
+
+# --- spawn placeholders -------------------------------------------------------------------------------------
+#: {name} in the arguments of a spawn job -> what it becomes on each node (the variables the template reads).
+PLACEHOLDERS: Dict[str, str] = {
+    "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT", "node_rank": "SLURM_NODEID", "nnodes": NNODES,
+    "gpus_per_node": PROCS_PER_NODE, "world_size": WORLD_SIZE,
+}
+
+
+def fill_placeholders(arg: str, values: Mapping[str, str]) -> str:
+    """Replace every {placeholder} in one argument; the replacement is never read again (as the template does)."""
+    out, i = [], 0
+    while i < len(arg):
+        for name in PLACEHOLDERS:
+            token = "{" + name + "}"
+            if arg.startswith(token, i):
+                out.append(values[name])
+                i += len(token)
+                break
+        else:
+            out.append(arg[i])
+            i += 1
+    return "".join(out)
+
+
+# --- files in the run directory -----------------------------------------------------------------------------
+def batch_log(stem: str, job_id: str) -> str:
+    return f"{stem}-{job_id}.out"
+
+
+def run_dir(stem: str, job_id: str) -> str:
+    return f"{stem}-{job_id}"
+
+
+RANK_LOG = "rank-{rank}.out"        # srun launcher: srun's --output=rank-%t.out
+NODE_LOG = "node-{node}.out"        # torchrun and spawn: srun's --output=node-%n.out
+RANK_LOG_PATTERN, NODE_LOG_PATTERN = "rank-%t.out", "node-%n.out"
+STOP_FILE_NAME = "stop-requested-{restarts}"    # one per restart: a requeued job does not see the old request
+#: torchrun --tee prefixes each line of a node log with the worker's local rank.
+TORCHRUN_PREFIX = "[default{local_rank}]:"
+
+# --- what a job started from inside another job must not inherit --------------------------------------------
+#: sbatch reads SBATCH_* as options; srun reads SRUN_*; stale SLURM_* values of a parent job mislead the child
+#: (CPU binding, node lists). SLURM_CONF says which cluster to talk to and stays.
+PARENT_JOB_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_")
+KEPT_FROM_PARENT = frozenset({"SLURM_CONF"})
+
+
+def without_parent_job(environ: Mapping[str, str]) -> Dict[str, str]:
+    """``environ`` without the variables of a Slurm job we may be running inside."""
+    return {k: v for k, v in environ.items() if k in KEPT_FROM_PARENT or not k.startswith(PARENT_JOB_PREFIXES)}
