@@ -1,14 +1,14 @@
 """clusterddp: DistributedDataParallel on Slurm as easy as DataParallel.
 
-Login-node side (CLI, spec, templates) imports click and jinja2 only; ``clusterddp.runtime`` (inside the job)
-imports torch, lazily. ``import clusterddp`` stays cheap: it loads the spec and the errors, nothing more.
+Two sides (README, "Layout"): the login side (CLI, spec, templates, Slurm commands, the Python API) imports click
+and jinja2, never torch; the job side, ``clusterddp.runtime``, imports torch lazily and never a login-side module.
+``import clusterddp`` loads the errors only; ``JobSpec`` and the Python API load on first use.
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
 from .errors import ClusterDDPError, SlurmError, SpecError, TemplateError  # noqa: E402
-from .spec import JobSpec  # noqa: E402
 
 __all__ = ["JobSpec", "ClusterDDPError", "SpecError", "SlurmError", "TemplateError", "__version__",
            "submit_function", "submit_script", "map_array"]
@@ -17,7 +17,12 @@ _API = ("submit_function", "submit_script", "map_array", "Job", "JobFailed")
 
 
 def __getattr__(name: str) -> object:
-    # The Python API (and submitit behind it) loads on first use, so the CLI never pays for it.
+    # The spec loads on first use (so that the job side, clusterddp.runtime, never loads it), and the Python API
+    # (with submitit behind it) too, so the CLI never pays for it.
+    if name == "JobSpec":
+        from .spec import JobSpec
+
+        return JobSpec
     if name in _API:
         from . import api
 

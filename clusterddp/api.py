@@ -17,16 +17,12 @@ import os
 import shutil
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-from . import sbatch_options
-from .errors import ClusterDDPError, SlurmError, SpecError
+from . import contract, sbatch_options
+from .errors import ClusterDDPError, JobFailed, SlurmError, SpecError
 from .quoting import shell_quote, shown
 from .spec import JobSpec
 
 BACKENDS = ("auto", "slurm", "local")
-
-
-class JobFailed(ClusterDDPError):
-    """A rank of the job raised (the message holds its traceback) or the job did not complete."""
 
 
 def executor_params(spec: JobSpec) -> Dict[str, Any]:
@@ -95,9 +91,9 @@ def setup_lines(spec: JobSpec) -> List[str]:
     lines = ["set -eo pipefail"]  # not -u: submitit's own lines may read unset variables
     lines += [f"export {name}={shell_quote(value)}" for name, value in spec.env]
     lines += list(spec.setup)
-    lines += [f"export CLUSTERDDP_LAUNCHER=srun CLUSTERDDP_NNODES={spec.nodes} "
-              f"CLUSTERDDP_GPUS_PER_NODE={spec.gpus_per_node} CLUSTERDDP_PROCS_PER_NODE={spec.tasks_per_node} "
-              f"CLUSTERDDP_WORLD_SIZE={spec.world_size}"]
+    values = {contract.LAUNCHER: "srun", contract.NNODES: spec.nodes, contract.GPUS_PER_NODE: spec.gpus_per_node,
+              contract.PROCS_PER_NODE: spec.tasks_per_node, contract.WORLD_SIZE: spec.world_size}
+    lines += ["export " + " ".join(f"{name}={value}" for name, value in values.items())]
     lines += render_part(spec, "rendezvous").rstrip("\n").splitlines()
     return lines
 
@@ -238,7 +234,7 @@ def _executor(spec: JobSpec, backend: str, folder: Optional[str], array_parallel
 
 def _free_port() -> int:
     from .local import pick_port
-    from .spec import default_port
+    from .contract import default_port
 
     return pick_port(default_port(os.getpid()))
 

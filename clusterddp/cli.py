@@ -13,8 +13,9 @@ from typing import Any, Callable, List, Optional, Sequence
 import click
 
 from . import __version__
+from .contract import PORT_SCHEME
 from .errors import ClusterDDPError, SpecError
-from .spec import GPU_REQUESTS, LAUNCHERS, JobSpec, parse_env
+from .spec import GPU_REQUESTS, LAUNCHERS, JobSpec, field_default, parse_env
 
 EXAMPLES = """\b
 Launchers (--launcher), world size = --nodes x --gpus (x --procs-per-node when --gpus 0):
@@ -68,6 +69,7 @@ class Command(click.Command):
 
 class Group(click.Group):
     command_class = Command
+    group_class = type  # sub-groups (config) are Groups too: one error path everywhere
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -86,11 +88,15 @@ def cli() -> None:
     """
 
 
+D = field_default
+
+
 def spec_options(f: Callable) -> Callable:
-    """The job spec options shared by render and submit (spelled like sbatch's)."""
+    """The job spec options shared by render and submit (spelled like sbatch's); defaults come from JobSpec."""
     options = [
-        click.option("-N", "--nodes", type=int, default=1, show_default=True, help="Number of nodes."),
-        click.option("-G", "--gpus", "--gpus-per-node", "gpus_per_node", type=int, default=0, show_default=True,
+        click.option("-N", "--nodes", type=int, default=D("nodes"), show_default=True, help="Number of nodes."),
+        click.option("-G", "--gpus", "--gpus-per-node", "gpus_per_node", type=int, default=D("gpus_per_node"),
+                     show_default=True,
                      help="GPUs per node = ranks per node (0: CPU-only job with gloo)."),
         click.option("--procs-per-node", type=int, help="Ranks per node for a CPU-only job (--gpus 0). [default: 1]"),
         click.option("-c", "--cpus-per-task", type=int, help="CPUs per rank (also sets OMP_NUM_THREADS)."),
@@ -102,7 +108,7 @@ def spec_options(f: Callable) -> Callable:
         click.option("-C", "--constraint", help="Node features (sbatch --constraint)."),
         click.option("--exclusive", is_flag=True, help="Do not share nodes with other jobs."),
         click.option("-J", "--job-name", help="Job name [default: the script's name]."),
-        click.option("--output-dir", default="clusterddp-runs", show_default=True,
+        click.option("--output-dir", default=D("output_dir"), show_default=True,
                      help="Where scripts and logs go: <dir>/<name>-<jobid>.out and <dir>/<name>-<jobid>/."),
         click.option("-e", "--env", "env", multiple=True, metavar="NAME=VALUE",
                      help="Environment variable for every rank (repeatable)."),
@@ -110,27 +116,27 @@ def spec_options(f: Callable) -> Callable:
                      help="Shell line run before the launch, verbatim (repeatable): module load, source venv."),
         click.option("--sbatch-arg", "sbatch_args", multiple=True, metavar="--OPT[=VALUE]",
                      help="Extra sbatch option, e.g. --sbatch-arg=--mail-type=END (repeatable)."),
-        click.option("--gpu-request", default="gpus-per-node", show_default=True,
+        click.option("--gpu-request", default=D("gpu_request"), show_default=True,
                      help=f"How GPUs are requested: {', '.join(GPU_REQUESTS)} (gpus-per-task: srun launcher only)."),
-        click.option("-L", "--launcher", default="torchrun", show_default=True,
+        click.option("-L", "--launcher", default=D("launcher"), show_default=True,
                      help=f"DDP entry point: {', '.join(LAUNCHERS)}."),
         click.option("--master-port", type=int,
-                     help="Rendezvous port [default: 20000 + job id mod 10000, checked free on the head node]."),
-        click.option("--python", default="python3", show_default=True,
+                     help=f"Rendezvous port [default: {PORT_SCHEME}, checked free on the head node]."),
+        click.option("--python", default=D("python"), show_default=True,
                      help="Interpreter for the srun and spawn launchers."),
         click.option("--requeue/--no-requeue", default=None,
                      help="Before the time limit, ask every rank to checkpoint and stop, then requeue the job "
                           "[default: on when --time is given]."),
-        click.option("--max-requeues", type=int, default=3, show_default=True,
+        click.option("--max-requeues", type=int, default=D("max_requeues"), show_default=True,
                      help="Requeue at most this often (SLURM_RESTART_COUNT)."),
-        click.option("--signal-before", "signal_seconds", type=int, default=120, show_default=True,
+        click.option("--signal-before", "signal_seconds", type=int, default=D("signal_seconds"), show_default=True,
                      metavar="SECONDS", help="Ask for the stop signal this long before the time limit."),
-        click.option("--stop-grace", type=int, default=90, show_default=True, metavar="SECONDS",
+        click.option("--stop-grace", type=int, default=D("stop_grace"), show_default=True, metavar="SECONDS",
                      help="How long ranks get to checkpoint after the signal before srun is ended."),
         click.option("--container-image", metavar="IMAGE",
                      help="Run every task in this image through pyxis/enroot (srun --container-image)."),
         click.option("--apptainer", metavar="IMAGE", help="Run every task with apptainer exec [--nv] IMAGE."),
-        click.option("--array", metavar="SPEC", help="A job array for sweeps, as sbatch: 0-9, 1,3,5, 0-99%%10 "
+        click.option("--array", metavar="SPEC", help="A job array for sweeps, as sbatch: 0-9, 1,3,5, 0-99%10 "
                                                     "(at most 10 at once); $SLURM_ARRAY_TASK_ID tells them apart."),
         click.option("--after", multiple=True, metavar="JOBID",
                      help="Start only after JOBID completed successfully (afterok; repeatable)."),
@@ -195,10 +201,10 @@ def _summary(spec: JobSpec) -> str:
             f"({spec.launcher} launcher, {spec.backend})")
 
 
-@cli.command(epilog=EXAMPLES.format(cmd="render"))
+@cli.command("render", epilog=EXAMPLES.format(cmd="render"))
 @spec_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
-def render(script: str, args: Sequence[str], output: Optional[str], template_dirs: Sequence[str], **opts: Any) -> None:
+def render_command(script: str, args: Sequence[str], output: Optional[str], template_dirs: Sequence[str], **opts: Any) -> None:
     """Print the sbatch script for SCRIPT [-- ARGS...] (or write it with -o FILE)."""
     spec, template_dirs = build_spec(script, args, template_dirs, **opts)
     text = _render(spec, template_dirs)
@@ -218,7 +224,7 @@ def render(script: str, args: Sequence[str], output: Optional[str], template_dir
         click.echo(text, nl=False)
 
 
-@cli.command(epilog=EXAMPLES.format(cmd="submit"))
+@cli.command("submit", epilog=EXAMPLES.format(cmd="submit"))
 @spec_options
 @click.option("--dry-run", is_flag=True, help="Print the script that would be submitted; submit nothing.")
 @click.option("--wait", "wait_", is_flag=True, help="Follow the job to its end; exit with the job's exit code.")
@@ -231,7 +237,7 @@ def render(script: str, args: Sequence[str], output: Optional[str], template_dir
 @click.option("--no-check", is_flag=True,
               help="Skip the pre-flight checks (partition, GPUs, CPUs, memory and time limit against sinfo, then "
                    "sbatch --test-only).")
-def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_interrupt: str, local: bool,
+def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_interrupt: str, local: bool,
            quiet: bool, no_check: bool, template_dirs: Sequence[str], **opts: Any) -> None:
     """Submit SCRIPT [-- ARGS...] as a DDP job: render, write the script, sbatch, print the job id.
 
@@ -245,53 +251,22 @@ def submit(script: str, args: Sequence[str], dry_run: bool, wait_: bool, on_inte
                             note=lambda line: click.echo(line, err=True))
         sys.exit(code)
     if quiet:
-        raise CLIError(SpecError("--quiet only applies to --local runs (Slurm jobs write their output to logs)"))
+        raise SpecError("--quiet only applies to --local runs (Slurm jobs write their output to logs)")
     if wait_ and spec.array:
-        raise CLIError(SpecError("--wait follows one job; an --array has one per task: submit without --wait and "
-                                 "follow the tasks with clusterddp status JOBID_TASK"))
-    text = _render(spec, template_dirs)
+        raise SpecError("--wait follows one job; an --array has one per task: submit without --wait and follow the "
+                        "tasks with clusterddp status JOBID_TASK")
     if dry_run:
-        click.echo(text, nl=False)
+        click.echo(_render(spec, template_dirs), nl=False)
         click.echo(f"clusterddp: dry run, nothing submitted: {_summary(spec)}", err=True)
         return
     from . import slurm
 
-    if not no_check:
-        from .preflight import check_cluster, check_local
-
-        check_local(spec)
-        for note in check_cluster(spec, slurm.partitions()):
-            click.echo(f"clusterddp: {note}", err=True)
-    out_dir = Path(spec.output_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        pending = out_dir / f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"
-        pending.write_text(text)
-    except OSError as exc:
-        raise CLIError(SpecError(f"cannot write the job script into --output-dir {spec.output_dir!r}: "
-                                 f"{exc.strerror}; choose a writable directory")) from None
-    try:
-        if not no_check:
-            try:
-                slurm.test_only(pending)
-            except slurm.SlurmError as exc:
-                from .preflight import PreflightError
-
-                raise PreflightError(f"sbatch --test-only refused the job: {exc.stderr.strip() or exc}; "
-                                     "(--no-check skips the checks)") from None
-        job_id = slurm.sbatch(pending)
-    except ClusterDDPError as exc:
-        raise CLIError(type(exc)(f"{exc}\n  the script is kept at {pending}")) from None
-    # The script keeps the name sbatch saw: `scontrol show job` reports it as the job's Command.
-    script_path = pending.resolve()
-    record = slurm.JobRecord(job_id=job_id, script_path=str(script_path),
-                             batch_log=str((out_dir / f"{spec.file_stem}-{job_id}.out").resolve()),
-                             run_dir=str((out_dir / f"{spec.file_stem}-{job_id}").resolve()),
-                             launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes)
-    record.save()
+    record = slurm.submit(spec, template_dirs, check=not no_check, note=lambda line: click.echo(f"clusterddp: {line}",
+                                                                                                  err=True))
+    job_id = record.job_id
     click.echo(job_id)
     click.echo(f"clusterddp: submitted job {job_id}: {_summary(spec)}\n"
-               f"  script {script_path}\n  log    {record.batch_log}\n  ranks  {record.run_dir}/", err=True)
+               f"  script {record.script_path}\n  log    {record.batch_log}\n  ranks  {record.run_dir}/", err=True)
     if wait_:
         sys.exit(_wait(job_id, on_interrupt, record))
 
@@ -338,9 +313,9 @@ def _show_failure(record: Any) -> None:
     click.echo(summary(found, f"{record.run_dir}/ and {record.batch_log}" if not found else record.run_dir), err=True)
 
 
-@cli.command(epilog=EXAMPLES.format(cmd="explain"))
+@cli.command("explain", epilog=EXAMPLES.format(cmd="explain"))
 @spec_options
-def explain(script: str, args: Sequence[str], template_dirs: Sequence[str], **opts: Any) -> None:
+def explain_command(script: str, args: Sequence[str], template_dirs: Sequence[str], **opts: Any) -> None:
     """Explain the job SCRIPT [-- ARGS...] would be, without submitting: world size, the node/rank/GPU table,
     MASTER_ADDR/PORT, every variable the script sees and known mistakes."""
     from .explain import explain as explain_spec
@@ -348,17 +323,18 @@ def explain(script: str, args: Sequence[str], template_dirs: Sequence[str], **op
     click.echo(explain_spec(build_spec(script, args, template_dirs, **opts)[0]), nl=False)
 
 
-@cli.command()
+@cli.command("status")
 @click.argument("job_ids", nargs=-1)
-def status(job_ids: Sequence[str]) -> None:
+def status_command(job_ids: Sequence[str]) -> None:
     """State, elapsed time, nodes and exit code of JOBID... (default: jobs submitted from here recently)."""
     from . import slurm
+    from .record import state_dir
 
     if not job_ids:
-        records = sorted(slurm.state_dir().glob("*.json"), key=lambda p: p.stat().st_mtime)[-10:]
+        records = sorted(state_dir().glob("*.json"), key=lambda p: p.stat().st_mtime)[-10:]
         job_ids = [p.stem for p in records]
         if not job_ids:
-            raise CLIError(SpecError("no job ids given and no jobs submitted with clusterddp here yet"))
+            raise SpecError("no job ids given and no jobs submitted with clusterddp here yet")
     rows = [("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
     failed = 0
     for job_id in job_ids:
@@ -386,9 +362,9 @@ def _reason(job: Any) -> str:
     return job.reason
 
 
-@cli.command()
+@cli.command("cancel")
 @click.argument("job_id")
-def cancel(job_id: str) -> None:
+def cancel_command(job_id: str) -> None:
     """Cancel JOBID (scancel)."""
     from . import slurm
 
@@ -396,29 +372,31 @@ def cancel(job_id: str) -> None:
     click.echo(f"clusterddp: cancel requested for job {job_id}", err=True)
 
 
-@cli.command()
+@cli.command("logs")
 @click.argument("job_id")
 @click.option("--rank", type=int, help="Show this rank's output instead of the batch log.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
-def logs(job_id: str, rank: Optional[int], follow: bool) -> None:
+def logs_command(job_id: str, rank: Optional[int], follow: bool) -> None:
     """Print the batch log of JOBID, or one rank's log with --rank N."""
     from . import slurm
+    from .errors import LogNotFound
+    from .record import JobRecord
 
-    record = slurm.JobRecord.load(job_id)
+    record = JobRecord.load(job_id)
     prefix = None
     if record is None:
         info = slurm.info(job_id)  # JobNotFound when Slurm never heard of it
         if not info.stdout_path:
-            raise CLIError(slurm.SlurmError(f"no log path known for job {job_id} (not submitted with clusterddp?)"))
+            raise LogNotFound(f"no log path known for job {job_id} (not submitted with clusterddp here?)")
         if rank is not None:
-            raise CLIError(SpecError(f"job {job_id} was not submitted with clusterddp here: no rank logs known"))
+            raise SpecError(f"job {job_id} was not submitted with clusterddp here: no rank logs known")
         path = Path(info.stdout_path)
     elif rank is None:
         path = Path(record.batch_log)
     else:
         world = record.nodes * record.procs_per_node
         if not 0 <= rank < world:
-            raise CLIError(SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}"))
+            raise SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}")
         path, prefix = record.rank_log(rank)
         if record.launcher == "spawn":
             first = rank - rank % record.procs_per_node
@@ -437,8 +415,10 @@ def _print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> 
             click.echo("".join(line for line in chunk.splitlines(True) if line.startswith(prefix)), nl=False)
 
     if not path.exists() and not follow:
-        raise CLIError(slurm.SlurmError(f"log {path} does not exist (yet): the job may still be pending; "
-                                        f"try clusterddp logs {job_id} --follow"))
+        from .errors import LogNotFound
+
+        raise LogNotFound(f"log {path} does not exist (yet): the job may still be pending; try clusterddp logs "
+                          f"{job_id} --follow")
     pos, partial = 0, ""
     try:
         while True:
@@ -463,9 +443,10 @@ def _print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> 
         return
 
 
-@cli.command()
+@cli.command("doctor")
 @click.option("-N", "--nodes", type=int, default=2, show_default=True)
-@click.option("-G", "--gpus", "--gpus-per-node", "gpus_per_node", type=int, default=0, show_default=True)
+@click.option("-G", "--gpus", "--gpus-per-node", "gpus_per_node", type=int, default=D("gpus_per_node"),
+              show_default=True)
 @click.option("--procs-per-node", type=int, help="Ranks per node without GPUs. [default: 1]")
 @click.option("-p", "--partition")
 @click.option("-A", "--account")
@@ -474,10 +455,10 @@ def _print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> 
 @click.option("-t", "--time", default="5", show_default=True)
 @click.option("-e", "--env", "env", multiple=True, metavar="NAME=VALUE")
 @click.option("--setup", multiple=True, metavar="LINE")
-@click.option("--python", default="python3", show_default=True)
-@click.option("--output-dir", default="clusterddp-runs", show_default=True)
+@click.option("--python", default=D("python"), show_default=True)
+@click.option("--output-dir", default=D("output_dir"), show_default=True)
 @click.option("--local", is_flag=True, help="Run the check on this machine instead of Slurm.")
-def doctor(local: bool, env: Sequence[str], **opts: Any) -> None:
+def doctor_command(local: bool, env: Sequence[str], **opts: Any) -> None:
     """Submit a tiny job on the requested shape that initialises the process group and times all-reduces;
     report per-rank hosts, interfaces, latency and bandwidth, and a verdict (exit 1 when something is wrong).
 
@@ -487,12 +468,12 @@ def doctor(local: bool, env: Sequence[str], **opts: Any) -> None:
     from . import doctor as doc
     from . import slurm
 
-    spec = JobSpec("clusterddp.doctor", module=True, launcher="srun", job_name="clusterddp-doctor", requeue=False,
+    spec = JobSpec(doc.JOB_MODULE, module=True, launcher="srun", job_name="clusterddp-doctor", requeue=False,
                    env=parse_env(env), **opts)
     click.echo(f"clusterddp: doctor on {spec.nodes} node(s) x {spec.tasks_per_node} rank(s)", err=True)
     if local:
         from .local import make_plan, pick_port, run, visible_gpus
-        from .spec import default_port
+        from .contract import default_port
 
         lines: List[str] = []
         plan = make_plan(spec, os.path.join(spec.output_dir, f"clusterddp-doctor-local-{os.getpid()}"),
@@ -501,53 +482,41 @@ def doctor(local: bool, env: Sequence[str], **opts: Any) -> None:
         code = run(plan, quiet=True, echo=lines.append, note=lambda line: click.echo(line, err=True))
         text = "\n".join(lines)
     else:
-        from .preflight import check_cluster
-
-        for note in check_cluster(spec, slurm.partitions()):
-            click.echo(f"clusterddp: {note}", err=True)
-        out_dir = Path(spec.output_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        script = out_dir / f"clusterddp-doctor-{os.getpid()}.sbatch"
-        script.write_text(_render(spec, ()))
-        job_id = slurm.sbatch(script)
-        click.echo(f"clusterddp: doctor job {job_id} submitted; waiting", err=True)
-        final = slurm.wait(job_id)
-        code = final.return_code
-        log = out_dir / f"clusterddp-doctor-{job_id}" / "rank-0.out"
+        record = slurm.submit(spec, note=lambda line: click.echo(f"clusterddp: {line}", err=True))
+        click.echo(f"clusterddp: doctor job {record.job_id} submitted; waiting", err=True)
+        code = slurm.wait(record.job_id).return_code
+        log = record.rank_log(0)[0]
         text = log.read_text(errors="replace") if log.exists() else ""
     report = doc.parse(text)
     if report is None:
-        raise CLIError(slurm.SlurmError(f"the doctor job ended (exit code {code}) without a report; its output:\n"
-                                        + text[-3000:]))
+        raise slurm.SlurmError(f"the doctor job ended (exit code {code}) without a report; its output:\n"
+                               + text[-3000:])
     click.echo(doc.format_report(report, local), nl=False)
     sys.exit(0 if doc.verdict(report, local)[0] and code == 0 else 1)
 
 
-@cli.group()
-def config() -> None:
+@cli.group("config")
+def config_group() -> None:
     """Profiles: defaults from clusterddp.toml ([tool.clusterddp] in pyproject.toml) and the user config."""
 
 
-@config.command("show")
+@config_group.command("show")
 @click.option("-P", "--profile", help="Show the values with this profile applied.")
 def config_show(profile: Optional[str]) -> None:
     """Print every setting with its merged value and where it came from."""
     from .config import project_file, show, user_file
 
-    try:
-        text = show(profile)
-    except ClusterDDPError as exc:
-        raise CLIError(exc) from None
+    text = show(profile)
     path, _ = project_file(skipped=[])
     click.echo(f"# user file:    {user_file()}{'' if user_file().is_file() else ' (none)'}")
     click.echo(f"# project file: {path or '(none: clusterddp.toml or [tool.clusterddp] in pyproject.toml)'}")
     click.echo(text, nl=False)
 
 
-@cli.command()
+@cli.command("new")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
-def new(path: str, force: bool) -> None:
+def new_command(path: str, force: bool) -> None:
     """Write a runnable, commented DDP training script to PATH (the fastest way from a single-GPU loop to DDP)."""
     from .skeleton import SKELETON
 
@@ -556,7 +525,7 @@ def new(path: str, force: bool) -> None:
     check_no_control(path, "file name")
     target = Path(path)
     if target.exists() and not force:
-        raise CLIError(SpecError(f"{path} already exists; not overwriting it (use --force, or choose another name)"))
+        raise SpecError(f"{path} already exists; not overwriting it (use --force, or choose another name)")
     target.parent.mkdir(parents=True, exist_ok=True)
     # The name appears in the skeleton's docstring as a shell word: escaped for the docstring too, so that no
     # file name can end the string and write code into the script.

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from . import contract
 from .errors import SpecError
 from .spec import JobSpec, field_names, suggest
 
@@ -194,7 +195,7 @@ def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] =
         raise SpecError(f"unknown profile {profile!r}{suggest(profile, profiles_seen)}; profiles defined: "
                         f"{', '.join(sorted(set(profiles_seen))) or 'none'} ({places})")
     env_values = {}
-    inside_job = "CLUSTERDDP_RUN_DIR" in environ
+    inside_job = contract.RUN_DIR in environ
     for key in FILE_KEYS:
         name = f"CLUSTERDDP_{key.upper()}"
         if name in environ and key != "template_dirs" and not (inside_job and key in _RUNTIME_NAMES):

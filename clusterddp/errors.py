@@ -50,3 +50,19 @@ class LocalRunError(ClusterDDPError):
 
 class RuntimeEnvError(ClusterDDPError):
     """The in-job environment does not describe a consistent distributed job."""
+
+
+class PreflightError(SpecError):
+    """The cluster cannot run this job as asked (a usage error: change the request)."""
+
+
+class JobFailed(ClusterDDPError):
+    """A rank of the job raised (the message holds its traceback) or the job did not complete."""
+
+
+class LogNotFound(ClusterDDPError):
+    """A job's log is not there (yet): the job may be pending, or was not submitted with clusterddp here."""
+
+
+__all__ = ["ClusterDDPError", "SpecError", "TemplateError", "SlurmError", "JobNotFound", "LocalRunError",
+           "RuntimeEnvError", "PreflightError", "JobFailed", "LogNotFound"]

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from . import contract
+from .contract import PORT_BASE, PORT_SPAN, default_port, fill_placeholders, port_candidates, without_parent_job
 from .errors import LocalRunError
 from .quoting import shell_quote
-from .render import program_argv
-from .spec import PORT_BASE, PORT_SPAN, JobSpec, default_port
+from .spec import JobSpec
 
 KILL_GRACE_S = 5.0
 
@@ -68,8 +69,7 @@ def visible_gpus() -> List[str]:
 
 def pick_port(preferred: int) -> int:
     """The preferred port when free on 127.0.0.1, else the next free one in 20000-29999 (outside ephemeral ports)."""
-    for i in range(PORT_SPAN):
-        port = PORT_BASE + (preferred - PORT_BASE + i) % PORT_SPAN
+    for port in port_candidates(preferred):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -100,16 +100,17 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
         note = f"clusterddp: running {spec.world_size} ranks on CPU with gloo, {threads} thread(s) per rank"
     python = sys.executable if spec.python == "python3" else spec.python
     common: List[Tuple[str, str]] = [
-        ("PYTHONUNBUFFERED", "1"), ("CLUSTERDDP_LOCAL", "1"), ("CLUSTERDDP_LAUNCHER", spec.launcher),
-        ("CLUSTERDDP_NNODES", str(n)), ("CLUSTERDDP_GPUS_PER_NODE", str(spec.gpus_per_node)),
-        ("CLUSTERDDP_PROCS_PER_NODE", str(per)), ("CLUSTERDDP_WORLD_SIZE", str(spec.world_size)),
-        ("CLUSTERDDP_RUN_DIR", run_dir), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
-        ("OMP_NUM_THREADS", str(threads)), ("CLUSTERDDP_STOP_FILE", str(Path(run_dir) / "stop-requested")),
+        ("PYTHONUNBUFFERED", "1"), (contract.LOCAL, "1"), (contract.LAUNCHER, spec.launcher),
+        (contract.NNODES, str(n)), (contract.GPUS_PER_NODE, str(spec.gpus_per_node)),
+        (contract.PROCS_PER_NODE, str(per)), (contract.WORLD_SIZE, str(spec.world_size)),
+        (contract.RUN_DIR, run_dir), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
+        ("OMP_NUM_THREADS", str(threads)),
+        (contract.STOP_FILE, str(Path(run_dir) / contract.STOP_FILE_NAME.format(restarts=0))),
     ]
     if not use_gpus:
         common.append(("CUDA_VISIBLE_DEVICES", ""))
     common += list(spec.env)
-    program = program_argv(spec)
+    program = spec.program_argv()
     nodelist = ",".join(["localhost"] * n)
     # What srun sets in every task of a step (the node list names this machine once per emulated node).
     slurm = [("SLURM_JOB_ID", str(job_id)), ("SLURM_JOB_NODELIST", nodelist), ("SLURM_STEP_NODELIST", nodelist),
@@ -128,7 +129,7 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
             argv = [python, "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={per}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=local-{job_id}",
                     "--tee=3", f"--log-dir={run / 'torchrun' / f'node{node}'}", *program]
-            procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), str(run / f"node-{node}.out"), node))
+            procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), str(run / contract.NODE_LOG.format(node=node)), node))
     elif spec.launcher == "srun":
         ntasks = str(spec.world_size)
         for r in range(spec.world_size):
@@ -140,7 +141,7 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
                            # set per task by the srun template
                            ("RANK", str(r)), ("LOCAL_RANK", str(local)), ("WORLD_SIZE", ntasks),
                            ("LOCAL_WORLD_SIZE", str(per)), ("NODE_RANK", str(node))] + devices(node)
-            procs.append(Proc(f"rank {r}", (python, *program), tuple(env), str(run / f"rank-{r}.out"), node, r))
+            procs.append(Proc(f"rank {r}", (python, *program), tuple(env), str(run / contract.RANK_LOG.format(rank=r)), node, r))
     else:  # spawn
         values = {"master_addr": "127.0.0.1", "master_port": str(port), "nnodes": str(n), "gpus_per_node": str(per),
                   "world_size": str(spec.world_size)}
@@ -148,20 +149,13 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
             filled = dict(values, node_rank=str(node))
             # Placeholders are filled in the script's arguments only, never in the script path (as in spawn.sh.j2).
             entry = program[:len(program) - len(spec.args)]
-            args = entry + [_fill(a, filled) for a in spec.args]
+            args = entry + [fill_placeholders(a, filled) for a in spec.args]
             env = slurm + [("SLURM_PROCID", str(node)), ("SLURM_LOCALID", "0"), ("SLURM_NODEID", str(node)),
                            ("SLURM_NTASKS", str(n)), ("SLURM_STEP_NUM_TASKS", str(n)), ("SLURM_NTASKS_PER_NODE", "1"),
                            ("SLURM_TASKS_PER_NODE", f"1(x{n})"), ("NODE_RANK", str(node))] + devices(node)
-            procs.append(Proc(f"node {node}", (python, *args), tuple(env), str(run / f"node-{node}.out"), node))
+            procs.append(Proc(f"node {node}", (python, *args), tuple(env), str(run / contract.NODE_LOG.format(node=node)), node))
     return Plan(spec, run_dir, port, list(gpus_available[:spec.world_size]) if use_gpus else None, tuple(common),
                 tuple(procs), note)
-
-
-_PLACEHOLDER = re.compile(r"\{(master_addr|master_port|node_rank|nnodes|gpus_per_node|world_size)\}")
-
-
-def _fill(arg: str, values: Dict[str, str]) -> str:
-    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], arg)
 
 
 def describe(plan: Plan) -> str:
@@ -192,11 +186,8 @@ class _Runner:
         self.node_rank: Dict[int, int] = {}
 
     def start(self) -> None:
-        base = dict(os.environ)
         # A job started from inside a Slurm allocation must not inherit that job's variables.
-        for k in list(base):
-            if k.startswith(("SLURM_", "SBATCH_", "SRUN_")):
-                del base[k]
+        base = without_parent_job(os.environ)
         base.update(self.plan.common)
         for p in self.plan.procs:
             env = dict(base)
@@ -293,7 +284,7 @@ def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
 
     def on_usr2(signum: int, frame: object) -> None:
         # As at a Slurm time limit: ask every rank to checkpoint and stop (clusterddp.runtime.should_stop()).
-        Path(dict(plan.common)["CLUSTERDDP_STOP_FILE"]).touch()
+        Path(dict(plan.common)[contract.STOP_FILE]).touch()
         note("clusterddp: SIGUSR2: asked every rank to checkpoint and stop")
 
     signal.signal(signal.SIGTERM, on_term)

@@ -7,12 +7,8 @@ import re
 from pathlib import Path
 from typing import List, Optional
 
-from .errors import SpecError
+from .errors import PreflightError
 from .spec import JobSpec
-
-
-class PreflightError(SpecError):
-    """The cluster cannot run this job as asked (a usage error: change the request)."""
 
 
 def _mem_mb(mem: str) -> int:

@@ -15,7 +15,8 @@ import jinja2
 
 from .errors import TemplateError
 from .quoting import sbatch_quote, shell_quote
-from .spec import PORT_BASE, PORT_SPAN, JobSpec
+from .contract import PORT_BASE, PORT_SPAN
+from .spec import JobSpec
 
 TEMPLATE_SUFFIX = ".sh.j2"
 ENV_TEMPLATE_DIR = "CLUSTERDDP_TEMPLATE_DIR"
@@ -121,12 +122,6 @@ def directive_lines(spec: JobSpec) -> List[str]:
     """``--name="value"`` for each directive: the one place #SBATCH values are encoded."""
     return [f"--{name}" if value is None else f"--{name}={sbatch_quote(value)}"
             for name, value in spec.sbatch_directives()]
-
-
-def program_argv(spec: JobSpec) -> List[str]:
-    """What each rank runs after the launcher: ``train.py ARGS`` or ``-m pkg.mod ARGS``."""
-    spec.require_entry_point()
-    return (["-m", spec.script] if spec.module else [spec.script]) + list(spec.args)
 
 
 def _words(values: Sequence[str]) -> str:

@@ -5,28 +5,31 @@ then ``scontrol show job`` (kept for MinJobAge seconds after the end, the only s
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
-from .errors import JobNotFound, SlurmError
+from . import contract
+from .contract import without_parent_job
+from .errors import ClusterDDPError, JobNotFound, PreflightError, SlurmError, SpecError
+from .quoting import shown
+from .record import JobRecord
+
+if TYPE_CHECKING:
+    from .spec import JobSpec
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
-_JOBID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+_JOBID = re.compile(r"[0-9]+(_[0-9]+)?")
 
 
 def clean_env() -> Dict[str, str]:
-    """This environment without the SLURM_* / SBATCH_* / SRUN_* variables of a job we may be running inside:
-    sbatch reads SBATCH_* as options, and a child job inherits stale SLURM_* values (wrong CPU binding, for one).
-    SLURM_CONF, which says which cluster to talk to, is kept."""
-    return {k: v for k, v in os.environ.items()
-            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    """This environment without the variables of a Slurm job we may be running inside (contract.py says which)."""
+    return without_parent_job(os.environ)
 
 
 def run(argv: Sequence[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -44,9 +47,11 @@ def run(argv: Sequence[str], check: bool = True, timeout: float = 60) -> subproc
 
 
 def check_job_id(job_id: str) -> str:
+    """A job id as Slurm writes it; anything else is a usage error (it never reaches a command line)."""
     job_id = str(job_id).strip()
-    if not _JOBID.match(job_id):
-        raise JobNotFound(f"invalid job id {job_id!r}: expected a number such as 1234 (or 1234_5 for an array task)")
+    if not _JOBID.fullmatch(job_id):
+        raise SpecError(f"invalid job id {shown(job_id)}: expected a number such as 1234 (or 1234_5 for an array "
+                        "task)")
     return job_id
 
 
@@ -121,11 +126,11 @@ def partitions() -> Dict[str, Partition]:
     return out
 
 
-def cancel(job_id: str, signal: Optional[str] = None) -> None:
+def cancel(job_id: str) -> None:
+    """scancel JOBID, after checking that Slurm knows the job (a clear JobNotFound instead of scancel's terse one)."""
     job_id = check_job_id(job_id)
-    info(job_id)  # a clear JobNotFound instead of scancel's terse message
-    argv = ["scancel"] + ([f"--signal={signal}"] if signal else []) + [job_id]
-    run(argv)
+    info(job_id)
+    run(["scancel", job_id])
 
 
 @dataclass
@@ -139,7 +144,6 @@ class JobInfo:
     exit_code: Optional[int] = None
     signal: Optional[int] = None
     stdout_path: str = ""
-    source: str = ""
 
     @property
     def done(self) -> bool:
@@ -183,7 +187,7 @@ def _from_sacct(job_id: str) -> Optional[JobInfo]:
             code, sig = _parse_exit(parts[5])
             # sacct writes "CANCELLED by 0"; keep the state word only.
             return JobInfo(job_id, parts[1].split()[0], elapsed=parts[2], nodes=parts[3], node_list=parts[4],
-                           exit_code=code, signal=sig, source="sacct")
+                           exit_code=code, signal=sig)
     return None
 
 
@@ -205,7 +209,7 @@ def _from_scontrol(job_id: str) -> Optional[JobInfo]:
     code, sig = _parse_exit(f.get("ExitCode", ""))
     return JobInfo(job_id, f["JobState"], reason=f.get("Reason", ""), elapsed=f.get("RunTime", ""),
                    nodes=f.get("NumNodes", ""), node_list=f.get("NodeList", ""), exit_code=code, signal=sig,
-                   stdout_path=f.get("StdOut", ""), source="scontrol")
+                   stdout_path=f.get("StdOut", ""))
 
 
 def info(job_id: str) -> JobInfo:
@@ -215,10 +219,7 @@ def info(job_id: str) -> JobInfo:
     if queued is not None and not queued.done:
         # squeue has no exit code; scontrol adds it (and the log path) while it still has the job.
         detail = _from_scontrol(job_id)
-        if detail is not None:
-            detail.source = "squeue+scontrol"
-            return detail
-        return queued
+        return detail if detail is not None else queued
     for source in (_from_sacct, _from_scontrol):
         found = source(job_id)
         if found is not None:
@@ -245,48 +246,44 @@ def wait(job_id: str, on_change: Callable[[JobInfo], None] = lambda i: None, pol
         delay = min(max_poll, delay * 1.5)
 
 
-# --- the local record of submitted jobs (for `logs` and `status` after Slurm forgot the job) -----------------
-def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "clusterddp" / "jobs"
+# --- submission: spec -> pre-flight -> script on disk -> sbatch -> record -----------------------------------
+def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
+           note: Callable[[str], None] = lambda line: None) -> JobRecord:
+    """Submit ``spec``: pre-flight checks (local, then the partition offer from sinfo; skipped with
+    ``check=False``), the script written under ``spec.output_dir``, ``sbatch --test-only``, ``sbatch``, the record.
 
+    The script keeps the name sbatch saw (``scontrol show job`` reports it as the Command); when submission fails,
+    the error says where the script was kept.
+    """
+    from .preflight import check_cluster, check_local
+    from .render import render
 
-@dataclass
-class JobRecord:
-    job_id: str
-    script_path: str
-    batch_log: str
-    run_dir: str
-    launcher: str
-    procs_per_node: int
-    nodes: int
-
-    def save(self) -> Path:
-        d = state_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        path = d / f"{self.job_id}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
-        return path
-
-    @classmethod
-    def load(cls, job_id: str) -> Optional["JobRecord"]:
-        path = state_dir() / f"{check_job_id(job_id)}.json"
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def rank_log(self, rank: int) -> tuple:
-        """(path, line prefix or None) of one rank's output."""
-        run_dir = Path(self.run_dir)
-        if self.launcher == "srun":
-            return run_dir / f"rank-{rank}.out", None
-        node, local = divmod(rank, self.procs_per_node)
-        prefix = f"[default{local}]:" if self.launcher == "torchrun" else None
-        return run_dir / f"node-{node}.out", prefix
-
-    def logs(self) -> List[Path]:
-        run_dir = Path(self.run_dir)
-        return sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
+    text = render(spec, template_dirs=template_dirs)
+    if check:
+        check_local(spec)
+        for line in check_cluster(spec, partitions()):
+            note(line)
+    out_dir = Path(spec.output_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        script = out_dir / f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"
+        script.write_text(text)
+    except OSError as exc:
+        raise SpecError(f"cannot write the job script into --output-dir {shown(spec.output_dir)}: "
+                        f"{exc.strerror}; choose a writable directory") from None
+    try:
+        if check:
+            try:
+                test_only(script)
+            except SlurmError as exc:
+                raise PreflightError(f"sbatch --test-only refused the job: {exc.stderr.strip() or exc}; "
+                                     "(--no-check skips the checks)") from None
+        job_id = sbatch(script)
+    except ClusterDDPError as exc:
+        raise type(exc)(f"{exc}\n  the script is kept at {script}") from None
+    record = JobRecord(job_id=job_id, script_path=str(script.resolve()),
+                       batch_log=str((out_dir / contract.batch_log(spec.file_stem, job_id)).resolve()),
+                       run_dir=str((out_dir / contract.run_dir(spec.file_stem, job_id)).resolve()),
+                       launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes)
+    record.save()
+    return record

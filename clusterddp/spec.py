@@ -14,18 +14,6 @@ from .quoting import check_command_word, check_no_control, check_one_line, path_
 
 LAUNCHERS = ("torchrun", "srun", "spawn")
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
-#: Placeholders the spawn launcher fills in, per node, at run time.
-PLACEHOLDERS = ("master_addr", "master_port", "node_rank", "nnodes", "gpus_per_node", "world_size")
-
-#: MASTER_PORT = PORT_BASE + job id mod PORT_SPAN: below Linux's ephemeral ports (32768-60999), and jobs with nearby
-#: ids never share a port. The templates, the runtime and the local backend all use these.
-PORT_BASE, PORT_SPAN = 20000, 10000
-
-
-def default_port(job_id: int) -> int:
-    return PORT_BASE + job_id % PORT_SPAN
-
-
 # Patterns are used with fullmatch: Python's '$' also matches before a trailing newline.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -211,6 +199,11 @@ class JobSpec:
             base = base[:-3]
         return slug(base)
 
+    def program_argv(self) -> List[str]:
+        """What each rank runs after the interpreter or launcher: ``train.py ARGS`` or ``-m pkg.mod ARGS``."""
+        self.require_entry_point()
+        return (["-m", self.script] if self.module else [self.script]) + list(self.args)
+
     def require_entry_point(self) -> None:
         """A script job needs a script (the Python API's function jobs do not)."""
         if not self.script:
@@ -356,18 +349,14 @@ class JobSpec:
                 raise SpecError(f"invalid --after {job!r}: expected a job id such as 1234 (or 1234_5)")
 
 
+def field_default(name: str) -> object:
+    """The built-in default of a JobSpec field (the CLI's defaults come from here)."""
+    return {f.name: f.default for f in dataclasses.fields(JobSpec)}[name]
+
+
 def field_names() -> List[str]:
     return [f.name for f in dataclasses.fields(JobSpec)]
 
 
-def from_mapping(values: Mapping[str, object]) -> JobSpec:
-    """Build a spec from a mapping (config files, the Python API); an unknown key lists the valid names."""
-    names = field_names()
-    for key in values:
-        if key not in names:
-            raise SpecError(f"unknown job spec field {key!r}{suggest(key, names)}; valid fields: {', '.join(names)}")
-    return JobSpec(**values)  # type: ignore[arg-type]
-
-
-__all__: Sequence[str] = ["JobSpec", "LAUNCHERS", "GPU_REQUESTS", "PLACEHOLDERS", "parse_time", "parse_env",
-                          "sbatch_quote", "slug", "from_mapping", "field_names"]
+__all__: Sequence[str] = ["JobSpec", "LAUNCHERS", "GPU_REQUESTS", "parse_time", "parse_env", "sbatch_quote", "slug",
+                          "field_names"]

@@ -66,7 +66,8 @@ def test_bad_input_one_clear_line(runner, argv, code, message):
         r = runner.invoke(cli, [command, *argv])
         assert r.exit_code == code, (command, r.stdout, r.stderr)
         assert message in r.stderr, r.stderr
-        assert "Traceback" not in r.stderr and r.exception is None or isinstance(r.exception, SystemExit)
+        assert "Traceback" not in r.stderr
+        assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
 
 
 def test_wait_with_array_is_refused(runner):
@@ -109,7 +110,7 @@ def test_help_teaches(runner):
 
 def test_unknown_job_id_is_clear(runner):
     r = runner.invoke(cli, ["status", "12x"])
-    assert r.exit_code == 1 and "invalid job id '12x'" in r.stderr
+    assert r.exit_code == 2 and "invalid job id '12x'" in r.stderr  # a usage error: it never reaches Slurm
 
 
 def _imported_modules(code: str) -> set:

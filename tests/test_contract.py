@@ -11,7 +11,7 @@ from clusterddp import JobSpec, contract
 from clusterddp.api import setup_lines
 from clusterddp.local import make_plan
 from clusterddp.render import render
-from clusterddp.slurm import JobRecord
+from clusterddp.record import JobRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"
@@ -98,3 +98,30 @@ def test_parent_job_variables_are_dropped_by_one_rule():
     for module in (slurm, local):
         assert "without_parent_job" in inspect.getsource(module)
         assert 'startswith(("SLURM_"' not in inspect.getsource(module)
+
+
+def test_the_job_side_imports_only_errors_hostlist_and_the_contract():
+    """clusterddp/runtime/ is the job side: its imports are torch, the standard library, itself, and three
+    shared modules; never click, jinja2, submitit or a login-side module."""
+    import ast
+    import subprocess
+    import sys
+
+    allowed = {"errors", "hostlist", "contract"}
+    for path in sorted(RUNTIME.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 2:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                assert set(names) <= allowed, f"{path.name} imports clusterddp.{names}"
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert not node.module.startswith(("clusterddp", "click", "jinja2", "submitit")), path.name
+            if isinstance(node, ast.Import):
+                assert not [a.name for a in node.names if a.name.split(".")[0] in
+                            ("clusterddp", "click", "jinja2", "submitit")], path.name
+    code = "import clusterddp.runtime, sys; print('\\n'.join(sys.modules))"
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              cwd=ROOT).stdout.split())
+    ours = {m for m in mods if m.startswith("clusterddp")}
+    assert ours <= {"clusterddp", "clusterddp.errors", "clusterddp.hostlist", "clusterddp.contract"} | {
+        m for m in ours if m.startswith("clusterddp.runtime")}, ours
+    assert not {"click", "jinja2", "submitit", "torch"} & mods  # torch too: it loads on first use

@@ -1,0 +1,118 @@
+"""Checkpoints that make an interrupted job continue exactly where it stopped: model, optimizer, the loader's
+position and every rank's random number states, written atomically by rank 0."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional
+
+from .group import distributed, is_main, print0, rank, save_on_main, unwrap, world_size
+
+
+def _rng_state() -> Dict[str, Any]:
+    import random
+
+    import torch
+
+    state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    import random
+
+    import torch
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy"])
+
+
+class Checkpointer:
+    """Checkpoints that make an interrupted job continue exactly where it stopped.
+
+        ckpt = runtime.Checkpointer(os.path.join(os.environ.get("CLUSTERDDP_RUN_DIR", "."), "checkpoints"))
+        state = ckpt.load_latest(model, optimizer, loader)     # None on a fresh start; every rank loads the same
+        ...
+        if runtime.should_stop():
+            ckpt.save(step, model, optimizer, loader); return
+
+    ``save`` is collective: rank 0 writes model, optimizer, the loader's position and every rank's RNG states
+    atomically (temp file + rename) and keeps the last ``keep`` checkpoints.
+    """
+
+    def __init__(self, directory: str, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.directory, self.keep = directory, keep
+
+    def _paths(self) -> List[str]:
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        steps = sorted((int(m.group(1)), n) for n in names if (m := re.fullmatch(r"ckpt-(\d+)\.pt", n)))
+        return [os.path.join(self.directory, n) for _, n in steps]
+
+    def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
+        import torch.distributed as dist
+
+        states: List[Any] = [_rng_state()]
+        if distributed():
+            states = [None] * world_size()
+            dist.all_gather_object(states, _rng_state())
+        path = os.path.join(self.directory, f"ckpt-{int(step):010d}.pt")
+        payload = {"step": int(step), "model": unwrap(model).state_dict(),
+                   "optimizer": optimizer.state_dict() if optimizer is not None else None,
+                   "loader": loader.state_dict() if loader is not None else None,
+                   "rng": states, "world_size": world_size(), "extra": extra}
+        save_on_main(payload, path)  # atomic, then a barrier
+        if is_main():
+            for old in self._paths()[:-self.keep]:
+                os.unlink(old)
+        return path
+
+    def latest(self) -> Optional[str]:
+        """The newest checkpoint's path, as rank 0 sees it (every rank gets the same answer)."""
+        import torch.distributed as dist
+
+        found = [self._paths()[-1] if self._paths() else None]
+        if distributed():
+            dist.broadcast_object_list(found, src=0)
+        return found[0]
+
+    def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None) -> Optional[Dict[str, Any]]:
+        """Restore the newest checkpoint into the given objects; returns it (step, extra, ...) or None."""
+        import torch
+
+        path = self.latest()
+        if path is None:
+            return None
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        if model is not None:
+            unwrap(model).load_state_dict(payload["model"])
+        if optimizer is not None and payload["optimizer"] is not None:
+            optimizer.load_state_dict(payload["optimizer"])
+        if loader is not None and payload["loader"] is not None:
+            loader.load_state_dict(payload["loader"])
+        if payload["world_size"] == world_size():
+            _set_rng_state(payload["rng"][rank()])
+        else:
+            print0(f"clusterddp: checkpoint {path} was written by {payload['world_size']} ranks, this job has "
+                   f"{world_size()}: random number states not restored (results will differ from an "
+                   "uninterrupted run)")
+        payload["path"] = path
+        return payload

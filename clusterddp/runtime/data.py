@@ -1,0 +1,85 @@
+"""The resumable data loader: this rank's share of a dataset, a new shuffle every epoch without set_epoch calls,
+and a position (epoch, batches done) that a Checkpointer saves so a resumed job continues at the exact batch.
+
+Imports torch at module level: ``clusterddp.runtime`` loads this module on first use of ``loader``.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Dict, Iterator, Mapping
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from .group import rank, world_size
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can drop the indices already done at the start of the next epoch."""
+
+    skip = 0  # indices to drop at the start of the next epoch (resuming mid-epoch)
+
+    def __iter__(self) -> Iterator[int]:  # type: ignore[override]
+        skip, self.skip = self.skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
+
+
+class EpochLoader(DataLoader):
+    """DataLoader whose every ``iter()`` starts the next epoch of its ResumableSampler."""
+
+    next_epoch = 0
+    epoch = -1
+    batches_done = 0
+    seed = 0
+    own_generator = False
+    _skip_batches = 0
+    _active = False  # inside an epoch's iteration (a `break` out of the loop ends it)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at ``epoch``."""
+        self.next_epoch = epoch
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self.epoch, self.next_epoch = self.next_epoch, self.next_epoch + 1
+        self.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
+        if self.own_generator:
+            # Each iter() draws a worker base seed; from a generator of its own, seeded per epoch, that draw
+            # neither moves the global RNG nor depends on where a resumed run started.
+            self.generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        self.sampler.skip = self._skip_batches * self.batch_size  # type: ignore[attr-defined]
+        self.batches_done, self._skip_batches = self._skip_batches, 0
+        self._active = True
+        try:
+            for batch in super().__iter__():
+                self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it
+                yield batch
+        finally:
+            self._active = False
+
+    def state_dict(self) -> Dict[str, int]:
+        """Where to resume: mid-epoch while an epoch is being iterated, else at the next epoch."""
+        if self._active and self.batches_done < len(self):
+            return {"epoch": self.epoch, "batches_done": self.batches_done}
+        return {"epoch": self.next_epoch, "batches_done": 0}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resume at a position from ``state_dict()``."""
+        self.next_epoch, self._skip_batches = int(state["epoch"]), int(state["batches_done"])
+
+
+def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+           **kwargs: Any) -> EpochLoader:
+    """A DataLoader over this rank's share of ``dataset`` (DistributedSampler); each new iteration advances the
+    sampler's epoch, so shuffling differs per epoch without calling set_epoch. ``batch_size`` is per rank.
+
+    It remembers where it is (``state_dict()``: epoch and batches done), so a Checkpointer can resume mid-epoch
+    at the exact batch.
+    """
+    own_generator = "generator" not in kwargs
+    if own_generator:
+        kwargs["generator"] = torch.Generator()
+    sampler = ResumableSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
+                               drop_last=drop_last)
+    made = EpochLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+    made.seed, made.own_generator = seed, own_generator
+    return made

@@ -1,0 +1,239 @@
+"""The process group of this process: init, shutdown, device, collectives, wrap. The one home of runtime state.
+
+Everything that survives between calls lives in ``_STATE`` and is cleared by ``shutdown()``.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import tempfile
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Dict, Mapping, Optional
+
+from .. import contract
+from ..errors import RuntimeEnvError
+from .env import DistEnv
+
+DEFAULT_TIMEOUT_S = 300.0
+
+# env, device, backend, wrapped (DDP modules made by wrap(), released by shutdown), stop (see stop.py)
+_STATE: Dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class Joined(DistEnv):
+    """The DistEnv that ``init()`` returns: ``with runtime.init() as env:`` shuts the group down at the end."""
+
+    def __enter__(self) -> "Joined":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def select_device(env: DistEnv) -> Any:
+    """The CUDA device for this rank, or CPU. Handles Slurm narrowing CUDA_VISIBLE_DEVICES per task."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 1:
+        index = 0  # --gpus-per-task (or one GPU per node): every task sees its own GPU as device 0
+    elif env.local_rank < count:
+        index = env.local_rank
+    else:
+        raise RuntimeEnvError(f"local rank {env.local_rank} has no GPU: this task sees {count} GPUs "
+                              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}) for "
+                              f"{env.local_world_size} ranks per node")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_single: bool = False,
+         environ: Optional[Mapping[str, str]] = None) -> Joined:
+    """Initialise the process group from the launcher's variables; returns the DistEnv.
+
+    NCCL when CUDA is available, else gloo. ``timeout`` (seconds, default $CLUSTERDDP_TIMEOUT or 300) bounds the
+    rendezvous and collectives: a missing rank fails the job instead of hanging it until the time limit.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from . import stop
+
+    if dist.is_available() and dist.is_initialized() and "env" in _STATE:
+        return _STATE["env"]
+    env = DistEnv.from_env(environ, allow_single=allow_single)
+    seconds = timeout if timeout is not None else float(os.environ.get(contract.TIMEOUT, DEFAULT_TIMEOUT_S))
+    device = select_device(env)
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if env.source == "single" and env.master_port == 0:
+        env = DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", _free_port(), "single")
+    if env.source == "torchrun":
+        # torchrun's workers share the agent's store (TORCHELASTIC_USE_AGENT_STORE): env:// knows how to join it.
+        init_method = "env://"
+    else:
+        init_method = f"tcp://{env.master_addr}:{env.master_port}"
+    dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=seconds))
+    joined = Joined(**{f: getattr(env, f) for f in env.__dataclass_fields__})
+    _STATE.update(env=joined, device=device, backend=backend, wrapped=weakref.WeakSet())
+    stop.install()
+    if device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+    return joined
+
+
+def shutdown() -> None:
+    """Destroy the process group and forget every piece of runtime state (idempotent)."""
+    import torch.distributed as dist
+
+    from . import stop
+
+    # A DDP reducer that outlives its process group can abort the process at exit ("terminate called without
+    # an active exception", seen with gloo under mp.spawn): release the reducers of wrapped models first.
+    for model in list(_STATE.get("wrapped", ())):
+        if getattr(model, "reducer", None) is not None:
+            model.reducer = None
+    gc.collect()  # reference cycles (autograd hooks) holding reducer state go now, not at interpreter exit
+    stop.uninstall()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _STATE.clear()
+
+
+def _env() -> DistEnv:
+    if "env" not in _STATE:
+        raise RuntimeEnvError("clusterddp.runtime.init() has not been called in this process")
+    return _STATE["env"]
+
+
+def device() -> Any:
+    """This rank's torch.device (after init())."""
+    _env()
+    return _STATE["device"]
+
+
+def rank() -> int:
+    """This process's global rank (0 before init())."""
+    return _STATE["env"].rank if "env" in _STATE else 0
+
+
+def world_size() -> int:
+    """The number of ranks (1 before init())."""
+    return _STATE["env"].world_size if "env" in _STATE else 1
+
+
+def is_main() -> bool:
+    """True on rank 0."""
+    return rank() == 0
+
+
+def distributed() -> bool:
+    """A process group with more than one rank is up."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and world_size() > 1
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (no-op without a process group)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if _STATE.get("backend") == "nccl":
+            dist.barrier(device_ids=[_STATE["device"].index])
+        else:
+            dist.barrier()
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """print() on rank 0 only."""
+    if is_main():
+        kwargs.setdefault("flush", True)
+        print(*args, **kwargs)
+
+
+def log(*args: Any, **kwargs: Any) -> None:
+    """print() on every rank, prefixed with ``[rank R/W]``."""
+    kwargs.setdefault("flush", True)
+    print(f"[rank {rank()}/{world_size()}]", *args, **kwargs)
+
+
+def all_reduce_mean(value: Any) -> Any:
+    """Mean over ranks of a tensor or a number (returns the same kind). For metrics, not gradients."""
+    import torch
+    import torch.distributed as dist
+
+    is_tensor = isinstance(value, torch.Tensor)
+    t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
+    if distributed():
+        target = _STATE["device"] if _STATE.get("backend") == "nccl" else torch.device("cpu")
+        moved = t.to(target)
+        dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+        t = (moved / world_size()).to(t.device)
+    return t if is_tensor else float(t.item())
+
+
+def wrap(model: Any, **ddp_kwargs: Any) -> Any:
+    """Move ``model`` to this rank's device and wrap it in DistributedDataParallel (extra kwargs go to DDP)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = device()
+    model = model.to(dev)
+    if dev.type == "cuda":
+        ddp_kwargs.setdefault("device_ids", [dev.index])
+        ddp_kwargs.setdefault("output_device", dev.index)
+    wrapped = DDP(model, **ddp_kwargs)
+    _STATE["wrapped"].add(wrapped)
+    return wrapped
+
+
+def unwrap(model: Any) -> Any:
+    """The plain module inside a DDP wrapper (for saving state dicts without the 'module.' prefix)."""
+    return getattr(model, "module", model)
+
+
+def save_on_main(obj: Any, path: str) -> None:
+    """torch.save on rank 0, atomically (temp file in the same directory, then rename); all ranks wait for it."""
+    import torch
+
+    if is_main():
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                torch.save(obj, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    barrier()
+
+
+def spawn(fn: Any, nprocs: Optional[int] = None, args: tuple = ()) -> None:
+    """torch.multiprocessing.spawn for the spawn launcher: sets LOCAL_RANK in each worker so that ``init()``
+    finds its rank, then calls ``fn(local_rank, *args)``."""
+    import torch.multiprocessing as mp
+
+    n = nprocs or int(os.environ.get(contract.PROCS_PER_NODE, "1"))
+    mp.spawn(_spawned, nprocs=n, args=(fn, args))
+
+
+def _spawned(local_rank: int, fn: Any, args: tuple) -> None:
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    fn(local_rank, *args)

@@ -1,0 +1,65 @@
+"""Stopping early (time limits, preemption): signals and the stop file, agreed on by every rank at one call."""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Dict
+
+from .. import contract
+from .group import _STATE, distributed
+
+
+def _stop() -> Dict[str, Any]:
+    return _STATE.setdefault("stop", {"signal": None, "polled": False, "previous": {}})
+
+
+def install() -> None:
+    """SIGUSR2 and SIGTERM ask the job to stop at the next should_stop(). A script that never calls should_stop()
+    keeps the default meaning of those signals."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    state = _stop()
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        previous = signal.getsignal(sig)
+        state["previous"][sig] = previous
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            if not _stop()["polled"]:
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return
+            _stop()["signal"] = signum
+
+        signal.signal(sig, handler)
+
+
+def uninstall() -> None:
+    """Give the signals back their meaning from before init() (shutdown() leaves nothing behind)."""
+    import threading
+
+    previous = _STATE.get("stop", {}).get("previous", {})
+    if threading.current_thread() is threading.main_thread():
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    _STATE.pop("stop", None)
+
+
+def should_stop() -> bool:
+    """True on every rank at the same call once a stop was requested (the time-limit warning, SIGUSR2, SIGTERM,
+    or the job's stop file): checkpoint and return. The ranks agree collectively, so none runs ahead."""
+    state = _stop()
+    state["polled"] = True
+    stop_file = os.environ.get(contract.STOP_FILE)
+    local = state["signal"] is not None or bool(stop_file and os.path.exists(stop_file))
+    if distributed():
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        if _STATE.get("backend") == "nccl":
+            flag = flag.to(_STATE["device"])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+    return local
