@@ -229,7 +229,7 @@ def item6_7_training(rows: List[Row], work: Path, which: set) -> None:
 
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
-                 "skipped: no GPU on this machine (the device was not lent to this task)", ""))
+                 "skipped: no GPU on this machine", ""))
 
 
 def machine() -> str:

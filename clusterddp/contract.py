@@ -89,3 +89,20 @@ KEPT_FROM_PARENT = frozenset({"SLURM_CONF"})
 def without_parent_job(environ: Mapping[str, str]) -> Dict[str, str]:
     """``environ`` without the variables of a Slurm job we may be running inside."""
     return {k: v for k, v in environ.items() if k in KEPT_FROM_PARENT or not k.startswith(PARENT_JOB_PREFIXES)}
+
+
+# --- names a user's environment may not set ----------------------------------------------------------------
+#: Environment names that -e and profile env may not set: the batch script, srun, torchrun (PET_* are its
+#: options) and bash itself read them, so a value there could redirect the job or run code.
+RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "CLUSTERDDP_", "PET_", "TORCHELASTIC_")
+RESERVED_ENV_NAMES = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
+    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "RUN_DIR",
+    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "IFS", "CDPATH", "GLOBIGNORE", "PS4", "BASH_XTRACEFD",
+    "POSIXLY_CORRECT", "BASH_COMPAT", "FUNCNEST", "PROMPT_COMMAND",
+    "BASH_VERSINFO", "EUID", "UID", "PPID", "BASHPID",  # readonly in bash: exporting them fails the script
+})
+
+
+def reserved_env_name(name: str) -> bool:
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES) or name.startswith("BASH_FUNC_")

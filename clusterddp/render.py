@@ -1,4 +1,6 @@
-"""spec -> sbatch script text. Pure: no files written, no Slurm contacted.
+"""spec -> sbatch script text. No Slurm contacted, no job files written: the output depends on the spec and the
+templates only. (Compiled templates are cached under $XDG_CACHE_HOME or ~/.cache/clusterddp; a cache that cannot
+be written is simply not used.)
 
 Templates are looked up in the user's template directories first (``--template-dir``,
 ``CLUSTERDDP_TEMPLATE_DIR``), then in the shipped ``templates/``. The shipped ones are found through

@@ -172,7 +172,7 @@ def _from_squeue(job_id: str) -> Optional[JobInfo]:
         parts = line.split("|")
         if len(parts) == 6 and parts[0] == job_id:
             return JobInfo(job_id, parts[1], reason=parts[2], elapsed=parts[3], nodes=parts[4],
-                           node_list=parts[5], source="squeue")
+                           node_list=parts[5])
     return None
 
 

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import sbatch_options
+from . import contract, sbatch_options
 from .errors import SpecError
 from .quoting import check_command_word, check_no_control, check_one_line, path_word, sbatch_quote, shown
 
@@ -20,21 +20,6 @@ _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MEM = re.compile(r"[0-9]+[KMGT]?")
 _SBATCH_OPT = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
 _ARRAY = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?")
-
-#: Environment names that -e and profile env may not set: the batch script, srun, torchrun (PET_* are its
-#: options) and bash itself read them, so a value there could redirect the job or run code.
-RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "CLUSTERDDP_", "PET_", "TORCHELASTIC_")
-RESERVED_ENV_NAMES = frozenset({
-    "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK",
-    "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "RUN_DIR",
-    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "IFS", "CDPATH", "GLOBIGNORE", "PS4", "BASH_XTRACEFD",
-    "POSIXLY_CORRECT", "BASH_COMPAT", "FUNCNEST", "PROMPT_COMMAND",
-    "BASH_VERSINFO", "EUID", "UID", "PPID", "BASHPID",  # readonly in bash: exporting them fails the script
-})
-
-
-def reserved_env_name(name: str) -> bool:
-    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES) or name.startswith("BASH_FUNC_")
 #: slurmctld refuses longer strings in a job request ("Pathname ... too long", seen on 22.05).
 SBATCH_VALUE_MAX = 1024
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
@@ -315,7 +300,7 @@ class JobSpec:
             if not _ENV_NAME.fullmatch(name):
                 raise SpecError(f"invalid environment variable name {shown(name)} in --env: expected letters, "
                                 "digits and '_', not starting with a digit (e.g. NCCL_DEBUG=INFO)")
-            if reserved_env_name(name):
+            if contract.reserved_env_name(name):
                 raise SpecError(f"--env {name}=... is refused: the batch script, srun, torchrun or bash read {name} "
                                 "(SLURM_*, SBATCH_*, SRUN_*, CLUSTERDDP_*, PET_*, TORCHELASTIC_*, MASTER_ADDR/PORT, "
                                 "the RANK family, bash's own variables); clusterddp sets what the job needs")

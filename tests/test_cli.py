@@ -25,7 +25,7 @@ def runner(tmp_path, monkeypatch):
         return CliRunner()
 
 
-def test_dry_run_done_when(runner):
+def test_dry_run_prints_the_script_and_writes_nothing(runner):
     r = runner.invoke(cli, ["submit", "--dry-run", "--nodes", "2", "--gpus", "8", "train.py", "--", "--epochs", "10"])
     assert r.exit_code == 0, r.stderr
     assert "#SBATCH --nodes=2" in r.stdout and "#SBATCH --gpus-per-node=8" in r.stdout

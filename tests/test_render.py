@@ -55,8 +55,8 @@ def test_golden(name, request):
     assert text == path.read_text(), f"{name} differs from {path}; if intended: pytest --update-golden"
 
 
-def test_done_when_render():
-    """The issue's acceptance: 2 nodes, 8 GPUs per node, 16 ranks, user arguments unchanged."""
+def test_two_nodes_eight_gpus_render():
+    """2 nodes, 8 GPUs per node: 16 ranks, user arguments unchanged."""
     text = render(CASES["torchrun"])
     assert "#SBATCH --nodes=2\n" in text and "#SBATCH --gpus-per-node=8\n" in text
     assert "--nnodes=2 --nproc-per-node=8" in text and "world size 16" in text

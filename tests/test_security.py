@@ -1,6 +1,6 @@
 """No user value, environment variable or shared file can run code, add an sbatch option or act for someone else.
 
-Every class of issue 13 on the rendered script (run under bash with stand-in launchers); the same classes through
+Every class of hostile input on the rendered script (run under bash with stand-in launchers); the same classes through
 the real sbatch of the test cluster are in test_security_slurm.py.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 13's classes through the real sbatch of the test cluster: what Slurm records and runs is exactly what
+"""Hostile input through the real sbatch of the test cluster: what Slurm records and runs is exactly what
 clusterddp reports, and no value ever runs as code (no marker file appears)."""
 from __future__ import annotations
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from clusterddp import JobSpec, SpecError

@@ -1,0 +1,97 @@
+"""Following a job from the login node: live states until it ends (--wait), its log as it grows (logs -f), and
+the root cause of a failure. Login side; the CLI's commands call these."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+
+def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
+    from . import slurm
+
+    start = time.monotonic()
+
+    def show(job: Any) -> None:
+        where = f" on {job.node_list}" if job.state == "RUNNING" and job.node_list else ""
+        why = f" ({job.reason})" if job.reason and job.reason not in ("None", "") and not job.done else ""
+        click.echo(f"clusterddp: job {job_id} {job.state}{where}{why} [{time.monotonic() - start:.1f} s]", err=True)
+
+    try:
+        final = slurm.wait(job_id, on_change=show)
+        if not final.done:  # pending on a dependency that can no longer be met
+            click.echo(f"clusterddp: {reason(final)}", err=True)
+            return 1
+    except KeyboardInterrupt:
+        choice = on_interrupt
+        if choice == "ask":
+            choice = "detach"
+            if sys.stdin.isatty():
+                choice = "cancel" if click.confirm(f"\nCancel job {job_id}?", default=False, err=True) else "detach"
+        if choice == "cancel":
+            slurm.cancel(job_id)
+            click.echo(f"clusterddp: cancelled job {job_id}", err=True)
+        else:
+            click.echo(f"clusterddp: stopped watching; job {job_id} goes on (clusterddp status {job_id})", err=True)
+        return 130
+    code = final.return_code
+    click.echo(f"clusterddp: job {job_id} ended {final.state}, exit code {code}", err=True)
+    if code != 0 and record is not None:
+        show_failure(record)
+    return code
+
+
+def show_failure(record: Any) -> None:
+    """Name every log with a traceback and print the most likely root cause in full."""
+    from .logscan import summary, tracebacks
+
+    found = tracebacks([Path(p) for p in record.logs()] + [Path(record.batch_log)])
+    click.echo(summary(found, f"{record.run_dir}/ and {record.batch_log}" if not found else record.run_dir), err=True)
+
+
+def reason(job: Any) -> str:
+    if job.reason == "DependencyNeverSatisfied":
+        # Slurm keeps such a job pending forever (unless kill_invalid_depend is set).
+        return f"DependencyNeverSatisfied: a job it depends on failed, so it will never start (clusterddp cancel {job.job_id})"
+    return job.reason
+
+
+def print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> None:
+    from . import slurm
+
+    def emit(chunk: str) -> None:
+        if prefix is None:
+            click.echo(chunk, nl=False)
+        else:
+            click.echo("".join(line for line in chunk.splitlines(True) if line.startswith(prefix)), nl=False)
+
+    if not path.exists() and not follow:
+        from .errors import LogNotFound
+
+        raise LogNotFound(f"log {path} does not exist (yet): the job may still be pending; try clusterddp logs "
+                          f"{job_id} --follow")
+    pos, partial = 0, ""
+    try:
+        while True:
+            if path.exists():
+                with path.open("r", errors="replace") as fh:
+                    fh.seek(pos)
+                    text = partial + fh.read()
+                    pos = fh.tell()
+                # While following, hold back a half-written last line so prefixes are matched on whole lines.
+                cut = text.rfind("\n") + 1 if follow else len(text)
+                text, partial = text[:cut], text[cut:]
+                if text:
+                    emit(text)
+            if not follow:
+                if partial:
+                    emit(partial)
+                return
+            if slurm.info(job_id).done:
+                follow = False  # one more read: the last lines may land just after the state changes
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return
