@@ -6,7 +6,7 @@ PIP = $(PYTHON) -m pip
 # torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test install install-test cluster-up cluster-down bench
+.PHONY: demo test lint install install-test cluster-up cluster-down bench
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
@@ -20,8 +20,13 @@ install-test: install
 demo: install
 	$(PYTHON) -m clusterddp submit --local --nodes 2 --gpus 2 examples/train_ddp.py -- --epochs 2
 
-test: install-test
+# Lint first (seconds), then every test, the real-Slurm ones included.
+test: install-test lint
 	$(PYTHON) -m pytest -ra
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
 
 # Benchmarks (not tests): hyperfine from Debian, torchx in its own venv for the comparison; results in bench/RESULTS.md.
 bench: install

@@ -112,7 +112,7 @@ def item3_hostlist(rows: List[Row], work: Path) -> None:
 
     cases = {"node[1-65536]": 65536, "a[1-1000]b[1-1000]": 1_000_000}
     for text, n in cases.items():
-        t = min(timeit.repeat(lambda: expand(text), number=1, repeat=3))
+        t = min(timeit.repeat(lambda text=text: expand(text), number=1, repeat=3))
         assert len(expand(text)) == n
         rows.append(("3", f"expand {text} ({n:,} names), clusterddp.hostlist", f"{t * 1000:.0f} ms", ""))
     if shutil.which("scontrol") and CLUSTER_CONF.exists():

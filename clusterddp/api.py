@@ -198,7 +198,8 @@ def _backend(backend: str) -> str:
     if backend not in BACKENDS:
         from .spec import suggest
 
-        raise SpecError(f"unknown backend {backend!r}{suggest(backend, BACKENDS)}: expected one of {', '.join(BACKENDS)}")
+        raise SpecError(f"unknown backend {backend!r}{suggest(backend, BACKENDS)}: expected one of "
+                        f"{', '.join(BACKENDS)}")
     if backend == "auto":
         # sbatch alone is not a cluster (a laptop may have slurm-client): it also needs a configuration. Configless
         # sites (DNS SRV) pass backend="slurm".
@@ -216,11 +217,10 @@ def _executor(spec: JobSpec, backend: str, folder: Optional[str], array_parallel
 
     folder = folder or os.path.join(spec.output_dir, f"{spec.file_stem}-submitit", "%j")
     if backend == "local":
-        executor = submitit.LocalExecutor(folder=folder)
-        params: Dict[str, Any] = {"tasks_per_node": spec.world_size, "nodes": 1,
-                                  "timeout_min": math.ceil((spec.time_seconds or 3600 * 24) / 60)}
-        executor.update_parameters(**params)
-        return executor
+        local = submitit.LocalExecutor(folder=folder)
+        local.update_parameters(tasks_per_node=spec.world_size, nodes=1,
+                                timeout_min=math.ceil((spec.time_seconds or 3600 * 24) / 60))
+        return local
     executor = submitit.SlurmExecutor(folder=folder)
     params = executor_params(spec)
     if array_parallelism is not None:
@@ -233,8 +233,8 @@ def _executor(spec: JobSpec, backend: str, folder: Optional[str], array_parallel
 
 
 def _free_port() -> int:
-    from .local import pick_port
     from .contract import default_port
+    from .local import pick_port
 
     return pick_port(default_port(os.getpid()))
 
@@ -277,8 +277,9 @@ def submit_function(fn: Callable, spec: JobSpec, *args: Any, backend: str = "aut
 def submit_script(spec: JobSpec, script: str, args: Sequence[str] = (), backend: str = "auto",
                   folder: Optional[str] = None, python: Optional[str] = None) -> Job:
     """Run ``python script args`` on every rank (srun layout) through submitit, with a Python handle."""
-    import submitit
     import sys
+
+    import submitit
 
     if not os.path.isfile(script):
         raise SpecError(f"training script {script!r} not found")

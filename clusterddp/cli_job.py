@@ -149,7 +149,8 @@ def _summary(spec: JobSpec) -> str:
 @cli.command("render", epilog=EXAMPLES.format(cmd="render"))
 @spec_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
-def render_command(script: str, args: Sequence[str], output: Optional[str], template_dirs: Sequence[str], **opts: Any) -> None:
+def render_command(script: str, args: Sequence[str], output: Optional[str], template_dirs: Sequence[str],
+                   **opts: Any) -> None:
     """Print the sbatch script for SCRIPT [-- ARGS...] (or write it with -o FILE)."""
     spec, template_dirs = build_spec(script, args, template_dirs, **opts)
     text = _render(spec, template_dirs)

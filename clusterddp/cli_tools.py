@@ -122,8 +122,8 @@ def doctor_command(local: bool, env: Sequence[str], **opts: Any) -> None:
                    env=parse_env(env), **opts)
     click.echo(f"clusterddp: doctor on {spec.nodes} node(s) x {spec.tasks_per_node} rank(s)", err=True)
     if local:
-        from .local import make_plan, pick_port, run, visible_gpus
         from .contract import default_port
+        from .local import make_plan, pick_port, run, visible_gpus
 
         lines: List[str] = []
         plan = make_plan(spec, os.path.join(spec.output_dir, f"clusterddp-doctor-local-{os.getpid()}"),
@@ -168,9 +168,8 @@ def config_show(profile: Optional[str]) -> None:
 @click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
 def new_command(path: str, force: bool) -> None:
     """Write a runnable, commented DDP training script to PATH (the fastest way from a single-GPU loop to DDP)."""
-    from .skeleton import SKELETON
-
     from .quoting import check_no_control, shell_quote
+    from .skeleton import SKELETON
 
     check_no_control(path, "file name")
     target = Path(path)

@@ -72,7 +72,8 @@ def distrust(path: Path, environ: Optional[Mapping[str, str]] = None) -> str:
     if st.st_uid not in (os.geteuid(), 0):
         return f"it is owned by {_user_name(st.st_uid)}, not by you"
     if st.st_mode & 0o022:
-        return f"it is writable by {'group and others' if st.st_mode & 0o022 == 0o022 else 'group' if st.st_mode & 0o020 else 'others'} (chmod go-w {path})"
+        who = "group and others" if st.st_mode & 0o022 == 0o022 else "group" if st.st_mode & 0o020 else "others"
+        return f"it is writable by {who} (chmod go-w {path})"
     return ""
 
 

@@ -64,7 +64,7 @@ def visible_gpus() -> List[str]:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+    return [str(i) for i, line in enumerate(x for x in out.splitlines() if x.startswith("GPU "))]
 
 
 def pick_port(preferred: int) -> int:
@@ -129,7 +129,8 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
             argv = [python, "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={per}",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=local-{job_id}",
                     "--tee=3", f"--log-dir={run / 'torchrun' / f'node{node}'}", *program]
-            procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), str(run / contract.NODE_LOG.format(node=node)), node))
+            log = str(run / contract.NODE_LOG.format(node=node))
+            procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), log, node))
     elif spec.launcher == "srun":
         ntasks = str(spec.world_size)
         for r in range(spec.world_size):
@@ -141,7 +142,8 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
                            # set per task by the srun template
                            ("RANK", str(r)), ("LOCAL_RANK", str(local)), ("WORLD_SIZE", ntasks),
                            ("LOCAL_WORLD_SIZE", str(per)), ("NODE_RANK", str(node))] + devices(node)
-            procs.append(Proc(f"rank {r}", (python, *program), tuple(env), str(run / contract.RANK_LOG.format(rank=r)), node, r))
+            log = str(run / contract.RANK_LOG.format(rank=r))
+            procs.append(Proc(f"rank {r}", (python, *program), tuple(env), log, node, r))
     else:  # spawn
         values = {"master_addr": "127.0.0.1", "master_port": str(port), "nnodes": str(n), "gpus_per_node": str(per),
                   "world_size": str(spec.world_size)}
@@ -153,7 +155,8 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
             env = slurm + [("SLURM_PROCID", str(node)), ("SLURM_LOCALID", "0"), ("SLURM_NODEID", str(node)),
                            ("SLURM_NTASKS", str(n)), ("SLURM_STEP_NUM_TASKS", str(n)), ("SLURM_NTASKS_PER_NODE", "1"),
                            ("SLURM_TASKS_PER_NODE", f"1(x{n})"), ("NODE_RANK", str(node))] + devices(node)
-            procs.append(Proc(f"node {node}", (python, *args), tuple(env), str(run / contract.NODE_LOG.format(node=node)), node))
+            log = str(run / contract.NODE_LOG.format(node=node))
+            procs.append(Proc(f"node {node}", (python, *args), tuple(env), log, node))
     return Plan(spec, run_dir, port, list(gpus_available[:spec.world_size]) if use_gpus else None, tuple(common),
                 tuple(procs), note)
 

@@ -15,9 +15,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jinja2
 
+from .contract import PORT_BASE, PORT_SPAN
 from .errors import TemplateError
 from .quoting import sbatch_quote, shell_quote
-from .contract import PORT_BASE, PORT_SPAN
 from .spec import JobSpec
 
 TEMPLATE_SUFFIX = ".sh.j2"
@@ -44,7 +44,8 @@ class _ResourceLoader(jinja2.BaseLoader):
     def __init__(self, root: Any) -> None:
         self.root = root
 
-    def get_source(self, environment: jinja2.Environment, template: str) -> Tuple[str, Optional[str], Callable[[], bool]]:
+    def get_source(self, environment: jinja2.Environment,
+                   template: str) -> Tuple[str, Optional[str], Callable[[], bool]]:
         node = self.root
         for piece in template.split("/"):
             if piece in ("", ".", ".."):
@@ -160,7 +161,8 @@ def context(spec: JobSpec) -> Dict[str, Any]:
                            f"--container-workdir=\"$PWD\" " if spec.container_image else ""),
         "container_prefix": _words(container) + " " if container else "",
         "omp_threads": spec.cpus_per_task or 1,
-        "log_kind": {"srun": "per-rank", "torchrun": "per-node (rank-prefixed) and per-rank"}.get(spec.launcher, "per-node"),
+        "log_kind": {"srun": "per-rank",
+                     "torchrun": "per-node (rank-prefixed) and per-rank"}.get(spec.launcher, "per-node"),
         "port_base": PORT_BASE,
         "port_span": PORT_SPAN,
     }

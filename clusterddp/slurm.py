@@ -104,7 +104,8 @@ def partitions() -> Dict[str, Partition]:
     from .spec import parse_time
 
     proc = run(["sinfo", "--noheader", "--Node", "--format=%P|%N|%G|%c|%m|%l"])
-    seen: Dict[str, Dict[str, object]] = {}
+    nodes: Dict[str, set] = {}
+    out: Dict[str, Partition] = {}
     for line in proc.stdout.splitlines():
         parts = line.split("|")
         if len(parts) != 6:
@@ -112,17 +113,15 @@ def partitions() -> Dict[str, Partition]:
         name, node, gres, cpus, mem, limit = parts
         default = name.endswith("*")
         name = name.rstrip("*")
-        p = seen.setdefault(name, {"nodes": set(), "gpus": 0, "cpus": 0, "mem": 0, "limit": limit, "default": default})
-        p["nodes"].add(node)  # type: ignore[union-attr]
-        p["gpus"] = max(p["gpus"], _gpu_count(gres))  # type: ignore[call-overload]
-        p["cpus"] = max(p["cpus"], int(cpus.rstrip("+") or 0))  # type: ignore[call-overload]
-        p["mem"] = max(p["mem"], int(re.sub(r"\D.*", "", mem) or 0))  # type: ignore[call-overload]
-    out = {}
-    for name, p in seen.items():
-        limit = str(p["limit"])
-        max_time = None if limit in ("infinite", "UNLIMITED", "n/a") else parse_time(limit)
-        out[name] = Partition(name, len(p["nodes"]), max_time, int(p["gpus"]), int(p["cpus"]),  # type: ignore
-                              int(p["mem"]), bool(p["default"]))  # type: ignore[arg-type]
+        if name not in out:
+            max_time = None if limit in ("infinite", "UNLIMITED", "n/a") else parse_time(limit)
+            out[name] = Partition(name, 0, max_time, 0, 0, 0, default)
+        p = out[name]
+        nodes.setdefault(name, set()).add(node)
+        p.nodes = len(nodes[name])
+        p.gpus_per_node = max(p.gpus_per_node, _gpu_count(gres))
+        p.cpus_per_node = max(p.cpus_per_node, int(cpus.rstrip("+") or 0))
+        p.mem_mb_per_node = max(p.mem_mb_per_node, int(re.sub(r"\D.*", "", mem) or 0))
     return out
 
 

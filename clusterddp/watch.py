@@ -55,7 +55,8 @@ def show_failure(record: Any) -> None:
 def reason(job: Any) -> str:
     if job.reason == "DependencyNeverSatisfied":
         # Slurm keeps such a job pending forever (unless kill_invalid_depend is set).
-        return f"DependencyNeverSatisfied: a job it depends on failed, so it will never start (clusterddp cancel {job.job_id})"
+        return ("DependencyNeverSatisfied: a job it depends on failed, so it will never start "
+                f"(clusterddp cancel {job.job_id})")
     return job.reason
 
 

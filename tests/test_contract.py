@@ -10,8 +10,8 @@ import pytest
 from clusterddp import JobSpec, contract
 from clusterddp.api import setup_lines
 from clusterddp.local import make_plan
-from clusterddp.render import render
 from clusterddp.record import JobRecord
+from clusterddp.render import render
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"
@@ -59,7 +59,8 @@ def test_spawn_placeholders_match():
     pairs = dict(re.findall(r'a="\$\{a//\\\{(\w+)\\\}/"\$(\w+)"\}"', text))
     assert pairs == contract.PLACEHOLDERS
     values = {name: f"<{name}>" for name in contract.PLACEHOLDERS}
-    assert contract.fill_placeholders("{master_addr}:{master_port}{{nnodes}}", values) == "<master_addr>:<master_port>{<nnodes>}"
+    filled = contract.fill_placeholders("{master_addr}:{master_port}{{nnodes}}", values)
+    assert filled == "<master_addr>:<master_port>{<nnodes>}"
     assert contract.fill_placeholders("{node_rank}", {**values, "node_rank": "{world_size}"}) == "{world_size}"
 
 

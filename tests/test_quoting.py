@@ -5,7 +5,6 @@ environment; a recorder script writes the argv and environment that arrived.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,8 +16,7 @@ from hypothesis import strategies as st
 from clusterddp import JobSpec
 from clusterddp.render import render
 
-from .hostile import STANDINS, run_rendered
-from .test_render import CASES, HOSTILE_ARGS
+from .cases import CASES, HOSTILE_ARGS, STANDINS, run_rendered
 
 HERE = Path(__file__).parent
 RECORDER = HERE / "scripts" / "record_argv.py"

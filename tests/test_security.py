@@ -22,7 +22,7 @@ from clusterddp.cli import cli
 from clusterddp.render import context, render
 from clusterddp.sbatch_options import resolve
 
-from .hostile import CORPUS, has_control, run_rendered
+from .cases import CORPUS, has_control, run_rendered
 
 RECORDER = Path(__file__).parent / "scripts" / "record_argv.py"
 

@@ -13,8 +13,8 @@ import pytest
 
 from clusterddp.sbatch_options import KNOWN, NO_VALUE, REQUIRED_VALUE
 
+from .cases import CORPUS, has_control
 from .conftest import SCRIPTS, run_cli
-from .hostile import CORPUS, has_control
 
 pytestmark = pytest.mark.slurm
 RECORDER = Path(__file__).parent / "scripts" / "record_argv.py"

@@ -12,8 +12,8 @@ import pytest
 
 from clusterddp.render import render
 
+from .cases import CASES
 from .conftest import SCRIPTS, run_cli
-from .test_render import CASES
 
 pytestmark = pytest.mark.slurm
 

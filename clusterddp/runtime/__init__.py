@@ -17,8 +17,25 @@ from typing import Any
 
 from .checkpoint import Checkpointer
 from .env import DistEnv
-from .group import (DEFAULT_TIMEOUT_S, Joined, all_reduce_mean, barrier, device, init, is_main, log, print0, rank,
-                    save_on_main, select_device, shutdown, spawn, unwrap, world_size, wrap)
+from .group import (
+    DEFAULT_TIMEOUT_S,
+    Joined,
+    all_reduce_mean,
+    barrier,
+    device,
+    init,
+    is_main,
+    log,
+    print0,
+    rank,
+    save_on_main,
+    select_device,
+    shutdown,
+    spawn,
+    unwrap,
+    world_size,
+    wrap,
+)
 from .stop import should_stop
 
 _LAZY = {"loader", "EpochLoader", "ResumableSampler"}  # clusterddp.runtime.data imports torch at module level

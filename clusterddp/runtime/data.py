@@ -46,7 +46,7 @@ class EpochLoader(DataLoader):
             # Each iter() draws a worker base seed; from a generator of its own, seeded per epoch, that draw
             # neither moves the global RNG nor depends on where a resumed run started.
             self.generator.manual_seed(self.seed * 1_000_003 + self.epoch)
-        self.sampler.skip = self._skip_batches * self.batch_size  # type: ignore[attr-defined]
+        self.sampler.skip = self._skip_batches * (self.batch_size or 1)  # type: ignore[attr-defined]
         self.batches_done, self._skip_batches = self._skip_batches, 0
         self._active = True
         try:

@@ -12,7 +12,8 @@ from typing import List, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
-from ..hostlist import HostlistError, first as first_host
+from ..hostlist import HostlistError
+from ..hostlist import first as first_host
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,8 @@ def _from_spawn(env: Mapping[str, str]) -> Optional[DistEnv]:
     names = ["LOCAL_RANK", "NODE_RANK", contract.NNODES, contract.PROCS_PER_NODE, "MASTER_ADDR", "MASTER_PORT"]
     missing = [n for n in names if n not in env]
     if missing:
-        raise RuntimeEnvError(f"spawn launcher variables incomplete, missing {', '.join(missing)} ({_seen(env, names)})")
+        raise RuntimeEnvError(f"spawn launcher variables incomplete, missing {', '.join(missing)} "
+                              f"({_seen(env, names)})")
     local, node = _int(env, "LOCAL_RANK"), _int(env, "NODE_RANK")
     per_node, nodes = _int(env, contract.PROCS_PER_NODE), _int(env, contract.NNODES)
     if not (0 <= local < per_node and 0 <= node < nodes):

@@ -6,7 +6,7 @@
 #SBATCH --gpus-per-node=2
 #SBATCH --output=clusterddp-runs/train-%j.out
 #
-# Rendered by clusterddp 0.1.0: 2 node(s) x 2 rank(s) per node = world size 4
+# Rendered by clusterddp <version>: 2 node(s) x 2 rank(s) per node = world size 4
 # launcher: srun, backend: nccl. Regenerate rather than edit: clusterddp render --help
 set -euo pipefail
 

@@ -8,7 +8,7 @@
 #SBATCH --exclusive
 #SBATCH --output=clusterddp-runs/train-%j.out
 #
-# Rendered by clusterddp 0.1.0: 2 node(s) x 4 rank(s) per node = world size 8
+# Rendered by clusterddp <version>: 2 node(s) x 4 rank(s) per node = world size 8
 # launcher: torchrun, backend: gloo. Regenerate rather than edit: clusterddp render --help
 set -euo pipefail
 

@@ -12,7 +12,7 @@
 #SBATCH --mail-type=END
 #SBATCH --no-kill
 #
-# Rendered by clusterddp 0.1.0: 4 node(s) x 2 rank(s) per node = world size 8
+# Rendered by clusterddp <version>: 4 node(s) x 2 rank(s) per node = world size 8
 # launcher: torchrun, backend: nccl. Regenerate rather than edit: clusterddp render --help
 set -euo pipefail
 

@@ -8,7 +8,7 @@
 #SBATCH --output="runs dir/100%%/x_--partition_evil_id_id-%j.out"
 #SBATCH --comment="has # hash and \"quotes\""
 #
-# Rendered by clusterddp 0.1.0: 2 node(s) x 2 rank(s) per node = world size 4
+# Rendered by clusterddp <version>: 2 node(s) x 2 rank(s) per node = world size 4
 # launcher: torchrun, backend: nccl. Regenerate rather than edit: clusterddp render --help
 set -euo pipefail
 

@@ -22,7 +22,7 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--step-sleep", type=float, default=0.2)
     args = p.parse_args()
-    env = runtime.init(timeout=120, allow_single=True)
+    runtime.init(timeout=120, allow_single=True)
     torch.manual_seed(1234)
     g = torch.Generator().manual_seed(99)
     data = TensorDataset(torch.randn(96, 6, generator=g), torch.randn(96, 1, generator=g))
@@ -34,7 +34,7 @@ def main():
     step = state["step"] if state else 0
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     runtime.print0(f"RESUME from step {step} (restart count {restart})" if state else "FRESH start")
-    for epoch in range(batches.next_epoch, args.epochs):
+    for _epoch in range(batches.next_epoch, args.epochs):
         for x, y in batches:
             loss = nn.functional.mse_loss(model(x), y)
             opt.zero_grad()

@@ -32,7 +32,7 @@ def main():
         model = runtime.wrap(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(42)
-        for step in range(args.steps):
+        for _step in range(args.steps):
             # every rank builds the same global batch and trains on its own slice of it
             x = torch.randn(env.world_size * 4, 8, generator=g)
             y = torch.randn(env.world_size * 4, 1, generator=g)
