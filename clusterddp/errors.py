@@ -52,6 +52,12 @@ class RuntimeEnvError(ClusterDDPError):
     """The in-job environment does not describe a consistent distributed job."""
 
 
+class HostlistError(ClusterDDPError, ValueError):
+    """A malformed host list; the message names the bad part."""
+
+    exit_code = 2
+
+
 class PreflightError(SpecError):
     """The cluster cannot run this job as asked (a usage error: change the request)."""
 
@@ -65,4 +71,4 @@ class LogNotFound(ClusterDDPError):
 
 
 __all__ = ["ClusterDDPError", "SpecError", "TemplateError", "SlurmError", "JobNotFound", "LocalRunError",
-           "RuntimeEnvError", "PreflightError", "JobFailed", "LogNotFound"]
+           "RuntimeEnvError", "HostlistError", "PreflightError", "JobFailed", "LogNotFound"]

@@ -11,18 +11,12 @@ import itertools
 import re
 from typing import Iterator, List, Sequence, Tuple
 
-from .errors import ClusterDDPError
+from .errors import HostlistError
 
 #: Slurm refuses a single range of more hosts than this (MAX_RANGE in hostlist.c).
 MAX_RANGE = 64 * 1024
 
 _SEPARATORS = ", \t\n"
-
-
-class HostlistError(ClusterDDPError, ValueError):
-    """A malformed host list; the message names the bad part."""
-
-    exit_code = 2
 
 
 # One bracket group: a list of (low, high, width) ranges.

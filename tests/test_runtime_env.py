@@ -76,3 +76,24 @@ def test_batch_shell_is_not_a_rank():
 def test_bad_combinations_name_what_was_seen(env, message):
     with pytest.raises(RuntimeEnvError, match=message):
         DistEnv.from_env(env)
+
+
+def test_shutdown_leaves_no_state_behind():
+    """DistEnv is a pure value; the group owns every piece of state, and shutdown() clears all of it (stop
+    requests and signal handlers included)."""
+    import signal
+
+    from clusterddp import runtime
+    from clusterddp.runtime import group
+
+    assert not hasattr(DistEnv, "__exit__")
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    env = runtime.init(allow_single=True, environ={}, timeout=30)
+    assert env.world_size == 1 and runtime.should_stop() is False
+    assert group._STATE["stop"]["polled"] is True
+    runtime.shutdown()
+    assert group._STATE == {}
+    assert {s: signal.getsignal(s) for s in before} == before
+    with runtime.init(allow_single=True, environ={}, timeout=30) as again:
+        assert again.rank == 0 and runtime.world_size() == 1
+    assert group._STATE == {}
