@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jinja2
 
+from . import contract
 from .contract import PORT_BASE, PORT_SPAN
 from .errors import TemplateError
 from .quoting import sbatch_quote, shell_quote
@@ -154,7 +155,7 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         "script_args": _words(spec.args),
         "env": [(name, q(value)) for name, value in spec.env],
         "setup": list(spec.setup),
-        "run_dir": f"{q(spec.output_dir)}/{q(spec.file_stem)}-\"$SLURM_JOB_ID\"",
+        "run_dir": f"{q(spec.output_dir)}/{q(contract.run_dir(spec.file_stem, ''))}\"$SLURM_JOB_ID\"",
         "srun_cpus": spec.cpus_per_task is not None,
         # Containers: pyxis/enroot options go to srun; apptainer prefixes the command each task runs.
         "container_srun": (f"--container-image={q(spec.container_image)} --container-mounts=\"$PWD\" "

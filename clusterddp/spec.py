@@ -226,7 +226,8 @@ class JobSpec:
             d += [("signal", f"B:USR2@{self.signal_seconds}"), ("requeue", None), ("open-mode", "append")]
         # Not %x: the job name is user text and a '/' in it would make paths; the stem is sanitised. A '%'
         # in the directory would be read as a pattern by sbatch, so it is doubled.
-        d.append(("output", f"{self.output_dir.replace('%', '%%')}/{self.file_stem.replace('%', '%%')}-%j.out"))
+        log = contract.batch_log(self.file_stem.replace("%", "%%"), "%j")
+        d.append(("output", f"{self.output_dir.replace('%', '%%')}/{log}"))
         d += [sbatch_options.resolve(arg) for arg in self.sbatch_args]
         return d
 

@@ -68,6 +68,7 @@ class Checkpointer:
         return [os.path.join(self.directory, n) for _, n in steps]
 
     def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
+        """Write checkpoint ``step`` (collective: call it on every rank); returns its path."""
         import torch.distributed as dist
 
         states: List[Any] = [_rng_state()]

@@ -67,6 +67,7 @@ def _time_allreduce(nbytes: int, device: Any, world: int) -> Dict[str, float]:
 
 
 def main() -> None:
+    """Join the group, gather every rank's host and route, time the all-reduces; rank 0 prints the report."""
     import torch
     import torch.distributed as dist
 

@@ -32,6 +32,7 @@ class DistEnv:
 
     @property
     def is_main(self) -> bool:
+        """True on rank 0."""
         return self.rank == 0
 
     @classmethod
