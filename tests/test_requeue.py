@@ -16,11 +16,24 @@ from clusterddp import slurm
 
 from .conftest import SCRIPTS, run_cli
 
-TOTAL_STEPS = 36  # resumable.py: 3 epochs x 96 samples / (2 ranks x batch 4)
+TOTAL_STEPS = 36  # resumable.py: 3 epochs x 192 samples / (4 ranks x batch 4)
+RANKS = 4
+# 4 ranks on 2 nodes: with 2 ranks a sum is commutative and an order bug in the resume path would hide.
+SHAPE = ["--nodes", "2", "--gpus", "2"]           # the test cluster's nodes have 2 (fake) GPUs each; gloo on CPU
+LOCAL_SHAPE = ["--nodes", "2", "--procs-per-node", "2"]
 
 
 def steps(log: Path) -> list:
     return [tuple(int(x) for x in line.split()) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def rank_steps(log: Path) -> list:
+    """Every rank's (step, loss) sequence, without the restart count."""
+    out = []
+    for rank in range(RANKS):
+        lines = Path(f"{log}.rank{rank}").read_text().splitlines()
+        out.append([tuple(line.split()[1:]) for line in lines])
+    return out
 
 
 def identical(a: Path, b: Path) -> bool:
@@ -38,7 +51,7 @@ def reference(tmp_path_factory):
     """The same job, never interrupted (local backend; the same gloo arithmetic on this machine)."""
     d = tmp_path_factory.mktemp("reference")
     shutil.copy(SCRIPTS / "resumable.py", d)
-    proc = run_cli("submit", "--local", "--launcher", "srun", "--procs-per-node", "2", *job_args(d, "ref", 0), cwd=d)
+    proc = run_cli("submit", "--local", "--launcher", "srun", *LOCAL_SHAPE, *job_args(d, "ref", 0), cwd=d)
     assert proc.returncode == 0, proc.stderr
     assert [s for _, s in steps(d / "ref.log")] == list(range(1, TOTAL_STEPS + 1))
     return d / "ref.pt"
@@ -84,8 +97,7 @@ def _show(job_id: str) -> str:
 @pytest.mark.slurm
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_interrupted_job_resumes_bit_identical(work, reference, launcher):
-    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "1", "--time", "10",
-                   *job_args(work, "run", 0.25), cwd=work)
+    proc = run_cli("submit", "--launcher", launcher, *SHAPE, "--time", "10", *job_args(work, "run", 0.25), cwd=work)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     interrupt_and_release(job_id, work / "run.log", after_steps=8)
@@ -96,13 +108,14 @@ def test_interrupted_job_resumes_bit_identical(work, reference, launcher):
     assert [s for _, s in done] == list(range(1, TOTAL_STEPS + 1))
     assert {r for r, _ in done} == {0, 1}
     assert identical(work / "run.pt", reference)
+    assert rank_steps(work / "run.log") == rank_steps(reference.parent / "ref.log")  # every rank, every loss
     batch_log = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
     assert "requeueing job" in batch_log and "(restart count 1)" in batch_log
 
 
 @pytest.mark.slurm
 def test_requeue_limit_ends_the_job_clearly(work):
-    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "1", "--time", "10", "--max-requeues",
+    proc = run_cli("submit", "--launcher", "srun", *SHAPE, "--time", "10", "--max-requeues",
                    "1", *job_args(work, "run", 0.25), cwd=work)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
@@ -125,7 +138,7 @@ def test_requeue_limit_ends_the_job_clearly(work):
 def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, reference):
     shutil.copy(SCRIPTS / "resumable.py", tmp_path)
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "torchrun",
-                            "--procs-per-node", "2", *job_args(tmp_path, "run", 0.25)], cwd=tmp_path,
+                            *LOCAL_SHAPE, *job_args(tmp_path, "run", 0.25)], cwd=tmp_path,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while len(steps(tmp_path / "run.log")) < 6 and time.monotonic() < deadline:
@@ -136,10 +149,11 @@ def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, reference):
     assert "asked every rank to checkpoint and stop" in err and "STOPPED at step" in out
     stopped_at = len(steps(tmp_path / "run.log"))
     assert stopped_at < TOTAL_STEPS and not (tmp_path / "run.pt").exists()
-    again = run_cli("submit", "--local", "--launcher", "torchrun", "--procs-per-node", "2",
-                    *job_args(tmp_path, "run", 0), cwd=tmp_path)
+    again = run_cli("submit", "--local", "--launcher", "torchrun", *LOCAL_SHAPE, *job_args(tmp_path, "run", 0),
+                    cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert f"RESUME from step {stopped_at}" in again.stdout
     assert [s for _, s in steps(tmp_path / "run.log")] == list(range(1, TOTAL_STEPS + 1))
     assert identical(tmp_path / "run.pt", reference)
+    assert rank_steps(tmp_path / "run.log") == rank_steps(reference.parent / "ref.log")
     assert os.path.exists(tmp_path / "run-ck")

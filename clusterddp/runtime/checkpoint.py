@@ -115,5 +115,9 @@ class Checkpointer:
             print0(f"clusterddp: checkpoint {path} was written by {payload['world_size']} ranks, this job has "
                    f"{world_size()}: random number states not restored (results will differ from an "
                    "uninterrupted run)")
+        if model is not None and getattr(model, "static_graph", False) and world_size() > 2:
+            print0("clusterddp: this model is wrapped with static_graph=True, so DDP lays out its gradient buckets "
+                   "again after this first step: with 3 or more ranks the resumed run can differ from an "
+                   "uninterrupted one in the last bits (runtime.wrap without static_graph resumes exactly)")
         payload["path"] = path
         return payload

@@ -196,7 +196,31 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
         ddp_kwargs.setdefault("output_device", dev.index)
     wrapped = DDP(model, **ddp_kwargs)
     _STATE["wrapped"].add(wrapped)
+    if not ddp_kwargs.get("find_unused_parameters") and not ddp_kwargs.get("static_graph"):
+        _fix_bucket_layout(wrapped)
     return wrapped
+
+
+def _fix_bucket_layout(ddp: Any) -> None:
+    """Lay out DDP's gradient buckets now, once, so that every step reduces in the same layout.
+
+    Why (a resumed run was not bit-identical at 3+ ranks): a new DDP reduces its first backward in one bucket in
+    registration order, then rebuilds its buckets in the order gradients became ready. The first step after a
+    resume therefore reduced a differently laid-out buffer than the same step of the uninterrupted run, and with
+    3+ ranks the ring all-reduce then sums each element in another order (with 2 ranks a + b == b + a hides it).
+    A backward pass of zeros here records the ready order (last-registered first, as DDP's own heuristic and a
+    real backward give) and lets DDP rebuild at the first forward; no RNG, data or buffer is touched.
+    """
+    import torch
+
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    if not params or not torch.is_grad_enabled():
+        return
+    ddp.reducer.prepare_for_forward()
+    ddp.reducer.prepare_for_backward([])
+    sum(p.sum() * 0.0 for p in params).backward()  # an all-reduce of zeros on every rank (wrap is collective)
+    for p in params:
+        p.grad = None
 
 
 def unwrap(model: Any) -> Any:

@@ -1,7 +1,9 @@
 """A deterministic training job that checkpoints when asked to stop and resumes where it stopped.
 
-Rank 0 appends one line per optimizer step to --steps-log ("<restart count> <global step>"), and writes the final
-parameters to --out. Used by the requeue tests (Slurm and local).
+Rank 0 appends one line per optimizer step to --steps-log ("<restart count> <global step>"); every rank R appends
+"<restart count> <global step> <loss as float.hex()>" to --steps-log.rankR; rank 0 writes the final parameters to
+--out. A model with several parameter tensors, dropout and SGD with momentum; meant for 4 ranks on 2 nodes, where
+the order of a sum is visible (with 2 ranks a + b == b + a hides it). Used by the requeue tests (Slurm and local).
 """
 import argparse
 import os
@@ -25,9 +27,10 @@ def main():
     runtime.init(timeout=120, allow_single=True)
     torch.manual_seed(1234)
     g = torch.Generator().manual_seed(99)
-    data = TensorDataset(torch.randn(96, 6, generator=g), torch.randn(96, 1, generator=g))
-    model = runtime.wrap(nn.Sequential(nn.Linear(6, 12), nn.Dropout(0.2), nn.ReLU(), nn.Linear(12, 1)))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(192, 6, generator=g), torch.randn(192, 1, generator=g))
+    model = runtime.wrap(nn.Sequential(nn.Linear(6, 24), nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, 12), nn.ReLU(),
+                                       nn.Linear(12, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     batches = runtime.loader(data, batch_size=4, seed=7)
     ckpt = runtime.Checkpointer(args.ckpt_dir, keep=2)
     state = ckpt.load_latest(model, opt, batches)
@@ -41,6 +44,8 @@ def main():
             loss.backward()
             opt.step()
             step += 1
+            with open(f"{args.steps_log}.rank{runtime.rank()}", "a") as fh:
+                fh.write(f"{restart} {step} {loss.item().hex()}\n")
             if runtime.is_main():
                 with open(args.steps_log, "a") as fh:
                     fh.write(f"{restart} {step}\n")
