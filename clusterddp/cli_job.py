@@ -11,6 +11,7 @@ import click
 from .cli import cli
 from .contract import PORT_SCHEME
 from .errors import SpecError
+from .quoting import shown
 from .spec import GPU_REQUESTS, LAUNCHERS, JobSpec, field_default, parse_env
 
 EXAMPLES = """\b
@@ -140,6 +141,27 @@ def _render(spec: JobSpec, template_dirs: Sequence[str]) -> str:
     return render(spec, template_dirs=template_dirs)
 
 
+def _print_script(text: str) -> None:
+    # color=True: click strips escape sequences when stdout is not a terminal, and the printed script must be
+    # byte for byte the one that would be submitted (a --setup line may hold one).
+    click.echo(text, nl=False, color=True)
+
+
+def _check_output_file(path: Path, spec: JobSpec) -> None:
+    """-o never overwrites the training script, and says what is wrong with a path it cannot write."""
+    parent = path.parent
+    try:
+        if not spec.module and path.exists() and Path(spec.script).exists() and path.samefile(spec.script):
+            raise SpecError(f"-o {shown(str(path))} is the training script itself; write the job script "
+                            "elsewhere (e.g. -o job.sbatch)")
+        ok = parent.is_dir()
+    except OSError as exc:  # a name too long for the file system, for one
+        raise SpecError(f"cannot write -o {shown(str(path))}: {exc.strerror}") from None
+    if not ok:
+        raise SpecError(f"cannot write -o {shown(str(path))}: directory {shown(str(parent))} does not exist; "
+                        "create it first")
+
+
 def _summary(spec: JobSpec) -> str:
     per = f"{spec.gpus_per_node} GPU(s)" if spec.gpus_per_node else f"{spec.tasks_per_node} CPU rank(s)"
     return (f"{spec.nodes} node(s) x {per} = world size {spec.world_size} "
@@ -154,6 +176,8 @@ def render_command(script: str, args: Sequence[str], output: Optional[str], temp
     """Print the sbatch script for SCRIPT [-- ARGS...] (or write it with -o FILE)."""
     spec, template_dirs = build_spec(script, args, template_dirs, **opts)
     text = _render(spec, template_dirs)
+    if output:
+        _check_output_file(Path(output), spec)
     # sbatch cannot create the directory of --output: a job submitted by hand from this script would fail at
     # once without it, with no log to say why.
     if not Path(spec.output_dir).is_dir():
@@ -164,10 +188,13 @@ def render_command(script: str, args: Sequence[str], output: Optional[str], temp
             click.echo(f"clusterddp: warning: cannot create {spec.output_dir}/ ({exc.strerror}); sbatch needs it "
                        "for the job's log", err=True)
     if output:
-        Path(output).write_text(text)
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"cannot write -o {shown(output)}: {exc.strerror}; choose a writable file") from None
         click.echo(f"clusterddp: wrote {output}: {_summary(spec)}", err=True)
     else:
-        click.echo(text, nl=False)
+        _print_script(text)
 
 
 @cli.command("submit", epilog=EXAMPLES.format(cmd="submit"))
@@ -202,7 +229,7 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
         raise SpecError("--wait follows one job; an --array has one per task: submit without --wait and follow the "
                         "tasks with clusterddp status JOBID_TASK")
     if dry_run:
-        click.echo(_render(spec, template_dirs), nl=False)
+        _print_script(_render(spec, template_dirs))
         click.echo(f"clusterddp: dry run, nothing submitted: {_summary(spec)}", err=True)
         return
     from . import slurm

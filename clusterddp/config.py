@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -112,6 +113,8 @@ def project_file(start: Optional[Path] = None, skipped: Optional[List[Tuple[Path
                 return path, data
             tool = data.get("tool", {})
             if isinstance(tool, dict) and "clusterddp" in tool:
+                if not isinstance(tool["clusterddp"], dict):
+                    raise SpecError(f"{path}: [tool.clusterddp] must be a table, got {tool['clusterddp']!r}")
                 return path, tool["clusterddp"]
         # The project root ends the search: a file above it belongs to somebody else's tree.
         if d == home or any((d / marker).exists() for marker in (".git", "pyproject.toml", "clusterddp.toml")):
@@ -125,7 +128,7 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     if kind == "int":
         if isinstance(value, bool):
             raise bad
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,12}", value):  # ASCII digits ("²".isdigit() is True)
             return int(value)
         if not isinstance(value, int):
             raise bad
@@ -145,6 +148,11 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     if kind == "env":
         if not isinstance(value, dict):
             raise bad
+        for k, v in value.items():
+            # A string as written, or an integer (the same digits); never Python's spelling of True or 1500.0.
+            if isinstance(v, bool) or not isinstance(v, (str, int)):
+                raise SpecError(f"{where}: env.{k} must be a string (or an integer), got {v!r}; quote it, e.g. "
+                                f'{k} = "{str(v).lower() if isinstance(v, bool) else v}"')
         return {str(k): str(v) for k, v in value.items()}
     if not isinstance(value, str):
         raise bad
@@ -185,8 +193,14 @@ def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] =
         unknown = [k for k in data if k not in ("defaults", "profiles")]
         if unknown:
             raise SpecError(f"{path}: unknown table {unknown[0]!r}; expected [defaults] and [profiles.NAME]")
-        out.append((f"{path} [defaults]", _table(data.get("defaults", {}), f"{path} [defaults]")))
-        profiles = data.get("profiles", {})
+        defaults, profiles = data.get("defaults", {}), data.get("profiles", {})
+        for table, value in (("defaults", defaults), ("profiles", profiles)):
+            if not isinstance(value, dict):
+                raise SpecError(f"{path}: {table} must be a table ([{table}] or [{table}.NAME]), got {value!r}")
+        for pname, value in profiles.items():
+            if not isinstance(value, dict):
+                raise SpecError(f"{path}: profiles.{pname} must be a table ([profiles.{pname}]), got {value!r}")
+        out.append((f"{path} [defaults]", _table(defaults, f"{path} [defaults]")))
         profiles_seen += list(profiles)
         if profile and profile in profiles:
             where = f"{path} [profiles.{profile}]"

@@ -13,8 +13,9 @@ def layout(spec: JobSpec) -> List[str]:
     """The node -> ranks -> local ranks -> GPUs table."""
     per = spec.tasks_per_node
     lines = [f"{'node':<8}{'ranks':<16}{'local ranks':<16}{'GPUs (CUDA_VISIBLE_DEVICES)'}"]
-    nodes = list(range(spec.nodes))
-    if len(nodes) > SHOWN_NODES + 1:
+    # Never linear in the node count: the first few nodes, then the last.
+    nodes = list(range(min(spec.nodes, SHOWN_NODES + 1)))
+    if spec.nodes > SHOWN_NODES + 1:
         nodes = nodes[:SHOWN_NODES] + [-1, spec.nodes - 1]
     for n in nodes:
         if n < 0:
@@ -96,10 +97,10 @@ def warnings(spec: JobSpec) -> List[str]:
 
 def _batch_size(args: tuple) -> "int | None":
     for i, a in enumerate(args):
-        m = re.fullmatch(r"--(?:batch[-_]size|bs)(?:=(\d+))?", a)
+        m = re.fullmatch(r"--(?:batch[-_]size|bs)(?:=(.*))?", a)
         if m:
-            value = m.group(1) or (args[i + 1] if i + 1 < len(args) else "")
-            return int(value) if str(value).isdigit() else None
+            value = m.group(1) if m.group(1) is not None else (args[i + 1] if i + 1 < len(args) else "")
+            return int(value) if re.fullmatch(r"[0-9]{1,9}", str(value)) else None
     return None
 
 

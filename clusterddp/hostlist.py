@@ -46,7 +46,8 @@ def _split_top(nodelist: str) -> Iterator[str]:
         yield nodelist[start:]
 
 
-_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+# ASCII digits only, no spaces: what Slurm 22.05 accepts (Python's \d would take "１" and int() " 2").
+_RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
 def _parse_ranges(body: str, expr: str) -> _Ranges:
@@ -54,8 +55,7 @@ def _parse_ranges(body: str, expr: str) -> _Ranges:
         raise HostlistError(f"empty brackets '[]' in {expr!r}")
     ranges: _Ranges = []
     for part in body.split(","):
-        part = part.strip()
-        m = _RANGE_RE.match(part)
+        m = _RANGE_RE.fullmatch(part)
         if not m:
             raise HostlistError(f"bad range {part!r} in {expr!r}: expected N or N-M with decimal numbers")
         lo_s, hi_s = m.group(1), m.group(2)

@@ -313,9 +313,25 @@ def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
     return code
 
 
+#: Options that only mean something to Slurm (or inside a Slurm job), with the flag that sets them.
+_SLURM_ONLY = (("setup", "--setup"), ("apptainer", "--apptainer"), ("container_image", "--container-image"),
+               ("time", "--time"), ("mem", "--mem"), ("sbatch_args", "--sbatch-arg"), ("partition", "--partition"),
+               ("account", "--account"), ("qos", "--qos"), ("constraint", "--constraint"), ("array", "--array"),
+               ("after", "--after"), ("exclusive", "--exclusive"))
+
+
+def not_applied(spec: JobSpec) -> List[str]:
+    """The options given in ``spec`` that a local run ignores (said in one line, never silently)."""
+    return [flag for name, flag in _SLURM_ONLY if getattr(spec, name)]
+
+
 def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo: Callable[[str], None] = print,
                  note: Callable[[str], None] = print) -> int:
     """The local equivalent of sbatch + wait: returns the exit code (0 after a dry run)."""
+    skipped = not_applied(spec)
+    if skipped:
+        note(f"clusterddp: --local does not apply {', '.join(skipped)}: they ask Slurm for resources or a "
+             "container, and this run uses this machine as it is")
     job_id = os.getpid()
     run_dir = os.path.join(spec.output_dir, f"{spec.file_stem}-local-{time.strftime('%Y%m%d-%H%M%S')}-{job_id}")
     port = spec.master_port or pick_port(default_port(job_id))

@@ -5,9 +5,10 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from .errors import PreflightError
+from .slurm import Partition
 from .spec import JobSpec
 
 
@@ -28,19 +29,35 @@ def check_local(spec: JobSpec) -> None:
                              "another --output-dir")
 
 
-def check_cluster(spec: JobSpec, partitions: dict) -> List[str]:
+def check_cluster(spec: JobSpec, partitions: Dict[str, Partition]) -> List[str]:
     """Against what the cluster offers. Raises PreflightError naming the offer and the fix; returns notes."""
     if not partitions:
         return ["sinfo lists no partitions: skipped the cluster checks"]
     if spec.partition is None:
-        name: Optional[str] = next((p.name for p in partitions.values() if p.default), None)
-        if name is None:
+        default: Optional[str] = next((p.name for p in partitions.values() if p.default), None)
+        if default is None:
             return ["no default partition: skipped the cluster checks (give --partition)"]
+        names = [default]
     else:
-        name = spec.partition
-    if name not in partitions:
-        raise PreflightError(f"partition {name!r} does not exist; partitions here: {', '.join(sorted(partitions))}")
-    p = partitions[name]
+        names = spec.partition.split(",")  # sbatch takes a list and runs the job in the first that can
+    for name in names:
+        if name not in partitions:
+            raise PreflightError(f"partition {name!r} does not exist; partitions here: "
+                                 f"{', '.join(sorted(partitions))}")
+    first_error: Optional[PreflightError] = None
+    for name in names:
+        try:
+            _check_partition(spec, partitions[name])
+            return []
+        except PreflightError as exc:
+            first_error = first_error or exc
+    assert first_error is not None
+    raise first_error
+
+
+def _check_partition(spec: JobSpec, p: Partition) -> None:
+    """The job against one partition's offer; PreflightError naming the offer and the fix."""
+    name = p.name
     if spec.nodes > p.nodes:
         per = spec.tasks_per_node
         raise PreflightError(f"partition {name} has {p.nodes} node(s); you asked for {spec.nodes}: use at most "
@@ -69,7 +86,6 @@ def check_cluster(spec: JobSpec, partitions: dict) -> List[str]:
     if p.max_time_s is not None and (not seconds or seconds > p.max_time_s):
         raise PreflightError(f"partition {name} allows at most {_hms(p.max_time_s)}; you asked for "
                              f"{spec.time or 'UNLIMITED'}: lower --time (requeue continues longer runs)")
-    return []
 
 
 def _hms(seconds: int) -> str:

@@ -18,6 +18,7 @@ _SBATCH_BARE = re.compile(r"[A-Za-z0-9._:/%@+,=-]+")
 # What shlex leaves bare; everything else is quoted.
 _SHELL_BARE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 
 
@@ -37,6 +38,12 @@ def check_one_line(value: str, what: str) -> None:
 
 
 _NAMES = {"\n": "a newline", "\r": "a carriage return", "\0": "a NUL byte", "\t": "a tab"}
+
+
+def check_utf8(value: str, what: str) -> None:
+    """Refuse bytes that are not UTF-8 (Python keeps them from argv and the environment as surrogates)."""
+    if _SURROGATE.search(value):
+        raise SpecError(f"{what} {shown(value)} holds bytes that are not valid UTF-8; give it in UTF-8")
 
 
 def check_no_control(value: str, what: str) -> None:

@@ -18,10 +18,12 @@ import jinja2
 from . import contract
 from .contract import PORT_BASE, PORT_SPAN
 from .errors import TemplateError
-from .quoting import sbatch_quote, shell_quote
+from .quoting import sbatch_quote, shell_quote, shown
 from .spec import JobSpec
 
 TEMPLATE_SUFFIX = ".sh.j2"
+#: Shipped templates that other templates include or extend; rendered alone they make no runnable script.
+BUILDING_BLOCKS = ("base", "rendezvous")
 ENV_TEMPLATE_DIR = "CLUSTERDDP_TEMPLATE_DIR"
 
 
@@ -65,8 +67,13 @@ def template_dirs(user_dirs: Sequence[str] = ()) -> List[str]:
     dirs = [str(d) for d in user_dirs]
     dirs += [d for d in os.environ.get(ENV_TEMPLATE_DIR, "").split(os.pathsep) if d]
     for d in dirs:
-        if not Path(d).is_dir():
-            raise TemplateError(f"template directory {d!r} does not exist (from --template-dir or {ENV_TEMPLATE_DIR})")
+        try:
+            ok = Path(d).is_dir()
+        except OSError as exc:  # a name too long for the file system, for one
+            raise TemplateError(f"template directory {shown(d)}: {exc.strerror}") from None
+        if not ok:
+            raise TemplateError(f"template directory {shown(d)} does not exist (from --template-dir or "
+                                f"{ENV_TEMPLATE_DIR})")
     return dirs
 
 
@@ -118,7 +125,7 @@ def _environment(dirs: Tuple[str, ...]) -> jinja2.Environment:
 
 def available_templates(user_dirs: Sequence[str] = ()) -> List[str]:
     names = {n for n in environment(user_dirs).list_templates() if not n.startswith("clusterddp/")}
-    parts = {"base" + TEMPLATE_SUFFIX, "rendezvous" + TEMPLATE_SUFFIX}  # building blocks, not job templates
+    parts = {name + TEMPLATE_SUFFIX for name in BUILDING_BLOCKS}
     return sorted(n[: -len(TEMPLATE_SUFFIX)] for n in names if n.endswith(TEMPLATE_SUFFIX) and n not in parts)
 
 
@@ -172,7 +179,12 @@ def context(spec: JobSpec) -> Dict[str, Any]:
 def render(spec: JobSpec, template: Optional[str] = None, template_dirs: Sequence[str] = ()) -> str:
     """The sbatch script for ``spec`` (template defaults to ``spec.template`` or the launcher's own)."""
     spec.require_entry_point()
-    return render_part(spec, template or spec.template or spec.launcher, template_dirs)
+    name = template or spec.template or spec.launcher
+    if name in BUILDING_BLOCKS:
+        raise TemplateError(f"template {name!r} is a building block of the job templates, not a job script: use "
+                            f"one of {', '.join(available_templates(template_dirs))}, or a template of your own "
+                            f"that extends it")
+    return render_part(spec, name, template_dirs)
 
 
 def render_part(spec: JobSpec, name: str, template_dirs: Sequence[str] = ()) -> str:
@@ -180,6 +192,8 @@ def render_part(spec: JobSpec, name: str, template_dirs: Sequence[str] = ()) -> 
     env = environment(template_dirs)
     try:
         tmpl = env.get_template(name + TEMPLATE_SUFFIX)
+    except OSError as exc:  # a name too long for the file system, for one
+        raise TemplateError(f"template {shown(name)}: {exc.strerror}") from None
     except jinja2.TemplateNotFound as exc:
         valid = available_templates(template_dirs)
         raise TemplateError(f"unknown template {name!r} (missing {exc.name}): available templates are "

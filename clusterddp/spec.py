@@ -10,7 +10,7 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from . import contract, sbatch_options
 from .errors import SpecError
-from .quoting import check_command_word, check_no_control, check_one_line, path_word, sbatch_quote, shown
+from .quoting import check_command_word, check_no_control, check_one_line, check_utf8, path_word, sbatch_quote, shown
 
 LAUNCHERS = ("torchrun", "srun", "spawn")
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
@@ -22,6 +22,9 @@ _SBATCH_OPT = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
 _ARRAY = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?")
 #: slurmctld refuses longer strings in a job request ("Pathname ... too long", seen on 22.05).
 SBATCH_VALUE_MAX = 1024
+#: sbatch reads counts and minutes as 32-bit signed integers (22.05: -N 4294967294 is "not a valid node count").
+MAX_COUNT = 2**31 - 1
+MAX_TIME_S = MAX_COUNT * 60
 _TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
@@ -35,10 +38,10 @@ def suggest(given: str, valid: Iterable[str]) -> str:
 
 def parse_time(value: str) -> int:
     """Seconds in a Slurm time limit; accepts every format sbatch does (and UNLIMITED -> 0)."""
-    text = str(value).strip()
+    text = str(value)  # as sbatch reads it: no spaces, ASCII digits (Python's \d takes "９")
     if text.upper() in ("UNLIMITED", "INFINITE"):
         return 0
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    m = re.fullmatch(r"(?:([0-9]{1,9})-)?([0-9]{1,10})(?::([0-9]{1,10}))?(?::([0-9]{1,10}))?", text)
     if not m:
         raise SpecError(f"invalid time limit {value!r}: expected {_TIME_FORMATS} (e.g. 90, 02:00:00, 1-12)")
     days, a, b, c = m.groups()
@@ -59,6 +62,9 @@ def parse_time(value: str) -> int:
         raise SpecError(f"invalid time limit {value!r}: minutes and seconds must be below 60")
     if total <= 0:
         raise SpecError(f"invalid time limit {value!r}: must be positive (use UNLIMITED for no limit)")
+    if total > MAX_TIME_S:
+        raise SpecError(f"invalid time limit {value!r}: Slurm accepts at most {MAX_TIME_S // 60} minutes; use "
+                        "UNLIMITED for no limit")
     return total
 
 
@@ -232,12 +238,30 @@ class JobSpec:
         return d
 
     # --- validation -----------------------------------------------------------------------------------
+    def _texts(self) -> Iterable[Tuple[str, str]]:
+        """Every text the user gave, with its field name."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str):
+                yield f.name, value
+            elif f.name == "env":
+                for k, v in value:
+                    yield f"env {shown(k)}", k
+                    yield f"env {k}", v
+            elif isinstance(value, tuple):
+                for item in value:
+                    yield f.name, item
+
     def _validate(self) -> None:
+        for name, value in self._texts():
+            check_utf8(value, name)
         def positive_int(name: str, value: object, minimum: int) -> None:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpecError(f"{name} must be an integer, got {value!r}")
             if value < minimum:
                 raise SpecError(f"{name} must be at least {minimum}, got {value}")
+            if value > MAX_COUNT:
+                raise SpecError(f"{name} must be at most {MAX_COUNT} (what Slurm accepts), got {value}")
 
         positive_int("nodes", self.nodes, 1)
         positive_int("gpus_per_node", self.gpus_per_node, 0)
@@ -252,6 +276,10 @@ class JobSpec:
         positive_int("max_requeues", self.max_requeues, 0)
         positive_int("signal_seconds", self.signal_seconds, 10)
         positive_int("stop_grace", self.stop_grace, 1)
+        if self.requeues and self.stop_grace >= self.signal_seconds:
+            raise SpecError(f"stop_grace={self.stop_grace} s is not below signal_seconds={self.signal_seconds} s: "
+                            "Slurm would kill the job at its time limit before it could requeue; lower --stop-grace "
+                            "or raise --signal-before")
         if self.requeues and self.time_seconds and self.signal_seconds >= self.time_seconds:
             raise SpecError(f"signal_seconds={self.signal_seconds} is not below the time limit {self.time!r} "
                             f"({self.time_seconds} s): the warning would come before the job starts; lower "
@@ -320,13 +348,13 @@ class JobSpec:
                             "choose one container runtime")
         for name, path in (("output_dir", self.output_dir), ("script path", "" if self.module else self.script)):
             for part in path.split("/"):
-                if len(part.encode("utf-8", "surrogateescape")) > 255:
+                if len(part.encode()) > 255:
                     raise SpecError(f"{name} {shown(path)} has a path component of {len(part.encode())} bytes; "
                                     "file systems allow at most 255")
-        for name, value in self.sbatch_directives():
-            if value is not None and len(value.encode("utf-8", "surrogateescape")) > SBATCH_VALUE_MAX:
-                raise SpecError(f"#SBATCH --{name} {shown(value)} is {len(value.encode())} bytes long; Slurm refuses "
-                                f"values over {SBATCH_VALUE_MAX} bytes: shorten it")
+        for option, directive in self.sbatch_directives():
+            if directive is not None and len(directive.encode()) > SBATCH_VALUE_MAX:
+                raise SpecError(f"#SBATCH --{option} {shown(directive)} is {len(directive.encode())} bytes long; "
+                                f"Slurm refuses values over {SBATCH_VALUE_MAX} bytes: shorten it")
         if self.array is not None and not _ARRAY.fullmatch(self.array):
             raise SpecError(f"invalid --array {self.array!r}: expected sbatch's form, e.g. 0-9, 1,3,5, 0-15:4 or "
                             "0-99%10 (at most 10 at once)")
