@@ -96,8 +96,19 @@ def _iter_ranges(ranges: _Ranges) -> Iterator[str]:
             yield str(n).zfill(width)
 
 
+#: Host names one expression may stand for (the product of its bracket groups): far above any cluster, and low
+#: enough that a typo such as a[1-65536]b[1-65536] is an error instead of hours of work.
+MAX_EXPR_HOSTS = 2**24
+
+
 def _iter_expr(expr: str) -> Iterator[str]:
     parts = _parse_expr(expr)
+    total = 1
+    for p in parts:
+        if not isinstance(p, str):
+            total *= sum(hi - lo + 1 for lo, hi, _ in p)  # type: ignore[attr-defined]
+            if total > MAX_EXPR_HOSTS:
+                raise HostlistError(f"host expression {expr[:80]!r} names more than {MAX_EXPR_HOSTS} hosts")
     pools = [[p] if isinstance(p, str) else list(_iter_ranges(p)) for p in parts]  # type: ignore[arg-type]
     if len(pools) == 1:
         yield from pools[0]

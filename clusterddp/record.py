@@ -26,9 +26,17 @@ class JobRecord:
     nodes: int
 
     def save(self) -> Path:
+        """Write the record; an older record of another job with the same id (a reset counter, a second cluster
+        sharing $HOME) is kept beside it as <id>.json.<n>, never overwritten."""
         d = state_dir()
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"{self.job_id}.json"
+        old = JobRecord.load(self.job_id) if path.exists() else None
+        if old is not None and old.script_path != self.script_path:
+            n = 1
+            while (d / f"{self.job_id}.json.{n}").exists():
+                n += 1
+            path.replace(d / f"{self.job_id}.json.{n}")
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=1))
         tmp.replace(path)

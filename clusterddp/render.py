@@ -192,12 +192,12 @@ def render_part(spec: JobSpec, name: str, template_dirs: Sequence[str] = ()) -> 
     env = environment(template_dirs)
     try:
         tmpl = env.get_template(name + TEMPLATE_SUFFIX)
+    except jinja2.TemplateNotFound as exc:  # (an OSError too: it goes first)
+        valid = available_templates(template_dirs)
+        raise TemplateError(f"unknown template {shown(name)} (missing {exc.name}): available templates are "
+                            f"{', '.join(valid)}; add your own with --template-dir DIR") from None
     except OSError as exc:  # a name too long for the file system, for one
         raise TemplateError(f"template {shown(name)}: {exc.strerror}") from None
-    except jinja2.TemplateNotFound as exc:
-        valid = available_templates(template_dirs)
-        raise TemplateError(f"unknown template {name!r} (missing {exc.name}): available templates are "
-                            f"{', '.join(valid)}; add your own with --template-dir DIR") from None
     try:
         return tmpl.render(context(spec))
     except jinja2.UndefinedError as exc:

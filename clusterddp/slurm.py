@@ -266,7 +266,7 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         script = out_dir / f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"
-        script.write_text(text)
+        script.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot write the job script into --output-dir {shown(spec.output_dir)}: "
                         f"{exc.strerror}; choose a writable directory") from None

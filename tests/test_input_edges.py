@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from clusterddp import JobSpec, SpecError
 from clusterddp.cli import cli
@@ -178,3 +180,55 @@ def test_partition_lists_are_checked_like_sbatch():
         check_cluster(JobSpec("t.py", partition="gpu,nope"), parts)
     with pytest.raises(PreflightError, match="partition gpu has 4 node"):
         check_cluster(JobSpec("t.py", partition="gpu,debug", nodes=8), parts)
+
+
+def test_a_second_job_with_the_same_id_keeps_the_first_record(tmp_path, monkeypatch):
+    from clusterddp.record import JobRecord, state_dir
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    first = JobRecord("7", "/a/first.sbatch", "/a/t-7.out", "/a/t-7", "srun", 2, 2)
+    second = JobRecord("7", "/b/second.sbatch", "/b/t-7.out", "/b/t-7", "torchrun", 1, 1)
+    first.save()
+    first.save()  # the same job saved again: still one record
+    assert sorted(p.name for p in state_dir().iterdir()) == ["7.json"]
+    second.save()
+    assert sorted(p.name for p in state_dir().iterdir()) == ["7.json", "7.json.1"]
+    assert JobRecord.load("7") == second
+    import json
+
+    assert json.loads((state_dir() / "7.json.1").read_text())["script_path"] == "/a/first.sbatch"
+
+
+def test_host_expression_products_are_bounded():
+    with pytest.raises(HostlistError, match="names more than"):
+        next(iter(expand("a[1-65536]b[1-65536]")))
+    assert len(expand("a[1-1000]b[1-100]")) == 100_000
+
+
+@pytest.mark.parametrize("kwargs", [dict(env=(("A\n", "1"),)), dict(script="pkg.train\n", module=True),
+                                    dict(mem="64G\n"), dict(array="0-3\n"), dict(sbatch_args=("--hold\n",))])
+def test_a_trailing_newline_is_not_a_name(kwargs):
+    """Python's '$' matches before a final newline: the patterns are full matches."""
+    script = kwargs.pop("script", "t.py")
+    with pytest.raises(SpecError):
+        JobSpec(script, **kwargs)
+
+
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\n\r"), max_size=30)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(setup=st.lists(_text, max_size=3), args=st.lists(_text, max_size=4), name=_text)
+def test_printed_equals_written_property(runner, tmp_path, setup, args, name):
+    """Whatever the values: the script printed by render and --dry-run is the one render -o writes (or the
+    values are refused, the same way, by all three)."""
+    opts = [a for line in setup for a in ("--setup", line)] + ["--job-name", name]
+    out = tmp_path / "out.sh"
+    printed = runner.invoke(cli, ["render", *opts, "train.py", "--", *args])
+    dry = runner.invoke(cli, ["submit", "--dry-run", *opts, "train.py", "--", *args])
+    written = runner.invoke(cli, ["render", "-o", str(out), *opts, "train.py", "--", *args])
+    assert printed.exit_code == dry.exit_code == written.exit_code
+    if printed.exit_code == 0:
+        assert printed.stdout == dry.stdout == out.read_bytes().decode("utf-8")
+    else:
+        assert printed.stderr == dry.stderr == written.stderr

@@ -96,9 +96,12 @@ def test_line_breaks_cannot_rename_or_redirect_the_job(work):
     env_args = [a for i, v in enumerate(values) for a in ("-e", f"NOTE{i}={v}")]
     env_args += ["-e", f"RECORD_FILE={d / 'record.json'}", "-e", "RECORD_ENV_NAMES=" + json.dumps(
         ["NOTE0", "NOTE1", "NOTE2", "SLURM_JOB_NAME"])]
-    proc = run_cli("submit", "--wait", "--launcher", "srun", "--job-name", "mine", *env_args, "record_argv.py", "--",
-                   *values, cwd=d, env=env)
+    job_args = ["--launcher", "srun", "--job-name", "mine", *env_args, "record_argv.py", "--", *values]
+    proc = run_cli("submit", "--wait", *job_args, cwd=d, env=env)
     job = submitted(proc)
+    # the script sbatch got is byte for byte the one a dry run prints
+    dry = run_cli("submit", "--dry-run", *job_args, cwd=d, env=env)
+    assert Path(job["script"]).read_bytes() == dry.stdout.encode()
     fields = scontrol(job["job_id"], env)
     assert fields["JobName"] == "mine" and fields["StdOut"] == job["log"]
     got = json.loads((d / "record.json").read_text())
