@@ -11,9 +11,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import contract
+from . import contract, sbatch_options
 from .contract import without_parent_job
 from .errors import ClusterDDPError, JobNotFound, PreflightError, SlurmError, SpecError
 from .quoting import shown
@@ -62,9 +62,9 @@ def _script_argv(script: Path) -> List[str]:
     return ["--ignore-pbs", "--", str(Path(script).resolve())]
 
 
-def sbatch(script: Path) -> str:
-    """Submit ``script`` and return the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
-    argv = ["sbatch", "--parsable", *_script_argv(script)]
+def sbatch(script: Path, hold: bool = False) -> str:
+    """Submit ``script`` (held with ``hold``) and return the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
+    argv = ["sbatch", "--parsable", *(["--hold"] if hold else []), *_script_argv(script)]
     proc = run(argv)
     job_id = proc.stdout.strip().split(";", 1)[0]
     if not re.fullmatch(r"[0-9]+", job_id):
@@ -277,12 +277,33 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
             except SlurmError as exc:
                 raise PreflightError(f"sbatch --test-only refused the job: {exc.stderr.strip() or exc}; "
                                      "(--no-check skips the checks)") from None
-        job_id = sbatch(script)
+        # Held until the files of an earlier job with the same id (a reset counter, a second cluster sharing the
+        # directory) are moved aside: the new job's log and run directory never mix with or overwrite them.
+        job_id = sbatch(script, hold=True)
     except ClusterDDPError as exc:
         raise type(exc)(f"{exc}\n  the script is kept at {script}") from None
+    try:
+        for old, kept in _move_aside(out_dir.resolve(), spec.file_stem, job_id):
+            note(f"an earlier job {job_id} left {old}: kept as {kept}")
+    finally:
+        if not any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args):  # held on purpose
+            run(["scontrol", "release", job_id])
     record = JobRecord(job_id=job_id, script_path=str(script.resolve()),
                        batch_log=str((out_dir / contract.batch_log(spec.file_stem, job_id)).resolve()),
                        run_dir=str((out_dir / contract.run_dir(spec.file_stem, job_id)).resolve()),
                        launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes)
     record.save()
     return record
+
+
+def _move_aside(out_dir: Path, stem: str, job_id: str) -> List[Tuple[Path, Path]]:
+    """Rename an existing batch log and run directory for ``job_id`` to NAME.1, NAME.2, ... (first free)."""
+    moved = []
+    for path in (out_dir / contract.batch_log(stem, job_id), out_dir / contract.run_dir(stem, job_id)):
+        if path.exists():
+            n = 1
+            while path.with_name(f"{path.name}.{n}").exists():
+                n += 1
+            path.rename(path.with_name(f"{path.name}.{n}"))
+            moved.append((path, path.with_name(f"{path.name}.{n}")))
+    return moved

@@ -161,3 +161,33 @@ def test_option_table_matches_the_installed_sbatch(slurm_env):
             assert "requires an argument" in ask("--" + name), name
         if name in NO_VALUE:
             assert "allow an argument" in ask(f"--{name}=x"), name
+
+
+def test_a_reused_job_id_never_mixes_with_an_earlier_jobs_files(work):
+    """A reset id counter (or a second cluster sharing the directory) hands out an id whose log and run
+    directory already exist: they are kept under another name and the new job gets fresh ones."""
+    d, env = work
+    first = submitted(run_cli("submit", "--wait", "--launcher", "srun", "allreduce.py", cwd=d, env=env))
+    nxt = str(int(first["job_id"]) + 1)  # the test cluster hands out ids in order (--test-only takes one too)
+    old_log = d / "clusterddp-runs" / f"allreduce-{nxt}.out"
+    old_run = d / "clusterddp-runs" / f"allreduce-{nxt}"
+    old_log.write_text("an earlier job's log\n")
+    old_run.mkdir()
+    (old_run / "rank-0.out").write_text("an earlier job's rank log\n")
+    proc = run_cli("submit", "--no-check", "--wait", "--launcher", "srun", "allreduce.py", cwd=d, env=env)
+    job = submitted(proc)
+    assert job["job_id"] == nxt, "the test expects consecutive ids"
+    assert f"kept as {old_log}.1" in proc.stderr and f"kept as {old_run}.1" in proc.stderr
+    assert Path(f"{old_log}.1").read_text() == "an earlier job's log\n"
+    assert Path(f"{old_run}.1/rank-0.out").read_text() == "an earlier job's rank log\n"
+    assert "an earlier job" not in old_log.read_text() and "MASTER_ADDR" in old_log.read_text()
+    assert "ended COMPLETED" in proc.stderr
+
+
+def test_a_job_held_on_purpose_stays_held(work):
+    d, env = work
+    job = submitted(run_cli("submit", "--sbatch-arg=--hold", "allreduce.py", cwd=d, env=env))
+    fields = subprocess.run(["scontrol", "show", "job", job["job_id"]], capture_output=True, text=True,
+                            env=env).stdout
+    assert "JobState=PENDING" in fields and "Reason=JobHeldUser" in fields
+    subprocess.run(["scancel", job["job_id"]], env=env, check=True)
