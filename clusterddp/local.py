@@ -9,20 +9,17 @@ What is ours: starting those processes, their logs, and ending all of them when 
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from . import contract
-from .contract import PORT_BASE, PORT_SPAN, default_port, fill_placeholders, port_candidates, without_parent_job
+from .contract import PORT_BASE, PORT_SPAN, default_port, fill_placeholders, port_candidates
 from .errors import LocalRunError
 from .quoting import shell_quote
 from .spec import JobSpec
@@ -176,143 +173,6 @@ def describe(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-_DEFAULT_PREFIX = re.compile(r"^\[default(\d+)\]:")
-
-
-class _Runner:
-    """Starts the plan's processes, copies their output to logs and the terminal, ends them together."""
-
-    def __init__(self, plan: Plan, quiet: bool, echo: Callable[[str], None]) -> None:
-        self.plan, self.quiet, self.echo = plan, quiet, echo
-        self.popens: List[subprocess.Popen] = []
-        self.lock = threading.Lock()
-        self.node_rank: Dict[int, int] = {}
-
-    def start(self) -> None:
-        # A job started from inside a Slurm allocation must not inherit that job's variables.
-        base = without_parent_job(os.environ)
-        base.update(self.plan.common)
-        for p in self.plan.procs:
-            env = dict(base)
-            env.update(p.env)
-            try:
-                popen = subprocess.Popen(list(p.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            except OSError as exc:
-                self.stop()
-                raise LocalRunError(f"cannot start {p.argv[0]}: {exc.strerror}") from None
-            self.popens.append(popen)
-        # torchrun's c10d rendezvous orders agents of one host by pid: that order is their node rank.
-        if self.plan.spec.launcher == "torchrun":
-            order = sorted(range(len(self.popens)), key=lambda i: self.popens[i].pid)
-            self.node_rank = {i: pos for pos, i in enumerate(order)}
-        self.threads = [threading.Thread(target=self._pump, args=(i,), daemon=True) for i in range(len(self.popens))]
-        for t in self.threads:
-            t.start()
-
-    def _prefix(self, i: int, line: str) -> Tuple[str, str, Optional[int]]:
-        p = self.plan.procs[i]
-        if p.rank is not None:
-            return f"[rank {p.rank}] ", line, p.rank
-        m = _DEFAULT_PREFIX.match(line)
-        if m:
-            rank = self.node_rank.get(i, i) * self.plan.spec.tasks_per_node + int(m.group(1))
-            return f"[rank {rank}] ", line[m.end():], rank
-        return f"[{p.label}] ", line, None
-
-    def _pump(self, i: int) -> None:
-        popen, p = self.popens[i], self.plan.procs[i]
-        assert popen.stdout is not None
-        with open(p.log, "ab") as log:
-            for raw in iter(popen.stdout.readline, b""):
-                log.write(raw)
-                log.flush()
-                text = raw.decode("utf-8", "replace").rstrip("\n")
-                prefix, body, rank = self._prefix(i, text)
-                if self.quiet and rank != 0:
-                    continue
-                with self.lock:
-                    self.echo(prefix + body)
-
-    def wait(self) -> Tuple[int, Optional[int]]:
-        """Until all exit 0 or one fails (then end the rest). Returns (exit code, index of the first failure)."""
-        while True:
-            codes = [p.poll() for p in self.popens]
-            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                first = failed[0]
-                self.stop()
-                return codes[first] or 1, first
-            if all(c == 0 for c in codes):
-                return 0, None
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        """SIGTERM every process group we started, SIGKILL what is left after a grace period."""
-        for p in self.popens:
-            if p.poll() is None:
-                _signal_group(p.pid, signal.SIGTERM)
-        deadline = time.monotonic() + KILL_GRACE_S
-        for p in self.popens:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in self.popens:
-            _signal_group(p.pid, signal.SIGKILL)  # also children that outlived their parent
-            p.wait()
-
-    def join_output(self) -> None:
-        for t in getattr(self, "threads", []):
-            t.join(timeout=5)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
-        note: Callable[[str], None] = print) -> int:
-    """Run the plan to its end; returns the job's exit code (130 after Ctrl-C)."""
-    Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
-    note(plan.note)
-    runner = _Runner(plan, quiet, echo)
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    def on_usr2(signum: int, frame: object) -> None:
-        # As at a Slurm time limit: ask every rank to checkpoint and stop (clusterddp.runtime.should_stop()).
-        Path(dict(plan.common)[contract.STOP_FILE]).touch()
-        note("clusterddp: SIGUSR2: asked every rank to checkpoint and stop")
-
-    signal.signal(signal.SIGTERM, on_term)
-    previous_usr2 = signal.signal(signal.SIGUSR2, on_usr2)
-    try:
-        runner.start()
-        code, first = runner.wait()
-    except KeyboardInterrupt:
-        runner.stop()
-        runner.join_output()
-        note(f"clusterddp: interrupted; stopped all {len(runner.popens)} processes (logs in {plan.run_dir}/)")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGUSR2, previous_usr2)
-    runner.join_output()
-    if first is not None:
-        from .logscan import summary, tracebacks
-
-        note(f"clusterddp: {plan.procs[first].label} exited with code {code}; stopped the others")
-        found = tracebacks(sorted(Path(plan.run_dir).glob("*.out")))
-        note(summary(found, plan.run_dir))
-    return code
-
-
 #: Options that only mean something to Slurm (or inside a Slurm job), with the flag that sets them.
 _SLURM_ONLY = (("setup", "--setup"), ("apptainer", "--apptainer"), ("container_image", "--container-image"),
                ("time", "--time"), ("mem", "--mem"), ("sbatch_args", "--sbatch-arg"), ("partition", "--partition"),
@@ -323,6 +183,14 @@ _SLURM_ONLY = (("setup", "--setup"), ("apptainer", "--apptainer"), ("container_i
 def not_applied(spec: JobSpec) -> List[str]:
     """The options given in ``spec`` that a local run ignores (said in one line, never silently)."""
     return [flag for name, flag in _SLURM_ONLY if getattr(spec, name)]
+
+
+def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
+        note: Callable[[str], None] = print) -> int:
+    """Run the plan to its end; returns the job's exit code (130 after Ctrl-C). See local_run.py."""
+    from .local_run import run_plan
+
+    return run_plan(plan, quiet, echo, note)
 
 
 def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo: Callable[[str], None] = print,
