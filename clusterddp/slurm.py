@@ -278,15 +278,18 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
                 raise PreflightError(f"sbatch --test-only refused the job: {exc.stderr.strip() or exc}; "
                                      "(--no-check skips the checks)") from None
         # Held until the files of an earlier job with the same id (a reset counter, a second cluster sharing the
-        # directory) are moved aside: the new job's log and run directory never mix with or overwrite them.
-        job_id = sbatch(script, hold=True)
+        # directory) are moved aside, so the new job's log and run directory never mix with them. Only after the
+        # --test-only check: a held job skips sbatch's own "can never run" refusal. With --no-check the files are
+        # moved right after sbatch (a job that starts within milliseconds could open them first).
+        job_id = sbatch(script, hold=check)
     except ClusterDDPError as exc:
         raise type(exc)(f"{exc}\n  the script is kept at {script}") from None
     try:
         for old, kept in _move_aside(out_dir.resolve(), spec.file_stem, job_id):
             note(f"an earlier job {job_id} left {old}: kept as {kept}")
     finally:
-        if not any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args):  # held on purpose
+        held_on_purpose = any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args)
+        if check and not held_on_purpose:
             run(["scontrol", "release", job_id])
     record = JobRecord(job_id=job_id, script_path=str(script.resolve()),
                        batch_log=str((out_dir / contract.batch_log(spec.file_stem, job_id)).resolve()),

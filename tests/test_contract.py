@@ -94,9 +94,9 @@ def test_parent_job_variables_are_dropped_by_one_rule():
     assert contract.without_parent_job(environ) == {"SLURM_CONF": "/etc/slurm.conf", "HOME": "/h"}
     import inspect
 
-    import clusterddp.local as local
+    import clusterddp.local_run as local_run
 
-    for module in (slurm, local):
+    for module in (slurm, local_run):
         assert "without_parent_job" in inspect.getsource(module)
         assert 'startswith(("SLURM_"' not in inspect.getsource(module)
 

@@ -163,18 +163,22 @@ def test_option_table_matches_the_installed_sbatch(slurm_env):
             assert "allow an argument" in ask(f"--{name}=x"), name
 
 
-def test_a_reused_job_id_never_mixes_with_an_earlier_jobs_files(work):
+@pytest.mark.parametrize("check", [True, False])
+def test_a_reused_job_id_never_mixes_with_an_earlier_jobs_files(work, check):
     """A reset id counter (or a second cluster sharing the directory) hands out an id whose log and run
-    directory already exist: they are kept under another name and the new job gets fresh ones."""
+    directory already exist: they are kept under another name and the new job gets fresh ones. With the
+    pre-flight checks the job is submitted held until then; with --no-check the files move right after sbatch."""
     d, env = work
-    first = submitted(run_cli("submit", "--wait", "--launcher", "srun", "allreduce.py", cwd=d, env=env))
-    nxt = str(int(first["job_id"]) + 1)  # the test cluster hands out ids in order (--test-only takes one too)
+    flags = [] if check else ["--no-check"]
+    first = submitted(run_cli("submit", *flags, "--wait", "--launcher", "srun", "allreduce.py", cwd=d, env=env))
+    # The test cluster hands out ids in order, and sbatch --test-only takes one too.
+    nxt = str(int(first["job_id"]) + (2 if check else 1))
     old_log = d / "clusterddp-runs" / f"allreduce-{nxt}.out"
     old_run = d / "clusterddp-runs" / f"allreduce-{nxt}"
     old_log.write_text("an earlier job's log\n")
     old_run.mkdir()
     (old_run / "rank-0.out").write_text("an earlier job's rank log\n")
-    proc = run_cli("submit", "--no-check", "--wait", "--launcher", "srun", "allreduce.py", cwd=d, env=env)
+    proc = run_cli("submit", *flags, "--wait", "--launcher", "srun", "allreduce.py", cwd=d, env=env)
     job = submitted(proc)
     assert job["job_id"] == nxt, "the test expects consecutive ids"
     assert f"kept as {old_log}.1" in proc.stderr and f"kept as {old_run}.1" in proc.stderr
