@@ -287,15 +287,20 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
     try:
         for old, kept in _move_aside(out_dir.resolve(), spec.file_stem, job_id):
             note(f"an earlier job {job_id} left {old}: kept as {kept}")
-    finally:
-        held_on_purpose = any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args)
-        if check and not held_on_purpose:
-            run(["scontrol", "release", job_id])
+    except OSError as exc:
+        note(f"warning: could not move an earlier job {job_id}'s files aside ({exc}); the new job writes beside them")
     record = JobRecord(job_id=job_id, script_path=str(script.resolve()),
                        batch_log=str((out_dir / contract.batch_log(spec.file_stem, job_id)).resolve()),
                        run_dir=str((out_dir / contract.run_dir(spec.file_stem, job_id)).resolve()),
                        launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes)
     record.save()
+    held_on_purpose = any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args)
+    if check and not held_on_purpose:
+        try:
+            run(["scontrol", "release", job_id])
+        except SlurmError as exc:
+            raise SlurmError(f"job {job_id} was submitted held and could not be released: run "
+                             f"scontrol release {job_id}", exc.argv, exc.returncode, exc.stderr) from None
     return record
 
 
