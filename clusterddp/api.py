@@ -92,7 +92,8 @@ def setup_lines(spec: JobSpec) -> List[str]:
     lines += [f"export {name}={shell_quote(value)}" for name, value in spec.env]
     lines += list(spec.setup)
     values = {contract.LAUNCHER: "srun", contract.NNODES: spec.nodes, contract.GPUS_PER_NODE: spec.gpus_per_node,
-              contract.PROCS_PER_NODE: spec.tasks_per_node, contract.WORLD_SIZE: spec.world_size}
+              contract.PROCS_PER_NODE: spec.tasks_per_node, contract.WORLD_SIZE: spec.world_size,
+              contract.HANG_TIMEOUT: spec.hang_timeout_seconds}
     lines += ["export " + " ".join(f"{name}={value}" for name, value in values.items())]
     lines += render_part(spec, "rendezvous").rstrip("\n").splitlines()
     return lines

@@ -79,6 +79,13 @@ def spec_options(f: Callable) -> Callable:
                      metavar="SECONDS", help="Ask for the stop signal this long before the time limit."),
         click.option("--stop-grace", type=int, default=D("stop_grace"), show_default=True, metavar="SECONDS",
                      help="How long ranks get to checkpoint after the signal before srun is ended."),
+        click.option("--hang-timeout", default=D("hang_timeout"), show_default=True, metavar="TIME",
+                     help="End the job when no rank has advanced for this long (minutes, or MM:SS, HH:MM:SS as "
+                          "--time; 0 = off). The roll call of where every rank waits goes into the batch log. "
+                          "Scripts using clusterddp.runtime only; the first step gets twice as long."),
+        click.option("--flight-recorder/--no-flight-recorder", default=D("flight_recorder"), show_default=True,
+                     help="NCCL jobs: PyTorch's flight recorder keeps each rank's last collectives and writes them "
+                          "into the run directory on a timeout or hang (TORCH_NCCL_TRACE_BUFFER_SIZE)."),
         click.option("--container-image", metavar="IMAGE",
                      help="Run every task in this image through pyxis/enroot (srun --container-image)."),
         click.option("--apptainer", metavar="IMAGE", help="Run every task with apptainer exec [--nv] IMAGE."),

@@ -40,11 +40,74 @@ def status_command(job_ids: Sequence[str]) -> None:
             failed += 1
             continue
         exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
-        rows.append((j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, "" if j.done else reason(j)))
+        rows.append((j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, reason(j) if not j.done else
+                     _why_it_ended(j.job_id)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     if failed:
+        sys.exit(1)
+
+
+def _why_it_ended(job_id: str) -> str:
+    """What the runtime reported for a job that ended: a hang's roll call in one line, a failed rendezvous."""
+    from .record import JobRecord
+    from .rollcall import hang_report, rendezvous_failure
+
+    record = JobRecord.load(job_id)
+    if record is None:
+        return ""
+    hang = hang_report(Path(record.run_dir))
+    if hang is not None:
+        return hang["summary"]
+    return rendezvous_failure(Path(record.run_dir)) or ""
+
+
+@cli.command("stacks")
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print the roll call as JSON (for tools).")
+@click.option("--timeout", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="How long ranks get to answer before py-spy is tried for the silent ones.")
+@click.option("--no-py-spy", is_flag=True, help="Do not fall back to py-spy for ranks that do not answer.")
+def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool) -> None:
+    """Where is every rank of a running job? Collects every rank's Python stacks (all threads) and prints a roll
+    call: ranks grouped by the place they wait, the odd ones out named, ranks that never started listed.
+
+    JOB is a job id, or the run directory of a --local run. Ranks using clusterddp.runtime answer through the run
+    directory (no ptrace needed); for others, py-spy is tried on their nodes (pip install 'clusterddp[stacks]').
+    Every rank's full stacks are kept in RUN_DIR/stacks/<time>/.
+
+    \b
+      clusterddp stacks 123456
+      clusterddp stacks clusterddp-runs/train-local-20261130-120000-4242
+    """
+    import json
+    import re
+
+    from . import hostlist, slurm
+    from .errors import ClusterDDPError
+    from .record import JobRecord
+    from .stacks import Target, collect, report
+
+    if re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
+        record = JobRecord.load(job)
+        if record is None:
+            raise SpecError(f"job {job} was not submitted with clusterddp here, so its run directory is unknown; "
+                            "pass the run directory instead: clusterddp stacks RUN_DIR")
+        info = slurm.info(job)
+        if info.state != "RUNNING":
+            raise ClusterDDPError(f"job {job} is {info.state}: only a running job has stacks to show"
+                                  + (f" (its logs: clusterddp logs {job})" if info.done else ""))
+        target = Target(Path(record.run_dir), record.nodes * record.procs_per_node, record.launcher,
+                        record.procs_per_node, job, hostlist.expand(info.node_list) if info.node_list else ())
+    elif Path(job).is_dir():
+        target = Target(Path(job))
+    else:
+        raise SpecError(f"{job!r} is neither a job id (digits) nor an existing run directory")
+    call = collect(target, timeout, note=lambda line: click.echo(f"clusterddp: {line}", err=True),
+                   fallback=not no_py_spy)
+    click.echo(json.dumps(call, indent=1) if as_json else report(call, target.run_dir).rstrip("\n"))
+    if not call["groups"]:
         sys.exit(1)
 
 

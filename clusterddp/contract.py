@@ -17,10 +17,28 @@ WORLD_SIZE = "CLUSTERDDP_WORLD_SIZE"            # what the job was rendered for;
 RUN_DIR = "CLUSTERDDP_RUN_DIR"                  # the job's run directory (logs, checkpoints)
 STOP_FILE = "CLUSTERDDP_STOP_FILE"              # exists once the job is asked to stop (time limit, preemption)
 LOCAL = "CLUSTERDDP_LOCAL"                      # set by the local backend
-#: Read by the runtime, set by the user (not by the script).
+RESTARTS = "CLUSTERDDP_RESTARTS"                # how often Slurm requeued this job (0 at first)
+HANG_TIMEOUT = "CLUSTERDDP_HANG_TIMEOUT"        # seconds without progress on any rank before the watchdog acts
+#: Read by the runtime, set by the user (not by the script): the rendezvous must complete within it.
 TIMEOUT = "CLUSTERDDP_TIMEOUT"
 #: Exported by the batch script (templates/base.sh.j2) and by the local backend.
-EXPORTED = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR)
+EXPORTED = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR, RESTARTS, HANG_TIMEOUT)
+
+# --- hangs: the control plane's files in the run directory and its exit codes -------------------------------
+DEFAULT_HANG_TIMEOUT_S = 900
+#: Until any rank first shows progress after init() (compilation, first data loading) the limit is this many
+#: timeouts.
+HANG_STARTUP_FACTOR = 2
+STACKS_DIR = "stacks"                        # everything below lives here
+HELLO_FILE = "stacks/ranks/rank-{rank}.json"  # written by each rank at init(): node, pid, state, restart count
+REQUEST_FILE = "stacks/request"              # `clusterddp stacks` writes a dump name here; every rank answers
+DUMP_DIR = "stacks/{name}"                   # rank-N.json (for tools) and rank-N.txt (for people) per rank
+HANG_DIR = "stacks/hang-{restarts}"          # the watchdog's dumps and roll call (rollcall.txt, rollcall.json)
+RENDEZVOUS_REPORT = "stacks/rendezvous-{restarts}.txt"  # who never arrived, when the rendezvous timed out
+NCCL_TRACE_DIR = "nccl-trace"                # PyTorch's NCCL flight recorder dumps (TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
+#: Exit codes of a job that the runtime ended (the batch script and the local backend return them).
+RENDEZVOUS_EXIT = 78
+HANG_EXIT = 79
 
 # --- the rendezvous port ------------------------------------------------------------------------------------
 #: MASTER_PORT = PORT_BASE + job id mod PORT_SPAN: below Linux's ephemeral ports (32768-60999), and jobs with

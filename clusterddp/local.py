@@ -103,9 +103,14 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
         (contract.RUN_DIR, run_dir), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
         ("OMP_NUM_THREADS", str(threads)),
         (contract.STOP_FILE, str(Path(run_dir) / contract.STOP_FILE_NAME.format(restarts=0))),
+        (contract.RESTARTS, "0"), (contract.HANG_TIMEOUT, str(spec.hang_timeout_seconds)),
     ]
     if not use_gpus:
         common.append(("CUDA_VISIBLE_DEVICES", ""))
+    elif spec.flight_recorder:  # as the batch script does for NCCL jobs
+        common += [("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                   ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(Path(run_dir) / contract.NCCL_TRACE_DIR / "rank_")),
+                   ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")]
     common += list(spec.env)
     program = spec.program_argv()
     nodelist = ",".join(["localhost"] * n)

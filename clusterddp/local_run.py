@@ -147,7 +147,16 @@ def run_plan(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = prin
     runner.join_output()
     if first is not None:
         from .logscan import summary, tracebacks
+        from .rollcall import hang_report, rendezvous_failure
 
+        hang, rendezvous = hang_report(Path(plan.run_dir)), rendezvous_failure(Path(plan.run_dir))
+        if hang is not None:  # the runtime's watchdog ended the job: its roll call says more than tracebacks
+            note(f"clusterddp: the hang watchdog ended the job ({hang['summary']}). Roll call:\n"
+                 f"{hang['text'].rstrip()}\nclusterddp: every rank's stacks: {hang['dir']}/")
+            return contract.HANG_EXIT
+        if rendezvous is not None:
+            note(f"clusterddp: {rendezvous}")
+            return contract.RENDEZVOUS_EXIT
         note(f"clusterddp: {plan.procs[first].label} exited with code {code}; stopped the others")
         found = tracebacks(sorted(Path(plan.run_dir).glob("*.out")))
         note(summary(found, plan.run_dir))

@@ -132,6 +132,14 @@ def cancel(job_id: str) -> None:
     run(["scancel", job_id])
 
 
+def run_in_job(job_id: str, nodes: int, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``argv`` once on each node of a running job, beside its steps (srun --overlap shares their CPUs
+    instead of waiting for free ones). Returns the finished process; stderr carries what each node said."""
+    job_id = check_job_id(job_id)
+    return run(["srun", "--overlap", f"--jobid={job_id}", f"--nodes={nodes}", f"--ntasks={nodes}",
+                "--ntasks-per-node=1", "--kill-on-bad-exit=0", "--quiet", "--", *argv], check=False, timeout=timeout)
+
+
 @dataclass
 class JobInfo:
     job_id: str

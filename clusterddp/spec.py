@@ -63,6 +63,8 @@ class JobSpec:
     max_requeues: int = 3
     signal_seconds: int = 120
     stop_grace: int = 90
+    hang_timeout: str = "15"
+    flight_recorder: bool = True
 
     def __post_init__(self) -> None:
         # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.
@@ -97,6 +99,11 @@ class JobSpec:
     @property
     def time_seconds(self) -> Optional[int]:
         return None if self.time is None else parse_time(self.time)
+
+    @property
+    def hang_timeout_seconds(self) -> int:
+        """Seconds without progress on any rank before the runtime's watchdog ends the job (0: off)."""
+        return 0 if self.hang_timeout in ("0", "off") else parse_time(self.hang_timeout)
 
     @property
     def requeues(self) -> bool:
@@ -214,6 +221,10 @@ class JobSpec:
         positive_int("max_requeues", self.max_requeues, 0)
         positive_int("signal_seconds", self.signal_seconds, 10)
         positive_int("stop_grace", self.stop_grace, 1)
+        try:
+            self.hang_timeout_seconds  # noqa: B018 (validates)
+        except SpecError as exc:
+            raise SpecError(f"hang_timeout: {exc} (0 turns the hang watchdog off)") from None
         if self.requeues and self.stop_grace >= self.signal_seconds:
             raise SpecError(f"stop_grace={self.stop_grace} s is not below signal_seconds={self.signal_seconds} s: "
                             "Slurm would kill the job at its time limit before it could requeue; lower --stop-grace "

@@ -45,8 +45,20 @@ def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
 
 
 def show_failure(record: Any) -> None:
-    """Name every log with a traceback and print the most likely root cause in full."""
+    """The hang watchdog's roll call, or ranks that never arrived, or else every log with a traceback and the most
+    likely root cause in full."""
     from .logscan import summary, tracebacks
+    from .rollcall import hang_report, rendezvous_failure
+
+    hang = hang_report(Path(record.run_dir))
+    if hang is not None:
+        click.echo(f"clusterddp: the hang watchdog ended the job ({hang['summary']}). Roll call:\n"
+                   f"{hang['text'].rstrip()}\nclusterddp: every rank's stacks: {hang['dir']}/", err=True)
+        return
+    rendezvous = rendezvous_failure(Path(record.run_dir))
+    if rendezvous is not None:
+        click.echo(f"clusterddp: {rendezvous}", err=True)
+        return
 
     found = tracebacks([Path(p) for p in record.logs()] + [Path(record.batch_log)])
     click.echo(summary(found, f"{record.run_dir}/ and {record.batch_log}" if not found else record.run_dir), err=True)

@@ -101,14 +101,18 @@ def test_parent_job_variables_are_dropped_by_one_rule():
         assert 'startswith(("SLURM_"' not in inspect.getsource(module)
 
 
-def test_the_job_side_imports_only_errors_hostlist_and_the_contract():
-    """clusterddp/runtime/ is the job side: its imports are torch, the standard library, itself, and three
-    shared modules; never click, jinja2, submitit or a login-side module."""
+def test_the_job_side_imports_only_the_shared_modules():
+    """clusterddp/runtime/ is the job side: its imports are torch, the standard library, itself, and four
+    shared modules (errors, hostlist, contract, rollcall); never click, jinja2, submitit or a login-side module."""
     import ast
     import subprocess
     import sys
 
-    allowed = {"errors", "hostlist", "contract"}
+    allowed = {"errors", "hostlist", "contract", "rollcall"}
+    shared = RUNTIME.parent / "rollcall.py"  # shared by both sides: it may import only the contract
+    assert {n.module for n in ast.walk(ast.parse(shared.read_text())) if isinstance(n, ast.ImportFrom)
+            and n.level} == {None}, "rollcall.py imports more than clusterddp.contract"
+    assert "from . import contract" in shared.read_text()
     for path in sorted(RUNTIME.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level == 2:
@@ -123,6 +127,7 @@ def test_the_job_side_imports_only_errors_hostlist_and_the_contract():
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=ROOT).stdout.split())
     ours = {m for m in mods if m.startswith("clusterddp")}
-    assert ours <= {"clusterddp", "clusterddp.errors", "clusterddp.hostlist", "clusterddp.contract"} | {
+    assert ours <= {"clusterddp", "clusterddp.errors", "clusterddp.hostlist", "clusterddp.contract",
+                    "clusterddp.rollcall"} | {
         m for m in ours if m.startswith("clusterddp.runtime")}, ours
     assert not {"click", "jinja2", "submitit", "torch"} & mods  # torch too: it loads on first use

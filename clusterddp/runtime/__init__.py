@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .checkpoint import Checkpointer
+from .control import heartbeat
 from .env import DistEnv
 from .group import (
     DEFAULT_TIMEOUT_S,
@@ -51,4 +52,4 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["DistEnv", "Joined", "init", "shutdown", "wrap", "unwrap", "loader", "is_main", "print0", "log",
            "barrier", "all_reduce_mean", "save_on_main", "device", "rank", "world_size", "select_device", "spawn",
-           "should_stop", "Checkpointer", "DEFAULT_TIMEOUT_S"]
+           "should_stop", "heartbeat", "Checkpointer", "DEFAULT_TIMEOUT_S"]

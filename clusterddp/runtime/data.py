@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterator, Mapping
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from .control import heartbeat
 from .group import rank, world_size
 
 
@@ -52,6 +53,7 @@ class EpochLoader(DataLoader):
         try:
             for batch in super().__iter__():
                 self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it
+                heartbeat()
                 yield batch
         finally:
             self._active = False

@@ -8,6 +8,7 @@ import gc
 import os
 import socket
 import tempfile
+import time
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,11 +16,13 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
+from .control import heartbeat
 from .env import DistEnv
 
 DEFAULT_TIMEOUT_S = 300.0
 
-# env, device, backend, wrapped (DDP modules made by wrap(), released by shutdown), stop (see stop.py)
+# env, device, backend, wrapped (DDP modules made by wrap(), released by shutdown), stop (see stop.py),
+# control (the control thread, control.py), channel (the CPU gloo group for control traffic)
 _STATE: Dict[str, Any] = {}
 
 
@@ -64,17 +67,26 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     """Initialise the process group from the launcher's variables; returns the DistEnv.
 
     NCCL when CUDA is available, else gloo. ``timeout`` (seconds, default $CLUSTERDDP_TIMEOUT or 300) bounds the
-    rendezvous and collectives: a missing rank fails the job instead of hanging it until the time limit.
+    rendezvous: when a rank never arrives, the ranks that did name it (rank and node) and the job ends with exit
+    code 78. Collectives are bounded by the hang watchdog ($CLUSTERDDP_HANG_TIMEOUT, default 900 s; 0 = off),
+    which names the rank that stopped advancing and ends the job with exit code 79; they get torch's own timeout
+    two minutes later (or ``timeout`` with the watchdog off). Beside the training group, a gloo group on the CPU
+    carries the control traffic (``should_stop()``), so it never synchronises the GPU.
     """
     import torch
     import torch.distributed as dist
 
     from . import stop
+    from .control import Control
 
     if dist.is_available() and dist.is_initialized() and "env" in _STATE:
         return _STATE["env"]
+    environ = os.environ if environ is None else environ
     env = DistEnv.from_env(environ, allow_single=allow_single)
-    seconds = timeout if timeout is not None else float(os.environ.get(contract.TIMEOUT, DEFAULT_TIMEOUT_S))
+    seconds = timeout if timeout is not None else _seconds(environ.get(contract.TIMEOUT), DEFAULT_TIMEOUT_S)
+    control = Control(env, environ.get(contract.RUN_DIR), seconds, environ)
+    # torch's own limit comes after ours, so that the report naming the missing or stuck rank is what users see.
+    torch_seconds = max(seconds, control.hang_timeout + 120) if control.hang_timeout > 0 else seconds
     device = select_device(env)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if env.source == "single" and env.master_port == 0:
@@ -84,10 +96,24 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
         init_method = "env://"
     else:
         init_method = f"tcp://{env.master_addr}:{env.master_port}"
-    dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=seconds))
+    control.start()
+    try:
+        dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank,
+                                world_size=env.world_size, timeout=timedelta(seconds=torch_seconds + 30))
+        # The control channel: stop agreement on the CPU, never on the training device's stream.
+        channel = dist.new_group(backend="gloo", timeout=timedelta(seconds=torch_seconds))
+    except Exception as exc:
+        control.stop()
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        from .control import rendezvous_report
+
+        raise RuntimeEnvError(f"{rendezvous_report(env, control.run_dir, time.monotonic() - control.started, environ)}"
+                              f" ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    control.joined(dist.distributed_c10d._get_default_store())
     joined = Joined(**{f: getattr(env, f) for f in env.__dataclass_fields__})
-    _STATE.update(env=joined, device=device, backend=backend, wrapped=weakref.WeakSet())
+    _STATE.update(env=joined, device=device, backend=backend, wrapped=weakref.WeakSet(), control=control,
+                  channel=channel)
     stop.install()
     if device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
@@ -107,9 +133,23 @@ def shutdown() -> None:
             model.reducer = None
     gc.collect()  # reference cycles (autograd hooks) holding reducer state go now, not at interpreter exit
     stop.uninstall()
+    if "control" in _STATE:
+        _STATE["control"].stop()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _STATE.clear()
+
+
+def _seconds(text: Optional[str], default: float) -> float:
+    if text is None or text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1e9:
+        raise RuntimeEnvError(f"{contract.TIMEOUT}={text!r}: expected seconds (the rendezvous timeout, e.g. 300)")
+    return value
 
 
 def _env() -> DistEnv:
@@ -150,6 +190,7 @@ def barrier() -> None:
     """Wait until every rank gets here (no-op without a process group)."""
     import torch.distributed as dist
 
+    heartbeat()
     if dist.is_available() and dist.is_initialized():
         if _STATE.get("backend") == "nccl":
             dist.barrier(device_ids=[_STATE["device"].index])
@@ -175,6 +216,7 @@ def all_reduce_mean(value: Any) -> Any:
     import torch
     import torch.distributed as dist
 
+    heartbeat()
     is_tensor = isinstance(value, torch.Tensor)
     t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
     if distributed():
@@ -196,6 +238,7 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
         ddp_kwargs.setdefault("output_device", dev.index)
     wrapped = DDP(model, **ddp_kwargs)
     _STATE["wrapped"].add(wrapped)
+    wrapped.register_forward_pre_hook(_beat_hook)  # every forward pass is progress for the hang watchdog
     if not ddp_kwargs.get("find_unused_parameters") and not ddp_kwargs.get("static_graph"):
         _fix_bucket_layout(wrapped)
     return wrapped
@@ -221,6 +264,10 @@ def _fix_bucket_layout(ddp: Any) -> None:
     sum(p.sum() * 0.0 for p in params).backward()  # an all-reduce of zeros on every rank (wrap is collective)
     for p in params:
         p.grad = None
+
+
+def _beat_hook(module: Any, args: Any) -> None:
+    heartbeat()
 
 
 def unwrap(model: Any) -> Any:

@@ -6,6 +6,7 @@ import signal
 from typing import Any, Dict
 
 from .. import contract
+from .control import heartbeat
 from .group import _STATE, distributed
 
 
@@ -51,15 +52,16 @@ def should_stop() -> bool:
     or the job's stop file): checkpoint and return. The ranks agree collectively, so none runs ahead."""
     state = _stop()
     state["polled"] = True
+    heartbeat()
     stop_file = os.environ.get(contract.STOP_FILE)
     local = state["signal"] is not None or bool(stop_file and os.path.exists(stop_file))
     if distributed():
         import torch
         import torch.distributed as dist
 
+        # On the CPU control channel (a gloo group beside the training group): with NCCL, a flag on the GPU
+        # read back with .item() would synchronise the CUDA stream at every call.
         flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        if _STATE.get("backend") == "nccl":
-            flag = flag.to(_STATE["device"])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_STATE["channel"])
         return bool(flag.item())
     return local

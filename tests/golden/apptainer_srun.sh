@@ -18,6 +18,7 @@ export CLUSTERDDP_NNODES=2
 export CLUSTERDDP_GPUS_PER_NODE=2
 export CLUSTERDDP_PROCS_PER_NODE=2
 export CLUSTERDDP_WORLD_SIZE=4
+export CLUSTERDDP_HANG_TIMEOUT=900
 export OMP_NUM_THREADS=1
 
 # Slurm's variables are data: bash evaluates a variable's text as arithmetic inside $(( )) and [ -ge ], so
@@ -25,7 +26,7 @@ export OMP_NUM_THREADS=1
 case "${SLURM_JOB_ID:-}" in
     ''|*[!0-9]*) echo "clusterddp: SLURM_JOB_ID='${SLURM_JOB_ID:-}' is not a job id; submit this script with sbatch" >&2; exit 1 ;;
 esac
-CLUSTERDDP_RESTARTS="${SLURM_RESTART_COUNT:-0}"
+export CLUSTERDDP_RESTARTS="${SLURM_RESTART_COUNT:-0}"
 case "$CLUSTERDDP_RESTARTS" in
     ''|*[!0-9]*) echo "clusterddp: SLURM_RESTART_COUNT='$CLUSTERDDP_RESTARTS' is not a number" >&2; exit 1 ;;
 esac
@@ -70,6 +71,14 @@ export MASTER_PORT
 RUN_DIR=clusterddp-runs/train-"$SLURM_JOB_ID"
 mkdir -p -- "$RUN_DIR"
 export CLUSTERDDP_RUN_DIR="$RUN_DIR"
+# NCCL: PyTorch's flight recorder keeps every rank's last collectives and writes them here when one times out
+# (or the hang watchdog ends the job); a failed collective aborts the job instead of hanging it.
+# (--no-flight-recorder leaves these out.)
+export TORCH_NCCL_TRACE_BUFFER_SIZE=2000
+export TORCH_NCCL_DUMP_ON_TIMEOUT=1
+export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$RUN_DIR/nccl-trace/rank_"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=3
+mkdir -p -- "$RUN_DIR/nccl-trace"
 # (srun reads % in --output as a file-name pattern: the directory part is escaped where it is used.)
 echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 4 (2 x 2), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-rank logs in $RUN_DIR"
@@ -90,6 +99,16 @@ while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
     CLUSTERDDP_STATUS=0
     wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
 done
+# What the ranks' control thread found (clusterddp.runtime): a hang's roll call, or ranks that never arrived.
+if [ -f "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" ]; then
+    echo "clusterddp: the hang watchdog ended the job: no rank advanced for $CLUSTERDDP_HANG_TIMEOUT s. Roll call:" >&2
+    cat -- "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" >&2
+    echo "clusterddp: every rank's stacks: $RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/" >&2
+    CLUSTERDDP_STATUS=79
+elif [ -f "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt" ]; then
+    echo "clusterddp: $(cat -- "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt")" >&2
+    CLUSTERDDP_STATUS=78
+fi
 if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
     echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
 fi

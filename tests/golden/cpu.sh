@@ -20,6 +20,7 @@ export CLUSTERDDP_NNODES=2
 export CLUSTERDDP_GPUS_PER_NODE=0
 export CLUSTERDDP_PROCS_PER_NODE=4
 export CLUSTERDDP_WORLD_SIZE=8
+export CLUSTERDDP_HANG_TIMEOUT=900
 export OMP_NUM_THREADS=2
 
 # Slurm's variables are data: bash evaluates a variable's text as arithmetic inside $(( )) and [ -ge ], so
@@ -27,7 +28,7 @@ export OMP_NUM_THREADS=2
 case "${SLURM_JOB_ID:-}" in
     ''|*[!0-9]*) echo "clusterddp: SLURM_JOB_ID='${SLURM_JOB_ID:-}' is not a job id; submit this script with sbatch" >&2; exit 1 ;;
 esac
-CLUSTERDDP_RESTARTS="${SLURM_RESTART_COUNT:-0}"
+export CLUSTERDDP_RESTARTS="${SLURM_RESTART_COUNT:-0}"
 case "$CLUSTERDDP_RESTARTS" in
     ''|*[!0-9]*) echo "clusterddp: SLURM_RESTART_COUNT='$CLUSTERDDP_RESTARTS' is not a number" >&2; exit 1 ;;
 esac
@@ -93,6 +94,16 @@ while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
     CLUSTERDDP_STATUS=0
     wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
 done
+# What the ranks' control thread found (clusterddp.runtime): a hang's roll call, or ranks that never arrived.
+if [ -f "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" ]; then
+    echo "clusterddp: the hang watchdog ended the job: no rank advanced for $CLUSTERDDP_HANG_TIMEOUT s. Roll call:" >&2
+    cat -- "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" >&2
+    echo "clusterddp: every rank's stacks: $RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/" >&2
+    CLUSTERDDP_STATUS=79
+elif [ -f "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt" ]; then
+    echo "clusterddp: $(cat -- "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt")" >&2
+    CLUSTERDDP_STATUS=78
+fi
 if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
     echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
 fi

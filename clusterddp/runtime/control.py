@@ -1,0 +1,277 @@
+"""The control plane inside the job: who has started, stack dumps on request, heartbeats and the hang watchdog.
+
+One daemon thread per rank. It never touches the GPU and never calls a collective: it reads and writes small files
+in the run directory (shared by every node, as logs and checkpoints are) and, once the process group is up, adds
+this rank's progress to one counter in the group's TCP store, which every rank already talks to. Work in the
+training loop is one integer increment per heartbeat.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+from .. import contract, rollcall
+from ..errors import RuntimeEnvError
+from ..hostlist import HostlistError, expand
+from ..rollcall import read_dumps, read_hellos, write_atomic, write_dump
+from .env import DistEnv
+
+POLL_S = 1.0          # how often a rank looks for a stack request
+BEAT_S = 2.0          # how often a rank adds its progress to the store's counter
+COLLECT_S = 15.0      # after a hang: how long the ranks wait for each other's dumps
+_STORE_KEY = "clusterddp/progress"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+#: Progress of this process: incremented by heartbeat() (loader batches, should_stop, forward passes, ...).
+_BEATS = [0]
+
+
+def heartbeat() -> None:
+    """Tell the hang watchdog that this rank advanced. The runtime's loader, ``should_stop()``, collectives and
+    wrapped models do it already; call it in loops that use none of them."""
+    _BEATS[0] += 1
+
+
+def hang_timeout(environ: Mapping[str, str]) -> float:
+    """Seconds from $CLUSTERDDP_HANG_TIMEOUT (default 900; 0 turns the watchdog off)."""
+    text = environ.get(contract.HANG_TIMEOUT, "")
+    if text == "":
+        return float(contract.DEFAULT_HANG_TIMEOUT_S)
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e9:
+        raise RuntimeEnvError(f"{contract.HANG_TIMEOUT}={text!r}: expected seconds (0 turns the hang watchdog off)")
+    return value
+
+
+def _library_prefixes() -> List[str]:
+    paths = sysconfig.get_paths()
+    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    found.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # clusterddp itself
+    return sorted(found)
+
+
+def dump_stacks(rank: int, source: str = "runtime") -> Dict[str, Any]:
+    """Every thread's Python stack in this process except the control thread's (no GPU work, no collective)."""
+    prefixes = _library_prefixes()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    threads = []
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue
+        frames = [{"file": fs.filename, "line": fs.lineno or 0, "func": fs.name, "text": (fs.line or "").strip(),
+                   "lib": rollcall.is_library(fs.filename, prefixes)} for fs in traceback.extract_stack(frame)]
+        threads.append({"name": names.get(ident, f"thread {ident}"), "main": ident == main, "frames": frames})
+    threads.sort(key=lambda t: not t["main"])
+    return {"rank": rank, "node": socket.gethostname(), "pid": os.getpid(), "time": time.time(), "source": source,
+            "beats": _BEATS[0], "threads": threads}
+
+
+def node_of(rank: int, env: DistEnv, hellos: Mapping[int, Mapping[str, Any]], environ: Mapping[str, str]) -> str:
+    """The node a rank runs (or would run) on: srun and spawn place ranks in blocks in node-list order."""
+    if rank in hellos:
+        return str(hellos[rank].get("node", "?"))
+    node_index = rank // max(1, env.local_world_size)
+    same_node = [h for r, h in hellos.items() if r // max(1, env.local_world_size) == node_index]
+    if env.source == "torchrun":
+        return "node unknown: torchrun gives node ranks out at its rendezvous"
+    if same_node:
+        return str(same_node[0].get("node", "?"))
+    nodelist = environ.get("SLURM_JOB_NODELIST", "")
+    if nodelist and not environ.get(contract.LOCAL):
+        try:
+            hosts = expand(nodelist)
+            if node_index < len(hosts):
+                return hosts[node_index]
+        except HostlistError:
+            pass
+    return f"node {node_index}"
+
+
+def rendezvous_report(env: DistEnv, run_dir: Optional[Path], waited: float, environ: Mapping[str, str]) -> str:
+    """Who did not arrive at the rendezvous, by rank and node (from the ranks' hello files)."""
+    where = f"{env.master_addr}:{env.master_port}"
+    if run_dir is None:
+        return (f"the rendezvous at {where} did not complete in {waited:.0f} s (no {contract.RUN_DIR}: cannot tell "
+                "which ranks arrived)")
+    restart = int(environ.get(contract.RESTARTS, "0") or 0)
+    hellos = read_hellos(run_dir, restart)
+    missing = [r for r in range(env.world_size) if r not in hellos]
+    if not missing:
+        return (f"the rendezvous at {where} did not complete in {waited:.0f} s although all {env.world_size} ranks "
+                f"started: a node cannot reach {where}? (clusterddp doctor checks the network)")
+    named = "; ".join(f"rank {r} ({node_of(r, env, hellos, environ)}): never started" for r in missing[:16])
+    more = f" and {len(missing) - 16} more" if len(missing) > 16 else ""
+    return (f"the rendezvous at {where} did not complete in {waited:.0f} s: {len(hellos)} of {env.world_size} "
+            f"ranks arrived; missing {named}{more}")
+
+
+class Control:
+    """The control thread of one rank (init() starts it, shutdown() stops it)."""
+
+    def __init__(self, env: DistEnv, run_dir: Optional[str], rendezvous_timeout: float,
+                 environ: Mapping[str, str]) -> None:
+        self.env, self.environ = env, dict(environ)
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.restart = int(self.environ.get(contract.RESTARTS, "0") or 0)
+        self.rendezvous_timeout = rendezvous_timeout
+        self.hang_timeout = hang_timeout(self.environ)
+        self.store: Any = None
+        self.stopping = threading.Event()
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="clusterddp-control", daemon=True)
+
+    # --- called from the main thread ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._hello("rendezvous")
+        self.thread.start()
+
+    def joined(self, store: Any) -> None:
+        self._hello("joined")
+        self.store = store
+        self.joined_at = time.monotonic()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=POLL_S + BEAT_S + 5)
+        self._hello("left")
+
+    # --- the thread --------------------------------------------------------------------------------------
+    def _hello(self, state: str) -> None:
+        if self.run_dir is None:
+            return
+        hello = {"rank": self.env.rank, "node": socket.gethostname(), "pid": os.getpid(), "state": state,
+                 "restart": self.restart, "world_size": self.env.world_size, "time": time.time()}
+        try:
+            write_atomic(self.run_dir / contract.HELLO_FILE.format(rank=self.env.rank), json.dumps(hello))
+        except OSError as exc:
+            print(f"clusterddp: cannot write to the run directory {self.run_dir} ({exc.strerror}): "
+                  "clusterddp stacks will not find this rank", file=sys.stderr, flush=True)
+
+    def _run(self) -> None:
+        last_beat = 0.0
+        sent, total, progressed, last_progress = 0, -1, False, 0.0
+        complained = False
+        while not self.stopping.wait(POLL_S):
+            try:
+                self._answer_request()
+                now = time.monotonic()
+                if self.store is None:
+                    if now - self.started > self.rendezvous_timeout:
+                        self._rendezvous_failed(now - self.started)
+                    continue
+                if self.hang_timeout <= 0 or now - last_beat < BEAT_S:
+                    continue
+                last_beat = now
+                beats = _BEATS[0]
+                seen = int(self.store.add(_STORE_KEY, beats - sent))
+                sent = beats
+                if seen != total:  # the first reading only starts the clock
+                    progressed = progressed or total >= 0
+                    total, last_progress = seen, now
+                limit = self.hang_timeout * (1 if progressed else contract.HANG_STARTUP_FACTOR)
+                if now - last_progress >= limit:
+                    self._hung(now - last_progress, limit)
+            except Exception as exc:  # the control plane must never take the training down
+                if self.stopping.is_set():
+                    return
+                if not complained:
+                    complained = True
+                    print(f"clusterddp: control thread: {type(exc).__name__}: {exc} (hang watchdog paused)",
+                          file=sys.stderr, flush=True)
+                time.sleep(BEAT_S)
+
+    def _answer_request(self) -> None:
+        if self.run_dir is None:
+            return
+        try:
+            name = (self.run_dir / contract.REQUEST_FILE).read_text().strip()
+        except OSError:
+            return
+        if not _NAME.fullmatch(name):
+            return
+        directory = self.run_dir / contract.DUMP_DIR.format(name=name)
+        if directory.is_dir() and not (directory / f"rank-{self.env.rank}.json").exists():
+            write_dump(directory, dump_stacks(self.env.rank))
+
+    def _rendezvous_failed(self, waited: float) -> None:
+        report = rendezvous_report(self.env, self.run_dir, waited, self.environ)
+        print(f"clusterddp: rank {self.env.rank}: {report}", file=sys.stderr, flush=True)
+        if self.run_dir is not None:
+            hellos = read_hellos(self.run_dir, self.restart)
+            if self.env.rank == min(hellos, default=self.env.rank):
+                write_atomic(self.run_dir / contract.RENDEZVOUS_REPORT.format(restarts=self.restart), report + "\n")
+        os._exit(contract.RENDEZVOUS_EXIT)
+
+    def _hung(self, idle: float, limit: float) -> None:
+        since = time.strftime("%H:%M:%S", time.localtime(time.time() - idle))
+        rank, world = self.env.rank, self.env.world_size
+        first = "" if limit == self.hang_timeout else ", doubled until the first progress"
+        print(f"clusterddp: rank {rank}: hang watchdog: no rank advanced since {since} ({idle:.0f} s, limit "
+              f"{limit:.0f} s{first}); dumping stacks and ending the job (exit {contract.HANG_EXIT})",
+              file=sys.stderr, flush=True)
+        dump = dump_stacks(rank)
+        if self.run_dir is None:
+            sys.stderr.write(rollcall.format_dump(dump))
+            sys.stderr.flush()
+            os._exit(contract.HANG_EXIT)
+        directory = self.run_dir / contract.HANG_DIR.format(restarts=self.restart)
+        write_dump(directory, dump)
+        _flight_recorder_dump(self.run_dir, rank)
+        deadline = time.monotonic() + COLLECT_S
+        while time.monotonic() < deadline and len(list(directory.glob("rank-*.json"))) < world:
+            time.sleep(0.5)
+        dumps = read_dumps(directory)
+        final = directory / "rollcall.txt"
+        if rank == min((d["rank"] for d in dumps), default=rank):
+            hellos = read_hellos(self.run_dir, self.restart)
+            answered = {d["rank"] for d in dumps}
+            missing = {r: (f"{node_of(r, self.env, hellos, self.environ)}: no dump; busy in native code holding "
+                           "Python's lock, stopped, or gone" if r in hellos else
+                           f"{node_of(r, self.env, hellos, self.environ)}: never started")
+                       for r in range(world) if r not in answered}
+            call = rollcall.build(dumps, world, missing)
+            call["since"], call["idle_s"] = since, round(idle)
+            call["summary"] = f"hung since {since}: {call['summary']}"
+            write_atomic(directory / "rollcall.json", json.dumps(call, indent=1))
+            write_atomic(final, rollcall.format_text(call))
+            sys.stderr.write(f"clusterddp: roll call ({directory}):\n{rollcall.format_text(call)}")
+            sys.stderr.flush()
+        else:
+            deadline = time.monotonic() + COLLECT_S + 10
+            while time.monotonic() < deadline and not final.exists():
+                time.sleep(0.5)
+        os._exit(contract.HANG_EXIT)
+
+
+def _flight_recorder_dump(run_dir: Path, rank: int) -> None:
+    """NCCL jobs: write PyTorch's flight recorder (the last collectives) beside the stacks, as a timeout would."""
+    if not int(os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0") or 0):
+        return
+    try:
+        import torch
+
+        c10d = torch._C._distributed_c10d  # private API: the name changed between releases; absent in CPU builds
+        dump = getattr(c10d, "_dump_nccl_trace", None) or c10d._dump_fr_trace  # type: ignore[attr-defined]
+        data = dump()
+    except Exception:
+        return
+    prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or str(run_dir / contract.NCCL_TRACE_DIR / "rank_")
+    try:
+        Path(prefix + str(rank)).parent.mkdir(parents=True, exist_ok=True)
+        Path(prefix + str(rank)).write_bytes(data)
+    except OSError:
+        pass

@@ -1,0 +1,119 @@
+"""Stacks of ranks that cannot answer themselves (unmodified scripts, or stuck in native code), through py-spy.
+
+Runs on one node (``clusterddp stacks`` starts it there with ``srun --overlap``, or directly for --local runs):
+
+    python -m clusterddp.runtime.pyspy RUN_DIR OUT_DIR
+
+finds this node's rank processes of the job (their environment names the run directory and a RANK), and writes
+``OUT_DIR/rank-N.json`` for each rank that has no dump yet. py-spy needs ptrace rights over the process: with
+``kernel.yama.ptrace_scope`` 1 or more that takes CAP_SYS_PTRACE, and the reason is printed instead.
+Imports no torch; exit code 1 when no rank could be dumped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import contract, rollcall
+
+
+def _environ(pid: int) -> Optional[Dict[str, str]]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
+def ranks_here(run_dir: str) -> List[Tuple[int, int]]:
+    """(rank, pid) of this node's processes started for the job with this run directory."""
+    want = os.path.realpath(run_dir)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        env = _environ(int(entry))
+        if not env or "RANK" not in env or not env.get("RANK", "").isdigit():
+            continue
+        if os.path.realpath(env.get(contract.RUN_DIR, "\0")) == want:
+            found.append((int(env["RANK"]), int(entry)))
+    return sorted(found)
+
+
+def _py_spy() -> Optional[str]:
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def to_dump(rank: int, pid: int, threads: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """py-spy's ``dump --json`` output (innermost frame first) as a roll-call dump (outermost first)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    prefixes = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    prefixes.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = []
+    for t in threads:
+        frames = [{"file": str(f.get("filename", "?")), "line": int(f.get("line") or 0), "func": str(f.get("name")),
+                   "lib": rollcall.is_library(str(f.get("filename", "")), prefixes)}
+                  for f in reversed(t.get("frames") or [])]
+        out.append({"name": str(t.get("thread_name") or f"thread {t.get('thread_id')}"),
+                    "main": t.get("os_thread_id") == pid, "frames": frames})
+    out.sort(key=lambda t: not t["main"])
+    return {"rank": rank, "node": socket.gethostname(), "pid": pid, "time": time.time(), "source": "py-spy",
+            "threads": out}
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m clusterddp.runtime.pyspy RUN_DIR OUT_DIR", file=sys.stderr)
+        return 2
+    run_dir, out_dir = argv
+    host = socket.gethostname()
+    ranks = ranks_here(run_dir)
+    if not ranks:
+        print(f"{host}: no rank process of this job here (no process with RANK and {contract.RUN_DIR}={run_dir}; "
+              "the spawn launcher's workers are not found this way)", file=sys.stderr)
+        return 1
+    todo = [(r, p) for r, p in ranks if not (Path(out_dir) / f"rank-{r}.json").exists()]
+    if not todo:
+        return 0
+    exe = _py_spy()
+    if exe is None:
+        print(f"{host}: py-spy is not installed where the job runs (pip install 'clusterddp[stacks]'), and "
+              f"rank(s) {rollcall.ranges(r for r, _ in todo)} did not answer", file=sys.stderr)
+        return 1
+    done, why = 0, ""
+    for rank, pid in todo:
+        try:
+            proc = subprocess.run([exe, "dump", "--json", "--pid", str(pid)], capture_output=True, text=True,
+                                  timeout=30)
+            threads = json.loads(proc.stdout) if proc.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError):
+            threads = None
+            proc = None  # type: ignore[assignment]
+        if not isinstance(threads, list):
+            err = (proc.stderr.strip().splitlines() or ["no output"])[-1] if proc is not None else "timed out"
+            why = (f"{host}: py-spy could not read rank {rank} (pid {pid}): {err}"
+                   + (" (ptrace not permitted: kernel.yama.ptrace_scope?)" if "ermission" in err else ""))
+            print(why, file=sys.stderr)
+            continue
+        rollcall.write_dump(Path(out_dir), to_dump(rank, pid, threads))
+        done += 1
+    return 0 if done else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,135 @@
+"""``clusterddp stacks``: ask every rank of a running job where it is and print the roll call. Login side.
+
+Ranks that use clusterddp.runtime answer through their control thread: this writes a request file in the run
+directory and each rank writes its stacks beside it (no ptrace, no GPU, no collective). For the ranks that do not
+answer (an unmodified script, a rank stuck in native code), ``py-spy dump`` is tried on their nodes, started with
+``srun --overlap`` inside the job (or directly for a --local run); where that is not possible, one line says why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from . import contract, rollcall
+from .errors import ClusterDDPError, SlurmError
+
+FALLBACK_MODULE = "clusterddp.runtime.pyspy"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is inspected: a run directory and, for a Slurm job, its id, nodes and rank layout."""
+
+    run_dir: Path
+    world_size: Optional[int] = None
+    launcher: str = ""
+    per_node: int = 1
+    job_id: Optional[str] = None
+    nodes: Sequence[str] = ()
+
+
+def _node_guess(rank: int, target: Target, hellos: Dict[int, Dict[str, Any]]) -> str:
+    if target.launcher == "torchrun":
+        return "node unknown: torchrun gives node ranks out at its rendezvous"
+    index = rank // max(1, target.per_node)
+    for r, h in hellos.items():
+        if r // max(1, target.per_node) == index:
+            return str(h.get("node", "?"))
+    return target.nodes[index] if index < len(target.nodes) else f"node {index}"
+
+
+def _fallback(target: Target, directory: Path, timeout: float) -> str:
+    """py-spy on every node for the ranks that gave no dump; '' or the reason it could not run."""
+    argv = [sys.executable, "-m", FALLBACK_MODULE, str(target.run_dir.resolve()), str(directory.resolve())]
+    if target.job_id is None:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30)
+        except subprocess.TimeoutExpired:
+            return f"py-spy did not finish within {timeout + 30:.0f} s"
+        return proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else ""
+    from . import slurm
+
+    try:
+        proc = slurm.run_in_job(target.job_id, len(target.nodes) or 1, argv, timeout=timeout + 30)
+    except SlurmError as exc:
+        return f"srun --overlap could not start py-spy in job {target.job_id}: {str(exc).splitlines()[0]}"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return lines[-1] if proc.returncode and lines else ""
+
+
+def collect(target: Target, timeout: float = 10.0, note: Callable[[str], None] = lambda line: None,
+            fallback: bool = True) -> Dict[str, Any]:
+    """Ask, wait up to ``timeout`` seconds for the answers, fall back to py-spy for the silent ranks, and return
+    the roll call (rollcall.build's dict plus "dir" and "fallback"). Writes rollcall.txt/.json beside the dumps."""
+    run_dir = target.run_dir
+    if not run_dir.is_dir():
+        raise ClusterDDPError(f"run directory {run_dir} does not exist (has the job started?)")
+    name = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    directory = run_dir / contract.DUMP_DIR.format(name=name)
+    started = time.monotonic()
+    try:
+        directory.mkdir(parents=True)
+        rollcall.write_atomic(run_dir / contract.REQUEST_FILE, name + "\n")
+    except OSError as exc:
+        raise ClusterDDPError(f"cannot write the stack request into {run_dir}: {exc.strerror}") from None
+    hellos = rollcall.read_hellos(run_dir)
+    world = target.world_size or max((int(h.get("world_size", 0)) for h in hellos.values()), default=0)
+    alive = {r for r, h in hellos.items() if h.get("state") != "left"}
+    if alive:
+        note(f"asked {len(alive)} rank(s) through the run directory; waiting up to {timeout:.0f} s")
+        while time.monotonic() - started < timeout:
+            answered = {int(p.stem.split("-")[1]) for p in directory.glob("rank-*.json")}
+            if alive <= answered:
+                break
+            time.sleep(0.2)
+    dumps = rollcall.read_dumps(directory)
+    reason = ""
+    if fallback and len(dumps) < max(world, 1):
+        note("ranks without an answer: trying py-spy on their nodes")
+        reason = _fallback(target, directory, timeout)
+        dumps = rollcall.read_dumps(directory)
+    world = world or max((d["rank"] + 1 for d in dumps), default=0)
+    answered = {d["rank"] for d in dumps}
+    missing = {}
+    for r in range(world):
+        if r in answered:
+            continue
+        h = hellos.get(r)
+        if h is None:
+            missing[r] = f"{_node_guess(r, target, hellos)}: never started, or does not use clusterddp.runtime"
+        elif h.get("state") == "left":
+            missing[r] = f"{h.get('node', '?')}: finished (left the process group)"
+        else:
+            missing[r] = (f"{h.get('node', '?')}, pid {h.get('pid', '?')}: started ({h.get('state')}) but did not "
+                          f"answer in {timeout:.0f} s: busy in native code holding Python's lock, stopped, or gone")
+    call = rollcall.build(dumps, world, missing)
+    call["dir"], call["fallback"] = str(directory), reason
+    call["elapsed_s"] = round(time.monotonic() - started, 2)
+    rollcall.write_atomic(directory / "rollcall.json", json.dumps(call, indent=1))
+    rollcall.write_atomic(directory / "rollcall.txt", rollcall.format_text(call))
+    return call
+
+
+def nccl_traces(run_dir: Path) -> List[Path]:
+    """PyTorch's NCCL flight-recorder dumps in the run directory (written on a timeout or a hang)."""
+    return sorted((run_dir / contract.NCCL_TRACE_DIR).glob("rank_*"))
+
+
+def report(call: Dict[str, Any], run_dir: Path) -> str:
+    """The roll call as printed by ``clusterddp stacks``."""
+    lines = [rollcall.format_text(call).rstrip("\n")]
+    if call.get("fallback"):
+        lines.append(f"py-spy fallback: {call['fallback']}")
+    traces = nccl_traces(run_dir)
+    if traces:
+        lines.append(f"NCCL flight recorder: {len(traces)} dump(s) in {run_dir / contract.NCCL_TRACE_DIR}/ "
+                     "(read them with: torchfrtrace "
+                     f"{run_dir / contract.NCCL_TRACE_DIR} -p rank_)")
+    lines.append(f"every rank's stacks: {call['dir']}/")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,71 @@
+"""Test job for hangs: trains a tiny model with clusterddp.runtime; one rank gets stuck on purpose.
+
+--where before-allreduce: the rank sleeps before its first all_reduce (the others wait in it);
+--where loader:            the rank blocks in its dataset's __getitem__ mid-epoch;
+--where rendezvous:        the rank never calls init();
+--where slow:              every step is slow (--step-s) but advances: never a hang.
+"""
+import argparse
+import os
+import time
+
+import torch
+
+from clusterddp import runtime
+
+p = argparse.ArgumentParser()
+p.add_argument("--where", default="none", choices=["none", "before-allreduce", "loader", "rendezvous", "slow"])
+p.add_argument("--rank", type=int, default=3)
+p.add_argument("--steps", type=int, default=1000)
+p.add_argument("--step-s", type=float, default=0.05)
+args = p.parse_args()
+
+rank_env = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+if args.where == "rendezvous" and rank_env == args.rank:
+    time.sleep(3600)
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        if args.where == "loader" and runtime.rank() == args.rank and self.stuck_after <= 0:
+            time.sleep(3600)  # a wedged file system
+        self.stuck_after -= 1
+        return torch.full((4,), float(i)), torch.tensor(float(i % 3))
+
+    stuck_after = 40
+
+
+def step(model, opt, x, y):
+    loss = torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def main():
+    env = runtime.init()
+    print(f"joined rank {env.rank} of {env.world_size}", flush=True)
+    if args.where == "before-allreduce" and env.rank == args.rank:
+        time.sleep(3600)
+    model = runtime.wrap(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    data = runtime.loader(Data(), batch_size=4)
+    done = 0
+    for epoch in range(100):
+        for x, y in data:
+            step(model, opt, x, y)
+            if args.where == "slow":
+                time.sleep(args.step_s)
+            done += 1
+            if runtime.should_stop() or done >= args.steps:
+                runtime.print0(f"finished {done} steps")
+                runtime.shutdown()
+                return
+
+
+if __name__ == "__main__":
+    main()

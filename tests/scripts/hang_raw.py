@@ -1,0 +1,30 @@
+"""Test job for hangs in a script that does not use clusterddp.runtime: raw torch.distributed; --rank sleeps
+before the first all_reduce while the others wait in it."""
+import argparse
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+p = argparse.ArgumentParser()
+p.add_argument("--rank", type=int, default=3)
+args = p.parse_args()
+
+
+def stuck():
+    time.sleep(3600)
+
+
+def main():
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    if dist.get_rank() == args.rank:
+        stuck()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
