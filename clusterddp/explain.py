@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from typing import List
 
+from .contract import HANG_EXIT
 from .spec import JobSpec
 
 SHOWN_NODES = 4  # nodes listed in full before the table is abbreviated
@@ -122,7 +123,17 @@ def explain(spec: JobSpec) -> str:
     lines += ["", "rendezvous:",
               "  MASTER_ADDR  first host of `scontrol show hostnames \"$SLURM_JOB_NODELIST\"`, in the batch shell on "
               "the first node (the job stops if there is none)",
-              f"  MASTER_PORT  {port}", "", "environment of the training script:"]
+              f"  MASTER_PORT  {port}", "", "hangs:"]
+    seconds = spec.hang_timeout_seconds
+    lines.append(f"  hang watchdog: on, ends the job when no rank advances for {seconds} s (twice that before the first "
+                 f"progress); the roll call goes into the batch log; exit code {HANG_EXIT} (--hang-timeout; "
+                 "scripts using clusterddp.runtime)" if seconds else "  hang watchdog: off (--hang-timeout 0)")
+    if spec.gpus_per_node:
+        lines.append("  flight recorder: on, each rank's last NCCL collectives go to RUN_DIR/nccl-trace/ on a timeout "
+                     "or hang (TORCH_NCCL_TRACE_BUFFER_SIZE=2000; --no-flight-recorder)" if spec.flight_recorder
+                     else "  flight recorder: off (--no-flight-recorder)")
+    lines.append("  clusterddp stacks JOBID: where every rank is, while the job runs")
+    lines += ["", "environment of the training script:"]
     lines += ["  " + line for line in environment(spec)]
     found = warnings(spec)
     lines += ["", "warnings:" if found else "warnings: none"]

@@ -211,9 +211,14 @@ class Control:
         report = rendezvous_report(self.env, self.run_dir, waited, self.environ)
         print(f"clusterddp: rank {self.env.rank}: {report}", file=sys.stderr, flush=True)
         if self.run_dir is not None:
+            path = self.run_dir / contract.RENDEZVOUS_REPORT.format(restarts=self.restart)
             hellos = read_hellos(self.run_dir, self.restart)
             if self.env.rank == min(hellos, default=self.env.rank):
-                write_atomic(self.run_dir / contract.RENDEZVOUS_REPORT.format(restarts=self.restart), report + "\n")
+                write_atomic(path, report + "\n")
+            else:  # the first rank to exit ends the others (srun, torchrun): the report must be written by then
+                deadline = time.monotonic() + COLLECT_S
+                while time.monotonic() < deadline and not path.exists():
+                    time.sleep(0.2)
         os._exit(contract.RENDEZVOUS_EXIT)
 
     def _hung(self, idle: float, limit: float) -> None:

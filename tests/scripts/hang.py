@@ -20,9 +20,8 @@ p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--step-s", type=float, default=0.05)
 args = p.parse_args()
 
-rank_env = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-if args.where == "rendezvous" and rank_env == args.rank:
-    time.sleep(3600)
+if args.where == "rendezvous" and int(os.environ.get("RANK", "-1")) == args.rank:
+    time.sleep(3600)  # never reaches init()
 
 
 class Data(torch.utils.data.Dataset):
@@ -46,11 +45,12 @@ def step(model, opt, x, y):
     return loss
 
 
-def main():
+def main(local_rank=None):
     env = runtime.init()
     print(f"joined rank {env.rank} of {env.world_size}", flush=True)
     if args.where == "before-allreduce" and env.rank == args.rank:
         time.sleep(3600)
+    runtime.all_reduce_mean(torch.ones(1))
     model = runtime.wrap(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     data = runtime.loader(Data(), batch_size=4)
@@ -68,4 +68,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if os.environ.get("CLUSTERDDP_LAUNCHER") == "spawn":
+        runtime.spawn(main)
+    else:
+        main()

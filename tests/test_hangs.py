@@ -1,0 +1,431 @@
+"""Hangs (issue 12): the stack roll call, the hang watchdog, the rendezvous report and the CPU control channel.
+
+Real processes throughout: the local backend (4 ranks as 2 nodes x 2) and, marked slurm, the real test cluster.
+tests/scripts/hang.py gets one rank stuck on purpose; tests/scripts/hang_raw.py is the same without
+clusterddp.runtime (found through py-spy).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterddp import contract, rollcall
+
+from .conftest import SCRIPTS, run_cli
+
+HANG = SCRIPTS / "hang.py"
+SHAPE = ["--nodes", "2", "--procs-per-node", "2"]
+
+
+def line_of(path: Path, needle: str, after: str = "") -> int:
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if after in line) if after else 0
+    return next(i + 1 for i, line in enumerate(lines) if i >= start and needle in line)
+
+
+SLEEP_BEFORE_ALLREDUCE = line_of(HANG, "time.sleep(3600)", after='"before-allreduce" and env.rank')
+SLEEP_IN_LOADER = line_of(HANG, "time.sleep(3600)  # a wedged file system")
+
+
+# --- the roll call itself (pure) -------------------------------------------------------------------------------
+def frame(file: str, line: int, func: str, lib: bool = False) -> dict:
+    return {"file": file, "line": line, "func": func, "lib": lib}
+
+
+def dump(rank: int, frames: list, node: str = "n1") -> dict:
+    return {"rank": rank, "node": node, "pid": 100 + rank, "time": 0,
+            "threads": [{"name": "other", "main": False, "frames": [frame("/x/q.py", 1, "poll", True)]},
+                        {"name": "MainThread", "main": True, "frames": frames}]}
+
+
+WAITING = [frame("/u/train.py", 120, "main"), frame("/u/train.py", 88, "step"),
+           frame("/site-packages/torch/distributed/c10d_logger.py", 81, "wrapper", True),
+           frame("/site-packages/torch/distributed/distributed_c10d.py", 2800, "all_reduce", True)]
+ELSEWHERE = [frame("/u/train.py", 115, "main"), frame("/site-packages/torch/utils/data/dataloader.py", 700,
+                                                      "__next__", True), frame("/u/data.py", 40, "__getitem__")]
+
+
+def test_the_roll_call_groups_ranks_and_names_the_odd_one_out():
+    dumps = [dump(0, WAITING), dump(1, ELSEWHERE, "n2"), dump(2, WAITING), dump(3, WAITING, "n2")]
+    call = rollcall.build(dumps, 5, {4: "n3: never started"})
+    text = rollcall.format_text(call)
+    assert text.splitlines() == [
+        "3 of 5 ranks wait at the same place: all_reduce  <- train.py:88 step  <- train.py:120 main   "
+        "(ranks 0,2,3 on 2 nodes)",
+        "rank 1 (n2) is elsewhere:  data.py:40 __getitem__  <- train.py:115 main      <- look here",
+        "missing: rank 4 (n3: never started)"]
+    assert call["summary"] == ("rank(s) 4 did not answer; rank 1 at data.py:40 __getitem__; 3 ranks (0,2,3) wait "
+                               "in all_reduce at train.py:88 step")
+    assert [g["ranks"] for g in call["groups"]] == [[0, 2, 3], [1]]
+
+
+def test_the_roll_call_with_every_rank_in_one_place_and_none_missing():
+    call = rollcall.build([dump(r, WAITING) for r in range(4)], 4, {})
+    assert rollcall.format_text(call) == ("4 of 4 ranks wait at the same place: all_reduce  <- train.py:88 step  "
+                                          "<- train.py:120 main   (ranks 0-3 on n1)\nmissing: none\n")
+
+
+@pytest.mark.parametrize("numbers, text", [([0, 1, 2, 5], "0-2,5"), ([3], "3"), ([1, 2], "1,2"), ([], ""),
+                                           ([7, 0, 9, 8, 1], "0,1,7-9")])
+def test_rank_ranges(numbers, text):
+    assert rollcall.ranges(numbers) == text
+
+
+def test_library_code_is_told_from_the_users():
+    prefixes = ["/usr/lib/python3.11", "/opt/env/lib/python3.11/site-packages/clusterddp"]
+    assert rollcall.is_library("/usr/lib/python3.11/threading.py", prefixes)
+    assert rollcall.is_library("/opt/env/lib/python3.11/site-packages/torch/nn/modules/module.py", prefixes)
+    assert rollcall.is_library("<frozen importlib._bootstrap>", prefixes)
+    assert not rollcall.is_library("/usr/lib/python3.11x/mine.py", prefixes)
+    assert not rollcall.is_library("/home/u/train.py", prefixes)
+
+
+@pytest.mark.parametrize("data", [None, [], {"rank": "0", "threads": []}, {"rank": 0, "threads": "x"},
+                                  {"rank": 0, "threads": [{"frames": "x"}]}])
+def test_a_malformed_dump_file_is_ignored(data):
+    assert rollcall.parse_dump(data) is None
+
+
+def test_hang_timeout_is_validated_and_exported():
+    from clusterddp.errors import SpecError
+    from clusterddp.render import render
+    from clusterddp.spec import JobSpec
+
+    assert JobSpec("t.py").hang_timeout_seconds == contract.DEFAULT_HANG_TIMEOUT_S
+    assert JobSpec("t.py", hang_timeout="0").hang_timeout_seconds == 0
+    assert JobSpec("t.py", hang_timeout="1:30").hang_timeout_seconds == 90
+    with pytest.raises(SpecError, match="hang_timeout: invalid time limit 'soon'"):
+        JobSpec("t.py", hang_timeout="soon")
+    assert "export CLUSTERDDP_HANG_TIMEOUT=90\n" in render(JobSpec("t.py", hang_timeout="1:30"))
+    gpu = render(JobSpec("t.py", gpus_per_node=2))
+    assert "export TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in gpu and 'nccl-trace/rank_"' in gpu
+    assert "TORCH_NCCL" not in render(JobSpec("t.py", gpus_per_node=2, flight_recorder=False))
+    assert "TORCH_NCCL" not in render(JobSpec("t.py"))  # gloo jobs have no NCCL
+
+
+def test_hang_options_on_the_command_line(tmp_path):
+    (tmp_path / "t.py").write_text("")
+    bad = run_cli("render", "--hang-timeout", "later", "t.py", cwd=tmp_path)
+    assert bad.returncode == 2 and "hang_timeout: invalid time limit 'later'" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    out = run_cli("explain", "--gpus", "2", "--no-flight-recorder", "t.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "flight recorder: off" in out.stdout
+    out = run_cli("explain", "--gpus", "2", "--hang-timeout", "0", "t.py", cwd=tmp_path)
+    assert "flight recorder: on" in out.stdout and "hang watchdog: off" in out.stdout
+
+
+# --- local runs: real processes, 4 ranks -----------------------------------------------------------------------
+class LocalJob:
+    """A `clusterddp submit --local` in the background; its run directory once it exists."""
+
+    def __init__(self, tmp_path: Path, script: Path, *options: str, env: dict | None = None) -> None:
+        self.out = tmp_path / "runs"
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "clusterddp", "submit", "--local", *SHAPE, "--output-dir", str(self.out),
+             *options], cwd=tmp_path, env=env or dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, start_new_session=True)
+        self.script = script
+
+    def run_dir(self) -> Path:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = list(self.out.glob(f"{self.script.stem}-local-*"))
+            if found:
+                return found[0]
+            time.sleep(0.2)
+        raise AssertionError("the local run never made its run directory")
+
+    def wait_joined(self, ranks: set) -> Path:
+        run_dir = self.run_dir()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            hellos = rollcall.read_hellos(run_dir)
+            if {r for r, h in hellos.items() if h["state"] == "joined"} >= ranks:
+                return run_dir
+            time.sleep(0.3)
+        raise AssertionError(f"ranks {ranks} never joined: {rollcall.read_hellos(run_dir)}")
+
+    def finish(self, timeout: float = 120) -> tuple:
+        out, err = self.popen.communicate(timeout=timeout)
+        return self.popen.returncode, out, err
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, 15)
+            self.popen.communicate(timeout=30)
+
+
+@pytest.fixture
+def local_jobs():
+    jobs: list = []
+    yield jobs
+    for job in jobs:
+        job.kill()
+
+
+def stacks(target: str, *options: str, cwd: Path) -> tuple:
+    start = time.monotonic()
+    proc = run_cli("stacks", *options, target, cwd=cwd, timeout=120)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
+def test_stacks_names_the_rank_that_never_reaches_the_collective(tmp_path, local_jobs, launcher):
+    job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0", str(HANG), "--",
+                   "--where", "before-allreduce", "--rank", "3")
+    local_jobs.append(job)
+    run_dir = job.wait_joined({0, 1, 2, 3})
+    time.sleep(2)  # ranks 0-2 reach the all-reduce
+    proc, took = stacks(str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang.py:"), proc.stdout
+    assert "(ranks 0-2 on " in lines[0]
+    assert re.match(rf"rank 3 \(\S+\) is elsewhere:  hang.py:{SLEEP_BEFORE_ALLREDUCE} main ", lines[1]), lines
+    assert lines[1].endswith("<- look here") and lines[2] == "missing: none"
+    assert took < 30
+    dumps = Path(lines[-1].split(": ", 1)[1].rstrip("/"))
+    assert sorted(p.name for p in dumps.glob("rank-*.txt")) == [f"rank-{r}.txt" for r in range(4)]
+    assert f'hang.py", line {SLEEP_BEFORE_ALLREDUCE}, in main' in (dumps / "rank-3.txt").read_text()
+    as_json = json.loads(run_cli("stacks", "--json", str(run_dir), cwd=tmp_path).stdout)
+    assert [g["ranks"] for g in as_json["groups"]] == [[0, 1, 2], [3]] and as_json["missing"] == []
+
+
+def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs):
+    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0", str(HANG), "--",
+                   "--where", "loader", "--rank", "1")
+    local_jobs.append(job)
+    run_dir = job.wait_joined({0, 1, 2, 3})
+    time.sleep(4)  # mid-epoch: rank 1's dataset blocks after 40 items
+    proc, took = stacks(str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("3 of 4 ranks wait at the same place: "), proc.stdout
+    assert re.match(rf"rank 1 \(\S+\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__  <- hang.py:\d+ main",
+                    lines[1]), lines
+    assert took < 30
+
+
+def test_stacks_of_an_unmodified_script_through_py_spy(tmp_path, local_jobs):
+    raw = SCRIPTS / "hang_raw.py"
+    job = LocalJob(tmp_path, raw, "--launcher", "torchrun", str(raw), "--", "--rank", "3")
+    local_jobs.append(job)
+    run_dir = job.run_dir()
+    time.sleep(12)  # no hello files: nothing tells us when the ranks are in place
+    proc, took = stacks(str(run_dir), "--timeout", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    sleep_line = line_of(raw, "time.sleep(3600)")
+    assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang_raw.py:"), proc.stdout
+    assert re.match(rf"rank 3 \(\S+\) is elsewhere:  hang_raw.py:{sleep_line} stuck  <- hang_raw.py:\d+ main",
+                    lines[1]), lines
+    assert "trying py-spy" in proc.stderr and took < 30
+    assert json.loads((run_dir / "stacks").glob("*/rank-3.json").__next__().read_text())["source"] == "py-spy"
+
+
+def test_stacks_without_py_spy_says_why_in_one_line(tmp_path, local_jobs):
+    raw = SCRIPTS / "hang_raw.py"
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    env = dict(os.environ, PATH=f"{bare}:/usr/bin:/bin")  # the same python, but no py-spy beside it or on PATH
+    py = Path(sys.executable).parent / "py-spy"
+    hidden = py.with_name("py-spy.hidden")
+    job = LocalJob(tmp_path, raw, "--launcher", "srun", str(raw), "--", "--rank", "3")
+    local_jobs.append(job)
+    run_dir = job.run_dir()
+    time.sleep(8)
+    moved = py.exists()
+    if moved:
+        py.rename(hidden)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "clusterddp", "stacks", "--timeout", "1", str(run_dir)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        if moved:
+            hidden.rename(py)
+    assert proc.returncode == 1, proc.stdout
+    assert "py-spy fallback: " in proc.stdout and "pip install 'clusterddp[stacks]'" in proc.stdout
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_the_watchdog_ends_a_hung_job_with_the_roll_call(tmp_path):
+    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0:08", str(HANG), "--",
+                   "--where", "loader", "--rank", "2")
+    start = time.monotonic()
+    code, out, err = job.finish(timeout=240)
+    took = time.monotonic() - start
+    assert code == contract.HANG_EXIT, err
+    assert took < 8 + 60
+    assert "the hang watchdog ended the job (hung since " in err
+    assert re.search(rf"rank 2 \(\S+\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__", err), err
+    assert "3 of 4 ranks wait at the same place" in err and "Traceback" not in err
+    run_dir = job.run_dir()
+    assert (run_dir / "stacks" / "hang-0" / "rollcall.txt").exists()
+    assert sorted(p.name for p in (run_dir / "stacks" / "hang-0").glob("rank-*.json")) == [
+        f"rank-{r}.json" for r in range(4)]
+
+
+def test_slow_steps_that_advance_are_never_a_hang(tmp_path):
+    # Each step takes 3 s with a 6-s watchdog: 8 steps (24 s) outlast the timeout, and nothing stops them.
+    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0:06", str(HANG), "--",
+                   "--where", "slow", "--step-s", "3", "--steps", "8")
+    start = time.monotonic()
+    code, out, err = job.finish(timeout=240)
+    assert code == 0, err
+    assert time.monotonic() - start > 24
+    assert "finished 8 steps" in out + err and "hang watchdog" not in err
+
+
+def test_a_rank_that_never_starts_is_named_by_the_others(tmp_path):
+    env = dict(os.environ, **{contract.TIMEOUT: "10"})
+    job = LocalJob(tmp_path, HANG, "--launcher", "srun", str(HANG), "--", "--where", "rendezvous", "--rank", "3",
+                   env=env)
+    start = time.monotonic()
+    code, out, err = job.finish(timeout=180)
+    assert code == contract.RENDEZVOUS_EXIT, err
+    assert time.monotonic() - start < 10 + 60
+    assert re.search(r"did not complete in 1\d s: 3 of 4 ranks arrived; missing rank 3 \(\S+\): never started",
+                     err), err
+
+
+def test_should_stop_agrees_on_the_cpu_channel_and_shutdown_tears_it_down(tmp_path):
+    """4 real gloo ranks: rank 2 is asked to stop at call 3; every rank answers True at that same call, on a
+    group that is not the training group; after shutdown() nothing of it is left (no group, no thread)."""
+    script = tmp_path / "agree.py"
+    script.write_text(r'''
+import json, os, signal, sys, threading
+import torch.distributed as dist
+from clusterddp import runtime
+from clusterddp.runtime import group
+env = runtime.init(timeout=60)
+channel = group._STATE["channel"]
+assert channel is not None and channel != dist.group.WORLD
+assert dist.get_backend(channel) == "gloo" and dist.get_world_size(channel) == env.world_size
+answers = []
+for call in range(6):
+    if call == 3 and env.rank == 2:
+        os.kill(os.getpid(), signal.SIGUSR2)
+    answers.append(runtime.should_stop())
+runtime.shutdown()
+print("RESULT " + json.dumps({"rank": env.rank, "answers": answers, "initialized": dist.is_initialized(),
+      "state": sorted(group._STATE), "threads": [t.name for t in threading.enumerate()]}), flush=True)
+''')
+    code, out, err = LocalJob(tmp_path, script, "--launcher", "srun", str(script)).finish(timeout=180)
+    assert code == 0, err
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in (out + err).splitlines() if "RESULT " in line]
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3]
+    for r in results:
+        assert r["answers"] == [False, False, False, True, True, True], r
+        assert r["initialized"] is False and r["state"] == [] and "clusterddp-control" not in r["threads"], r
+
+
+# --- the real Slurm cluster -------------------------------------------------------------------------------------
+@pytest.fixture
+def work(slurm_env, tmp_path_factory):
+    d = tmp_path_factory.mktemp("hangjob")
+    for script in ("hang.py", "hang_raw.py"):
+        shutil.copy(SCRIPTS / script, d)
+    return d, dict(os.environ)
+
+
+def wait_for_hellos(run_dir: Path, n: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len([h for h in rollcall.read_hellos(run_dir).values() if h["state"] == "joined"]) >= n:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"not all ranks joined in {run_dir}: {rollcall.read_hellos(run_dir)}")
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
+def test_stacks_on_the_cluster(work, launcher):
+    d, env = work
+    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5",
+                   "--hang-timeout", "0", "hang.py", "--", "--where", "before-allreduce", "--rank", "3", cwd=d,
+                   env=env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.split()[0]
+    run_dir = d / "clusterddp-runs" / f"hang-{job_id}"
+    try:
+        deadline = time.monotonic() + 120
+        while not run_dir.is_dir() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        wait_for_hellos(run_dir, 4)
+        time.sleep(2)
+        out, took = stacks(job_id, cwd=d)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang.py:"), out.stdout
+        assert "(ranks 0-2 on 2 nodes)" in lines[0]
+        assert re.match(rf"rank 3 \(node2\) is elsewhere:  hang.py:{SLEEP_BEFORE_ALLREDUCE} main", lines[1]), lines
+        assert lines[2] == "missing: none" and took < 30
+    finally:
+        run_cli("cancel", job_id, cwd=d, env=env)
+
+
+@pytest.mark.slurm
+def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work):
+    d, env = work
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "5", "hang_raw.py",
+                   "--", "--rank", "3", cwd=d, env=env)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.split()[0]
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if "RUNNING" in run_cli("status", job_id, cwd=d, env=env).stdout:
+                break
+            time.sleep(1)
+        time.sleep(10)  # python and torch start on both nodes
+        out, took = stacks(job_id, "--timeout", "2", cwd=d)
+        assert out.returncode == 0, out.stdout + out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang_raw.py:"), out.stdout
+        assert re.match(r"rank 3 \(node2\) is elsewhere:  hang_raw.py:\d+ stuck", lines[1]), lines
+        assert took < 30
+    finally:
+        run_cli("cancel", job_id, cwd=d, env=env)
+
+
+@pytest.mark.slurm
+def test_the_watchdog_ends_a_hung_job_on_the_cluster(work):
+    d, env = work
+    start = time.monotonic()
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "5", "--hang-timeout",
+                   "0:10", "--wait", "hang.py", "--", "--where", "loader", "--rank", "1", cwd=d, env=env,
+                   timeout=300)
+    took = time.monotonic() - start
+    assert proc.returncode == contract.HANG_EXIT, proc.stderr
+    job_id = proc.stdout.split()[0]
+    assert f"job {job_id} ended FAILED, exit code {contract.HANG_EXIT}" in proc.stderr
+    assert "the hang watchdog ended the job (hung since " in proc.stderr
+    assert re.search(rf"rank 1 \(node1\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__", proc.stderr)
+    assert took < 10 + 60 + 30  # + queueing and start-up on the cluster
+    batch_log = (d / "clusterddp-runs" / f"hang-{job_id}.out").read_text()
+    assert "clusterddp: the hang watchdog ended the job: no rank advanced for 10 s. Roll call:" in batch_log
+    assert "3 of 4 ranks wait at the same place" in batch_log
+    status = run_cli("status", job_id, cwd=d, env=env)
+    assert re.search(rf"hung since \d\d:\d\d:\d\d: rank 1 at hang.py:{SLEEP_IN_LOADER} __getitem__", status.stdout)
+
+
+@pytest.mark.slurm
+def test_a_rank_that_never_starts_on_the_cluster_is_named_with_its_node(work):
+    d, env = work
+    env = dict(env, **{contract.TIMEOUT: "15"})  # sbatch passes the submitting environment on
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "5", "--wait",
+                   "hang.py", "--", "--where", "rendezvous", "--rank", "3", cwd=d, env=env, timeout=300)
+    assert proc.returncode == contract.RENDEZVOUS_EXIT, proc.stderr
+    assert re.search(r"3 of 4 ranks arrived; missing rank 3 \(node2\): never started", proc.stderr), proc.stderr
+    job_id = proc.stdout.split()[0]
+    batch_log = (d / "clusterddp-runs" / f"hang-{job_id}.out").read_text()
+    assert "missing rank 3 (node2): never started" in batch_log
