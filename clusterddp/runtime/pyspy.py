@@ -40,12 +40,17 @@ def _environ(pid: int) -> Optional[Dict[str, str]]:
 def ranks_here(run_dir: str) -> List[Tuple[int, int]]:
     """(rank, pid) of this node's processes started for the job with this run directory."""
     want = os.path.realpath(run_dir)
+    # Where nodes share a process table (containers, or the test cluster's namespaces), Slurm's node name tells
+    # this node's tasks from the others'.
+    here = os.environ.get("SLURMD_NODENAME")
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         env = _environ(int(entry))
         if not env or "RANK" not in env or not env.get("RANK", "").isdigit():
+            continue
+        if here and env.get("SLURMD_NODENAME", here) != here:
             continue
         if os.path.realpath(env.get(contract.RUN_DIR, "\0")) == want:
             found.append((int(env["RANK"]), int(entry)))
