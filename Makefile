@@ -6,7 +6,7 @@ PIP = $(PYTHON) -m pip
 # torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint install install-test cluster-up cluster-down bench
+.PHONY: demo test lint install install-test cluster-up cluster-down bench gpu-check
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
@@ -33,6 +33,11 @@ bench: install
 	@command -v hyperfine >/dev/null || { apt-get update -qq && apt-get install -y -qq hyperfine; }
 	@[ -x bench/.venv-torchx/bin/torchx ] || { $(PYTHON) -m venv bench/.venv-torchx && bench/.venv-torchx/bin/pip install -q torchx; }
 	$(PYTHON) -m bench
+
+# On a machine with CUDA GPUs (and a CUDA build of torch): the NCCL path end to end; results in bench/RESULTS-gpu.md.
+gpu-check:
+	$(PIP) install -q -e ".[stacks]"
+	$(PYTHON) bench/gpu_check.py
 
 cluster-up:
 	tests/slurm/cluster.sh up

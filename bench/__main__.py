@@ -227,6 +227,59 @@ def item6_7_training(rows: List[Row], work: Path, which: set) -> None:
                      f"{b:.1f} vs {a:.1f} images/s = {b / (2 * a):.2f}", ">= 0.85 (2 cores: 1.0 max)"))
 
 
+def item9_control_overhead(rows: List[Row], work: Path) -> None:
+    """Step-time cost of the control plane (stack responder + hang watchdog) on examples/train_ddp.py."""
+    base = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    idle = dict(base, CLUSTERDDP_HANG_TIMEOUT="0")  # no run directory, no watchdog: the thread has nothing to do
+    idle.pop("CLUSTERDDP_RUN_DIR", None)
+    (work / "run").mkdir(exist_ok=True)
+    on = dict(base, CLUSTERDDP_HANG_TIMEOUT="900", CLUSTERDDP_RUN_DIR=str(work / "run"))
+
+    def cmd() -> List[str]:
+        shutil.rmtree(work / "ck", ignore_errors=True)
+        return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                str(ROOT / "examples" / "train_ddp.py"), "--images", "8", "--epochs", "2", "--ckpt-dir",
+                str(work / "ck"), "--log-every", "1000"]
+    with_it, without = [], []
+    for _ in range(5):  # interleaved, median of five
+        with_it.append(_throughput(cmd(), on, work))
+        without.append(_throughput(cmd(), idle, work))
+    a, b = statistics.median(with_it), statistics.median(without)
+    rows.append(("9", "train_ddp.py images/s, 2 ranks CPU: responder + watchdog on / off",
+                 f"{a:.1f} / {b:.1f} = {a / b:.3f} (overhead {100 * (1 - a / b):+.1f}%)", "overhead < 1%"))
+
+
+def item10_stacks(rows: List[Row], work: Path) -> None:
+    """Time from `clusterddp stacks` to the printed roll call of a hung 4-rank local job."""
+    out = work / "hang-runs"
+    job = subprocess.Popen([PY, "-m", "clusterddp", "submit", "--local", "--nodes", "2", "--procs-per-node", "2",
+                            "--launcher", "srun", "--hang-timeout", "0", "--output-dir", str(out),
+                            str(ROOT / "tests" / "scripts" / "hang.py"), "--", "--where", "before-allreduce"],
+                           cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 120
+        run_dir: Optional[Path] = None
+        while time.monotonic() < deadline:
+            found = list(out.glob("hang-local-*/stacks/ranks"))
+            if found and len(list(found[0].glob("rank-*.json"))) == 4:
+                run_dir = found[0].parent.parent
+                break
+            time.sleep(0.5)
+        if run_dir is None:
+            raise RuntimeError("the hung job never started its 4 ranks")
+        time.sleep(3)
+        res = hyperfine({"stacks": f"{PY} -m clusterddp stacks {run_dir}", "floor": f"{PY} -m clusterddp --help"},
+                        runs=10, cwd=work)
+    finally:
+        os.killpg(job.pid, 15)
+        job.wait(timeout=60)
+    rows.append(("10", "clusterddp stacks on a hung 4-rank job, to the printed roll call / clusterddp --help",
+                 f"{fmt(*res['stacks'])} / {fmt(*res['floor'])} = {res['stacks'][0] / res['floor'][0]:.1f}x",
+                 "< 30 s (ranks poll every 1 s)"))
+
+
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
                  "skipped: no GPU on this machine", ""))
@@ -250,11 +303,11 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     which = set(args.only.split(","))
-    if not shutil.which("hyperfine") and which & {"1", "3", "4", "5"}:
+    if not shutil.which("hyperfine") and which & {"1", "3", "4", "5", "10"}:
         print("bench: hyperfine is needed (Debian: apt-get install hyperfine; make bench installs it)",
               file=sys.stderr)
         return 2
@@ -264,7 +317,8 @@ def main() -> int:
         work = Path(tmp)
         steps = [("1", lambda: item1_cli(rows, work)), ("2", lambda: item2_render(rows)),
                  ("3", lambda: item3_hostlist(rows, work)), ("4", lambda: item4_startup(rows, work)),
-                 ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows))]
+                 ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows)),
+                 ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:
@@ -273,7 +327,7 @@ def main() -> int:
                     run()
                 except (subprocess.CalledProcessError, RuntimeError, OSError) as exc:
                     rows.append((number, "failed", f"{type(exc).__name__}: {str(exc)[:200]}", ""))
-    rows.sort(key=lambda r: r[0])
+    rows.sort(key=lambda r: int(r[0]))
     table = ["| # | what | result | target |", "|---|---|---|---|"]
     table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     text = "\n".join(table)

@@ -24,10 +24,15 @@ def main():
     p.add_argument("--noise", type=float, default=0.2)
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())) \
+        if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=300))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(args.seed)
-    model = DDP(Denoiser(args.width, args.depth))
+    model = DDP(Denoiser(args.width, args.depth).to(dev), device_ids=[dev.index] if cuda else None)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     data = ProceduralPatches(args.images, args.image_size, args.patch, args.noise, args.seed)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=args.seed)
@@ -37,11 +42,16 @@ def main():
         sampler.set_epoch(epoch)
         start = time.perf_counter()
         for noisy, clean in batches:
-            loss = F.mse_loss(model(noisy), clean)
+            noisy, clean = noisy.to(dev, non_blocking=True), clean.to(dev, non_blocking=True)
+            with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=cuda):  # as the example
+                loss = F.mse_loss(model(noisy), clean)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             images += noisy.shape[0] * world
+            loss.item()  # as the example, which logs the running loss
+        if cuda:
+            torch.cuda.synchronize()
         elapsed += time.perf_counter() - start
     if rank == 0:
         print(f"final loss {loss.item():.5f}; throughput {images / elapsed:.1f} images/s over {world} rank(s)")

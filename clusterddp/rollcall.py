@@ -232,6 +232,9 @@ def hang_report(run_dir: Path) -> Optional[Dict[str, Any]]:
         line = str(data.get("summary", "")) if isinstance(data, dict) else ""
     except (OSError, ValueError):
         line = ""
+    # Files in a shared run directory are data: nothing in them may drive the terminal.
+    text = "".join(c if c.isprintable() or c == "\n" else "?" for c in text)
+    line = "".join(c if c.isprintable() else "?" for c in line)
     return {"text": text, "summary": line or "hung (see the roll call)", "dir": str(path.parent)}
 
 
@@ -239,6 +242,7 @@ def rendezvous_failure(run_dir: Path) -> Optional[str]:
     """What the ranks reported when their rendezvous timed out (latest restart), or None."""
     found = sorted(Path(run_dir).glob(contract.RENDEZVOUS_REPORT.format(restarts="*")))
     try:
-        return found[-1].read_text(errors="replace").strip() if found else None
+        text = found[-1].read_text(errors="replace").strip() if found else None
     except OSError:
         return None
+    return None if text is None else "".join(c if c.isprintable() else "?" for c in text)

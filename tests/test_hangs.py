@@ -123,6 +123,14 @@ def test_hang_options_on_the_command_line(tmp_path):
     assert "flight recorder: on" in out.stdout and "hang watchdog: off" in out.stdout
 
 
+def test_torchs_collective_timeout_comes_after_the_watchdog():
+    from clusterddp.runtime.group import collective_timeout
+
+    assert collective_timeout(300, 900) == 1020
+    assert collective_timeout(300, 60) == 300  # a short watchdog never shortens the rendezvous bound
+    assert collective_timeout(300, 0) == 300   # watchdog off: the rendezvous timeout bounds collectives too
+
+
 # --- local runs: real processes, 4 ranks -----------------------------------------------------------------------
 class LocalJob:
     """A `clusterddp submit --local` in the background; its run directory once it exists."""

@@ -85,8 +85,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     env = DistEnv.from_env(environ, allow_single=allow_single)
     seconds = timeout if timeout is not None else _seconds(environ.get(contract.TIMEOUT), DEFAULT_TIMEOUT_S)
     control = Control(env, environ.get(contract.RUN_DIR), seconds, environ)
-    # torch's own limit comes after ours, so that the report naming the missing or stuck rank is what users see.
-    torch_seconds = max(seconds, control.hang_timeout + 120) if control.hang_timeout > 0 else seconds
+    torch_seconds = collective_timeout(seconds, control.hang_timeout)
     device = select_device(env)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if env.source == "single" and env.master_port == 0:
@@ -96,6 +95,9 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
         init_method = "env://"
     else:
         init_method = f"tcp://{env.master_addr}:{env.master_port}"
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeEnvError("a process group is already initialised in this process (torch.distributed."
+                              "init_process_group?): call clusterddp.runtime.init() instead of it, not after it")
     control.start()
     try:
         dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank,
@@ -138,6 +140,12 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _STATE.clear()
+
+
+def collective_timeout(rendezvous_s: float, hang_s: float) -> float:
+    """torch's own timeout for collectives: after the hang watchdog's (by 2 minutes), so that the report naming the
+    stuck rank is what users see; the rendezvous timeout when the watchdog is off."""
+    return max(rendezvous_s, hang_s + 120) if hang_s > 0 else rendezvous_s
 
 
 def _seconds(text: Optional[str], default: float) -> float:

@@ -55,7 +55,7 @@ def main(local_rank=None):
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     data = runtime.loader(Data(), batch_size=4)
     done = 0
-    for epoch in range(100):
+    for _epoch in range(100):
         for x, y in data:
             step(model, opt, x, y)
             if args.where == "slow":

@@ -1,7 +1,6 @@
 """Test job for hangs in a script that does not use clusterddp.runtime: raw torch.distributed; --rank sleeps
 before the first all_reduce while the others wait in it."""
 import argparse
-import os
 import time
 from datetime import timedelta
 

@@ -1,0 +1,180 @@
+"""``make gpu-check``: the NCCL path end to end on a machine with CUDA GPUs (a script, not a test).
+
+1. the local backend, one node x all GPUs, on examples/train_ddp.py (bf16 AMP on);
+2. device selection when every rank sees only its own GPU (the --gpus-per-task mask, CUDA_VISIBLE_DEVICES=i);
+3. should_stop() and heartbeats inside torch.cuda.set_sync_debug_mode("error"): nothing synchronises the stream;
+4. a hung rank found by clusterddp stacks on an NCCL job;
+5. images/s of clusterddp.runtime against raw DDP (bench/train_raw.py), interleaved, in the same run.
+Writes bench/RESULTS-gpu.md; exit code 1 when a check failed, 2 without a GPU.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+Row = Tuple[str, str, str]  # check, result, verdict
+
+PER_RANK = r'''
+import json, os, sys, torch
+from clusterddp import runtime
+env = runtime.init(timeout=120)
+dev = runtime.device()
+props = torch.cuda.get_device_properties(dev)
+model = runtime.wrap(torch.nn.Linear(64, 64))
+x = torch.randn(32, 64, device=dev)
+model(x).sum().backward()
+torch.cuda.synchronize()
+torch.cuda.set_sync_debug_mode("error")
+error = ""
+try:
+    for _ in range(20):
+        runtime.should_stop()
+        runtime.heartbeat()
+except Exception as exc:
+    error = f"{type(exc).__name__}: {exc}"
+torch.cuda.set_sync_debug_mode("default")
+t = torch.ones(1, device=dev) * (env.rank + 1)
+torch.distributed.all_reduce(t)
+print("RESULT " + json.dumps({"rank": env.rank, "device": str(dev), "uuid": str(getattr(props, "uuid", props.name)),
+      "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "sum": t.item(), "sync_error": error}), flush=True)
+runtime.shutdown()
+'''
+
+
+def gpus() -> int:
+    out = subprocess.run([PY, "-c", "import torch; print(torch.cuda.device_count())"], capture_output=True, text=True)
+    return int(out.stdout.strip() or 0)
+
+
+def run(argv: List[str], env: dict, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def check_train(rows: List[Row], n: int, work: Path) -> None:
+    proc = run([PY, "-m", "clusterddp", "submit", "--local", "--nodes", "1", "--gpus", str(n), "--output-dir",
+                str(work / "runs"), str(ROOT / "examples" / "train_ddp.py"), "--", "--epochs", "1", "--ckpt-dir",
+                str(work / "ck-train")], dict(os.environ), work)
+    text = proc.stdout + proc.stderr
+    ok = proc.returncode == 0 and "amp on" in text
+    rate = re.findall(r"([0-9.]+) images/s", text)
+    rows.append((f"local backend, 1 node x {n} GPU(s), train_ddp.py, bf16 AMP",
+                 f"exit {proc.returncode}, amp {'on' if 'amp on' in text else 'off?'}, "
+                 f"{rate[-1] if rate else '?'} images/s", "ok" if ok else "FAILED: " + text[-300:]))
+
+
+def check_mask(rows: List[Row], n: int, work: Path) -> None:
+    """Every rank sees one GPU (CUDA_VISIBLE_DEVICES=i, as --gpus-per-task gives) and must pick its own."""
+    script = work / "per_rank.py"
+    script.write_text(PER_RANK)
+    procs = []
+    for r in range(n):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT="29731", CUDA_VISIBLE_DEVICES=str(r))
+        procs.append(subprocess.Popen([PY, str(script)], env=env, cwd=work, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    import json
+
+    results = [json.loads(line.split("RESULT ", 1)[1]) for o in outs for line in o.splitlines() if "RESULT " in line]
+    uuids = {r["uuid"] for r in results}
+    ok = len(results) == n and len(uuids) == n and all(r["device"] == "cuda:0" for r in results) and all(
+        r["sum"] == n * (n + 1) / 2 for r in results)
+    rows.append((f"device selection with one visible GPU per rank ({n} ranks)",
+                 f"{len(results)} ranks, {len(uuids)} distinct GPUs, devices {sorted({r['device'] for r in results})}",
+                 "ok" if ok else "FAILED: " + " | ".join(o[-300:] for o in outs)))
+    errors = [r["sync_error"] for r in results if r["sync_error"]]
+    rows.append(("should_stop() x20 under torch.cuda.set_sync_debug_mode('error')",
+                 "no synchronisation" if not errors else errors[0], "ok" if results and not errors else "FAILED"))
+
+
+def check_stacks(rows: List[Row], n: int, work: Path) -> None:
+    out = work / "hang-runs"
+    last = n - 1
+    job = subprocess.Popen([PY, "-m", "clusterddp", "submit", "--local", "--nodes", "1", "--gpus", str(n),
+                            "--launcher", "srun", "--hang-timeout", "0", "--output-dir", str(out),
+                            str(ROOT / "tests" / "scripts" / "hang.py"), "--", "--where", "before-allreduce",
+                            "--rank", str(last)], cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        deadline, run_dir = time.monotonic() + 180, None
+        while time.monotonic() < deadline:
+            found = list(out.glob("hang-local-*/stacks/ranks"))
+            if found and len(list(found[0].glob("rank-*.json"))) == n:
+                run_dir = found[0].parent.parent
+                break
+            time.sleep(0.5)
+        time.sleep(5)
+        start = time.monotonic()
+        proc = run([PY, "-m", "clusterddp", "stacks", str(run_dir)], dict(os.environ), work, timeout=120) \
+            if run_dir else None
+        took = time.monotonic() - start
+    finally:
+        os.killpg(job.pid, 15)
+        job.wait(timeout=60)
+    text = proc.stdout if proc else "(the job never started)"
+    ok = proc is not None and proc.returncode == 0 and (f"rank {last} (" in text if n > 1 else "1 of 1" in text)
+    rows.append((f"clusterddp stacks on an NCCL job, rank {last} stuck before its first all_reduce",
+                 f"{took:.1f} s: " + " / ".join(text.splitlines()[:2]), "ok" if ok else "FAILED"))
+
+
+def check_throughput(rows: List[Row], n: int, work: Path) -> None:
+    knobs = ["--images", "64", "--width", "64", "--depth", "17", "--epochs", "2"]
+
+    def rate(argv: List[str]) -> float:
+        proc = run(argv, dict(os.environ), work, timeout=900)
+        m = re.search(r"throughput ([0-9.]+) images/s", proc.stdout)
+        if not m:
+            raise RuntimeError(proc.stdout[-500:] + proc.stderr[-1000:])
+        return float(m.group(1))
+    ours, raw = [], []
+    for _ in range(3):
+        shutil.rmtree(work / "ck", ignore_errors=True)
+        ours.append(rate([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+                          str(ROOT / "examples" / "train_ddp.py"), *knobs, "--ckpt-dir", str(work / "ck"),
+                          "--log-every", "100000"]))
+        raw.append(rate([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+                         str(ROOT / "bench" / "train_raw.py"), *knobs]))
+    o, r = statistics.median(ours), statistics.median(raw)
+    rows.append((f"images/s, {n} GPU(s): clusterddp.runtime / raw DDP (median of 3, interleaved)",
+                 f"{o:.0f} / {r:.0f} = {o / r:.3f}", "ok" if o / r >= 0.95 else "below 0.95"))
+
+
+def main() -> int:
+    n = gpus()
+    if n == 0:
+        print("gpu-check: no CUDA GPU here (torch.cuda.device_count() == 0): nothing to check", file=sys.stderr)
+        return 2
+    rows: List[Row] = []
+    with tempfile.TemporaryDirectory(prefix="clusterddp-gpu-") as tmp:
+        work = Path(tmp)
+        for check in (check_train, check_mask, check_stacks, check_throughput):
+            print(f"gpu-check: {check.__name__} ...", file=sys.stderr, flush=True)
+            try:
+                check(rows, n, work)
+            except Exception as exc:  # a script, not a test: record and go on to the next check
+                rows.append((check.__name__, f"{type(exc).__name__}: {str(exc)[:300]}", "FAILED"))
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    table = ["| check | result | verdict |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    torch_version = subprocess.run([PY, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                                   text=True).stdout.strip()
+    text = (f"# GPU check\n\n{datetime.date.today().isoformat()}, `make gpu-check`, {n} x {smi[0] if smi else '?'}, "
+            f"torch {torch_version}.\n\n" + "\n".join(table) + "\n")
+    print(text)
+    (ROOT / "bench" / "RESULTS-gpu.md").write_text(text)
+    return 1 if any(c.startswith("FAILED") for _, _, c in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
