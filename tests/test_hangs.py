@@ -345,6 +345,11 @@ def work(slurm_env, tmp_path_factory):
     return d, dict(os.environ)
 
 
+def node_of(launcher: str, rank: int) -> str:
+    """srun and spawn place ranks in blocks in node order; torchrun's agents take node ranks in arrival order."""
+    return "node[12]" if launcher == "torchrun" else f"node{rank // 2 + 1}"
+
+
 def wait_for_hellos(run_dir: Path, n: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -375,16 +380,18 @@ def test_stacks_on_the_cluster(work, launcher):
         lines = out.stdout.splitlines()
         assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang.py:"), out.stdout
         assert "(ranks 0-2 on 2 nodes)" in lines[0]
-        assert re.match(rf"rank 3 \(node2\) is elsewhere:  hang.py:{SLEEP_BEFORE_ALLREDUCE} main", lines[1]), lines
+        assert re.match(rf"rank 3 \({node_of(launcher, 3)}\) is elsewhere:  hang.py:{SLEEP_BEFORE_ALLREDUCE} main",
+                        lines[1]), lines
         assert lines[2] == "missing: none" and took < 30
     finally:
         run_cli("cancel", job_id, cwd=d, env=env)
 
 
 @pytest.mark.slurm
-def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work):
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work, launcher):
     d, env = work
-    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "5", "hang_raw.py",
+    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "hang_raw.py",
                    "--", "--rank", "3", cwd=d, env=env)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.split()[0]
@@ -399,17 +406,18 @@ def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work
         assert out.returncode == 0, out.stdout + out.stderr
         lines = out.stdout.splitlines()
         assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang_raw.py:"), out.stdout
-        assert re.match(r"rank 3 \(node2\) is elsewhere:  hang_raw.py:\d+ stuck", lines[1]), lines
+        assert re.match(rf"rank 3 \({node_of(launcher, 3)}\) is elsewhere:  hang_raw.py:\d+ stuck", lines[1]), lines
         assert took < 30
     finally:
         run_cli("cancel", job_id, cwd=d, env=env)
 
 
 @pytest.mark.slurm
-def test_the_watchdog_ends_a_hung_job_on_the_cluster(work):
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
+def test_the_watchdog_ends_a_hung_job_on_the_cluster(work, launcher):
     d, env = work
     start = time.monotonic()
-    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "5", "--hang-timeout",
+    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "--hang-timeout",
                    "0:10", "--wait", "hang.py", "--", "--where", "loader", "--rank", "1", cwd=d, env=env,
                    timeout=300)
     took = time.monotonic() - start
@@ -417,7 +425,8 @@ def test_the_watchdog_ends_a_hung_job_on_the_cluster(work):
     job_id = proc.stdout.split()[0]
     assert f"job {job_id} ended FAILED, exit code {contract.HANG_EXIT}" in proc.stderr
     assert "the hang watchdog ended the job (hung since " in proc.stderr
-    assert re.search(rf"rank 1 \(node1\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__", proc.stderr)
+    assert re.search(rf"rank 1 \({node_of(launcher, 1)}\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__",
+                     proc.stderr), proc.stderr
     assert took < 10 + 60 + 30  # + queueing and start-up on the cluster
     batch_log = (d / "clusterddp-runs" / f"hang-{job_id}.out").read_text()
     assert "clusterddp: the hang watchdog ended the job: no rank advanced for 10 s. Roll call:" in batch_log
