@@ -44,6 +44,11 @@ class JobNotFound(SlurmError):
     """A job id that Slurm does not know (any more)."""
 
 
+class SlurmUnreachable(ClusterDDPError):
+    """No Slurm to talk to from here: no commands, no configuration, or the controller does not answer. One line
+    that names what was tried and the ways forward (never a job called unknown when Slurm was not asked)."""
+
+
 class LocalRunError(ClusterDDPError):
     """The local backend could not run the job."""
 
@@ -70,5 +75,6 @@ class LogNotFound(ClusterDDPError):
     """A job's log is not there (yet): the job may be pending, or was not submitted with clusterddp here."""
 
 
-__all__ = ["ClusterDDPError", "SpecError", "TemplateError", "SlurmError", "JobNotFound", "LocalRunError",
+__all__ = ["ClusterDDPError", "SpecError", "TemplateError", "SlurmError", "JobNotFound", "SlurmUnreachable",
+           "LocalRunError",
            "RuntimeEnvError", "HostlistError", "PreflightError", "JobFailed", "LogNotFound"]

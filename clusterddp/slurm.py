@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 
 from . import contract, sbatch_options
 from .contract import without_parent_job
-from .errors import ClusterDDPError, JobNotFound, PreflightError, SlurmError, SpecError
+from .errors import ClusterDDPError, JobNotFound, PreflightError, SlurmError, SlurmUnreachable, SpecError
 from .quoting import shown
 from .record import JobRecord
 
@@ -32,15 +32,43 @@ def clean_env() -> Dict[str, str]:
     return without_parent_job(os.environ)
 
 
+#: What Slurm's clients print when there is no cluster to talk to (checked on 22.05): no configuration at all
+#: (no slurm.conf, no SLURM_CONF, no DNS SRV record), an unreadable one, or a controller that does not answer.
+_UNREACHABLE = re.compile(r"Could not establish a configuration source|resolve_ctls_from_dns_srv|"
+                          r"Unable to contact slurm controller|Unable to establish controller machine|"
+                          r"s_p_parse_file: unable to (?:read|status)|Unable to process configuration file|"
+                          r"Unable to connect to slurmctld")
+WAYS_FORWARD = ("--local runs the job on this machine; SLURM_CONF=/path/to/slurm.conf names a cluster's "
+                "configuration; --dry-run prints the script without submitting")
+
+
+def unreachable(command: str, said: str) -> SlurmUnreachable:
+    first = next((line.strip() for line in said.splitlines() if _UNREACHABLE.search(line)), said.strip()[:200])
+    conf = os.environ.get("SLURM_CONF")
+    tried = f"SLURM_CONF={conf}" if conf else "the default configuration (no SLURM_CONF)"
+    return SlurmUnreachable(f"Slurm is not reachable from here: `{command}` (with {tried}) said {first!r}. "
+                            f"Ways forward: {WAYS_FORWARD}")
+
+
 def run(argv: Sequence[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run one Slurm command; a missing binary or a non-zero exit becomes a SlurmError carrying argv and stderr."""
+    """Run one Slurm command; a missing binary or a non-zero exit becomes a SlurmError carrying argv and stderr.
+    No cluster to talk to (no commands, no configuration, no controller) is SlurmUnreachable, whatever ``check``."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        # Slurm's clients would look for a configless controller through DNS first: about a minute (22.05).
+        raise SlurmUnreachable(f"Slurm is not reachable from here: SLURM_CONF={conf} is not a file, so `{argv[0]}` "
+                               f"cannot know a cluster. Ways forward: {WAYS_FORWARD}")
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=clean_env())
     except FileNotFoundError:
-        raise SlurmError(f"{argv[0]} not found on PATH: run this on a Slurm login node, or try --dry-run "
-                         "(print the script) or --local (run on this machine)", argv) from None
+        raise SlurmUnreachable(f"Slurm is not installed here: `{argv[0]}` is not on PATH, so no cluster can be "
+                               f"asked. Ways forward: {WAYS_FORWARD}; or run clusterddp on the cluster's login "
+                               "node") from None
     except subprocess.TimeoutExpired:
-        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f} s (is slurmctld up?)", argv) from None
+        raise SlurmUnreachable(f"Slurm is not reachable from here: `{argv[0]}` did not answer within "
+                               f"{timeout:.0f} s (is slurmctld up?). Ways forward: {WAYS_FORWARD}") from None
+    if proc.returncode != 0 and _UNREACHABLE.search(proc.stderr):
+        raise unreachable(argv[0], proc.stderr)
     if check and proc.returncode != 0:
         raise SlurmError(f"{argv[0]} failed", argv, proc.returncode, proc.stderr)
     return proc

@@ -91,12 +91,25 @@ def test_failing_sbatch_keeps_the_script(runner, tmp_path, monkeypatch):
     assert "#SBATCH --partition=nosuch" in kept[0].read_text()
 
 
-def test_no_sbatch_on_path(runner, monkeypatch, tmp_path):
+@pytest.mark.parametrize("argv, command", [
+    (["submit", "train.py"], "sinfo"), (["submit", "--no-check", "train.py"], "sbatch"), (["status", "123"], "squeue"),
+    (["status", "123", "456"], "squeue"), (["cancel", "123"], "squeue"), (["logs", "123"], "squeue"),
+    (["stacks", "123"], None), (["doctor"], "sinfo")])
+def test_no_slurm_on_path_is_said_in_one_line(runner, monkeypatch, tmp_path, argv, command):
+    """A laptop without Slurm: every command says so in one line with the ways forward, and never calls a job
+    unknown when Slurm was not asked."""
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    r = runner.invoke(cli, ["submit", "train.py"])
-    assert r.exit_code == 1 and "sinfo not found on PATH" in r.stderr and "--dry-run" in r.stderr
-    r = runner.invoke(cli, ["submit", "--no-check", "train.py"])
-    assert r.exit_code == 1 and "sbatch not found on PATH" in r.stderr and "--dry-run" in r.stderr
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    r = runner.invoke(cli, argv)
+    if command is None:  # stacks needs a record of the job first: a usage error that says what to pass instead
+        assert r.exit_code == 2 and "pass the run directory instead" in r.stderr
+        return
+    assert r.exit_code == 1, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("clusterddp: error")]
+    assert len(lines) == 1, r.stderr  # (with --no-check a second line says where the written script is kept)
+    assert f"Slurm is not installed here: `{command}` is not on PATH" in lines[0]
+    assert "--local runs the job on this machine" in lines[0] and "SLURM_CONF=" in lines[0]
+    assert "unknown" not in r.stderr and "Traceback" not in r.output
 
 
 def test_help_teaches(runner):
