@@ -106,8 +106,7 @@ def rendezvous_report(env: DistEnv, run_dir: Optional[Path], waited: float, envi
     if run_dir is None:
         return (f"the rendezvous at {where} did not complete in {waited:.0f} s (no {contract.RUN_DIR}: cannot tell "
                 "which ranks arrived)")
-    restart = int(environ.get(contract.RESTARTS, "0") or 0)
-    hellos = read_hellos(run_dir, restart)
+    hellos = read_hellos(run_dir, _restarts(environ))
     missing = [r for r in range(env.world_size) if r not in hellos]
     if not missing:
         return (f"the rendezvous at {where} did not complete in {waited:.0f} s although all {env.world_size} ranks "
@@ -118,6 +117,11 @@ def rendezvous_report(env: DistEnv, run_dir: Optional[Path], waited: float, envi
             f"ranks arrived; missing {named}{more}")
 
 
+def _restarts(environ: Mapping[str, str]) -> int:
+    text = environ.get(contract.RESTARTS, "0")
+    return int(text) if text.isdigit() and len(text) < 10 else 0  # the batch script checked it; data all the same
+
+
 class Control:
     """The control thread of one rank (init() starts it, shutdown() stops it)."""
 
@@ -125,7 +129,7 @@ class Control:
                  environ: Mapping[str, str]) -> None:
         self.env, self.environ = env, dict(environ)
         self.run_dir = Path(run_dir) if run_dir else None
-        self.restart = int(self.environ.get(contract.RESTARTS, "0") or 0)
+        self.restart = _restarts(self.environ)
         self.rendezvous_timeout = rendezvous_timeout
         self.hang_timeout = hang_timeout(self.environ)
         self.store: Any = None
@@ -141,7 +145,6 @@ class Control:
     def joined(self, store: Any) -> None:
         self._hello("joined")
         self.store = store
-        self.joined_at = time.monotonic()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -223,16 +226,25 @@ class Control:
 
     def _hung(self, idle: float, limit: float) -> None:
         since = time.strftime("%H:%M:%S", time.localtime(time.time() - idle))
-        rank, world = self.env.rank, self.env.world_size
+        rank = self.env.rank
         first = "" if limit == self.hang_timeout else ", doubled until the first progress"
         print(f"clusterddp: rank {rank}: hang watchdog: no rank advanced since {since} ({idle:.0f} s, limit "
               f"{limit:.0f} s{first}); dumping stacks and ending the job (exit {contract.HANG_EXIT})",
               file=sys.stderr, flush=True)
+        try:
+            self._roll_call(idle, since)
+        except Exception as exc:  # an unwritable run directory must not keep a hung job alive
+            print(f"clusterddp: rank {rank}: no roll call ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+        finally:
+            os._exit(contract.HANG_EXIT)
+
+    def _roll_call(self, idle: float, since: str) -> None:
+        rank, world = self.env.rank, self.env.world_size
         dump = dump_stacks(rank)
         if self.run_dir is None:
             sys.stderr.write(rollcall.format_dump(dump))
             sys.stderr.flush()
-            os._exit(contract.HANG_EXIT)
+            return
         directory = self.run_dir / contract.HANG_DIR.format(restarts=self.restart)
         write_dump(directory, dump)
         _flight_recorder_dump(self.run_dir, rank)
@@ -259,7 +271,6 @@ class Control:
             deadline = time.monotonic() + COLLECT_S + 10
             while time.monotonic() < deadline and not final.exists():
                 time.sleep(0.5)
-        os._exit(contract.HANG_EXIT)
 
 
 def _flight_recorder_dump(run_dir: Path, rank: int) -> None:
