@@ -206,6 +206,12 @@ def test_stacks_names_the_rank_that_never_reaches_the_collective(tmp_path, local
     assert f'hang.py", line {SLEEP_BEFORE_ALLREDUCE}, in main' in (dumps / "rank-3.txt").read_text()
     as_json = json.loads(run_cli("stacks", "--json", str(run_dir), cwd=tmp_path).stdout)
     assert [g["ranks"] for g in as_json["groups"]] == [[0, 1, 2], [3]] and as_json["missing"] == []
+    if launcher == "srun":  # NCCL flight-recorder dumps, when a job left some, are pointed to
+        (run_dir / "nccl-trace").mkdir()
+        for r in range(4):
+            (run_dir / "nccl-trace" / f"rank_{r}").write_bytes(b"\x80")
+        out = run_cli("stacks", str(run_dir), cwd=tmp_path).stdout
+        assert f"NCCL flight recorder: 4 dump(s) in {run_dir / 'nccl-trace'}/ (read them with: torchfrtrace" in out
 
 
 def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs):
@@ -293,9 +299,10 @@ def test_slow_steps_that_advance_are_never_a_hang(tmp_path):
     assert "finished 8 steps" in out + err and "hang watchdog" not in err
 
 
-def test_a_rank_that_never_starts_is_named_by_the_others(tmp_path):
+@pytest.mark.parametrize("launcher", ["srun", "spawn"])  # torchrun starts workers after its own rendezvous
+def test_a_rank_that_never_starts_is_named_by_the_others(tmp_path, launcher):
     env = dict(os.environ, **{contract.TIMEOUT: "10"})
-    job = LocalJob(tmp_path, HANG, "--launcher", "srun", str(HANG), "--", "--where", "rendezvous", "--rank", "3",
+    job = LocalJob(tmp_path, HANG, "--launcher", launcher, str(HANG), "--", "--where", "rendezvous", "--rank", "3",
                    env=env)
     start = time.monotonic()
     code, out, err = job.finish(timeout=180)

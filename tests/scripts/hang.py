@@ -20,8 +20,6 @@ p.add_argument("--steps", type=int, default=1000)
 p.add_argument("--step-s", type=float, default=0.05)
 args = p.parse_args()
 
-if args.where == "rendezvous" and int(os.environ.get("RANK", "-1")) == args.rank:
-    time.sleep(3600)  # never reaches init()
 
 
 class Data(torch.utils.data.Dataset):
@@ -46,6 +44,11 @@ def step(model, opt, x, y):
 
 
 def main(local_rank=None):
+    if args.where == "rendezvous":  # this rank never reaches init()
+        rank = int(os.environ["RANK"]) if local_rank is None else (
+            int(os.environ["NODE_RANK"]) * int(os.environ["CLUSTERDDP_PROCS_PER_NODE"]) + local_rank)
+        if rank == args.rank:
+            time.sleep(3600)
     env = runtime.init()
     print(f"joined rank {env.rank} of {env.world_size}", flush=True)
     if args.where == "before-allreduce" and env.rank == args.rank:
