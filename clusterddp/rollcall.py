@@ -25,6 +25,12 @@ Dump = Mapping[str, Any]
 USER_FRAMES = 3
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that could drive a terminal shown as '?' (newlines kept): files in a shared
+    run directory are data."""
+    return "".join(c if c.isprintable() or c == "\n" else "?" for c in text)
+
+
 def is_library(path: str, prefixes: Sequence[str]) -> bool:
     """Code the user did not write: frozen modules, installed packages, the standard library, clusterddp."""
     if not path or path.startswith("<"):
@@ -232,10 +238,8 @@ def hang_report(run_dir: Path) -> Optional[Dict[str, Any]]:
         line = str(data.get("summary", "")) if isinstance(data, dict) else ""
     except (OSError, ValueError):
         line = ""
-    # Files in a shared run directory are data: nothing in them may drive the terminal.
-    text = "".join(c if c.isprintable() or c == "\n" else "?" for c in text)
-    line = "".join(c if c.isprintable() else "?" for c in line)
-    return {"text": text, "summary": line or "hung (see the roll call)", "dir": str(path.parent)}
+    line = printable(line).replace("\n", "?")
+    return {"text": printable(text), "summary": line or "hung (see the roll call)", "dir": str(path.parent)}
 
 
 def rendezvous_failure(run_dir: Path) -> Optional[str]:
@@ -245,4 +249,4 @@ def rendezvous_failure(run_dir: Path) -> Optional[str]:
         text = found[-1].read_text(errors="replace").strip() if found else None
     except OSError:
         return None
-    return None if text is None else "".join(c if c.isprintable() else "?" for c in text)
+    return None if text is None else printable(text).replace("\n", "?")

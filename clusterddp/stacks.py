@@ -132,5 +132,4 @@ def report(call: Dict[str, Any], run_dir: Path) -> str:
                      "(read them with: torchfrtrace "
                      f"{run_dir / contract.NCCL_TRACE_DIR} -p rank_)")
     lines.append(f"every rank's stacks: {call['dir']}/")
-    text = "\n".join(lines) + "\n"
-    return "".join(c if c.isprintable() or c == "\n" else "?" for c in text)  # dump files are data
+    return rollcall.printable("\n".join(lines) + "\n")  # dump files are data

@@ -94,6 +94,22 @@ def test_a_malformed_dump_file_is_ignored(data):
     assert rollcall.parse_dump(data) is None
 
 
+def test_reports_read_back_from_a_shared_run_directory_cannot_drive_the_terminal(tmp_path):
+    hang = tmp_path / "stacks" / "hang-2"
+    hang.mkdir(parents=True)
+    (hang / "rollcall.txt").write_text("rank 1 \x1b]0;owned\x07 is elsewhere\nmissing: none\n")
+    (hang / "rollcall.json").write_text(json.dumps({"summary": "hung since 12:00:00: rank 1\x1b[2J\nat x"}))
+    (tmp_path / "stacks" / "hang-1").mkdir()
+    (tmp_path / "stacks" / "hang-1" / "rollcall.txt").write_text("an older restart's roll call\n")
+    (tmp_path / "stacks" / "rendezvous-0.txt").write_text("missing rank 3\x1b[31m (n2)\n")
+    report = rollcall.hang_report(tmp_path)
+    assert report is not None and report["dir"] == str(hang)  # the latest restart's
+    assert report["text"] == "rank 1 ?]0;owned? is elsewhere\nmissing: none\n"
+    assert report["summary"] == "hung since 12:00:00: rank 1?[2J?at x"
+    assert rollcall.rendezvous_failure(tmp_path) == "missing rank 3?[31m (n2)"
+    assert rollcall.hang_report(tmp_path / "nothing") is None and rollcall.rendezvous_failure(tmp_path / "x") is None
+
+
 def test_hang_timeout_is_validated_and_exported():
     from clusterddp.errors import SpecError
     from clusterddp.render import render

@@ -55,7 +55,8 @@ def hang_timeout(environ: Mapping[str, str]) -> float:
     return value
 
 
-def _library_prefixes() -> List[str]:
+def library_prefixes() -> List[str]:
+    """Where code the user did not write lives on this machine: the interpreter's, installed packages', ours."""
     paths = sysconfig.get_paths()
     found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     found.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # clusterddp itself
@@ -64,7 +65,7 @@ def _library_prefixes() -> List[str]:
 
 def dump_stacks(rank: int, source: str = "runtime") -> Dict[str, Any]:
     """Every thread's Python stack in this process except the control thread's (no GPU work, no collective)."""
-    prefixes = _library_prefixes()
+    prefixes = library_prefixes()
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
     threads = []

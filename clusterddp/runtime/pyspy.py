@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import contract, rollcall
+from .control import library_prefixes
 
 
 def _environ(pid: int) -> Optional[Dict[str, str]]:
@@ -64,11 +65,7 @@ def _py_spy() -> Optional[str]:
 
 def to_dump(rank: int, pid: int, threads: List[Dict[str, Any]]) -> Dict[str, Any]:
     """py-spy's ``dump --json`` output (innermost frame first) as a roll-call dump (outermost first)."""
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    prefixes = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
-    prefixes.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    prefixes = library_prefixes()
     out = []
     for t in threads:
         frames = [{"file": str(f.get("filename", "?")), "line": int(f.get("line") or 0), "func": str(f.get("name")),
