@@ -230,8 +230,9 @@ def test_stacks_names_the_rank_that_never_reaches_the_collective(tmp_path, local
         assert f"NCCL flight recorder: 4 dump(s) in {run_dir / 'nccl-trace'}/ (read them with: torchfrtrace" in out
 
 
-def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs):
-    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0", str(HANG), "--",
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
+def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs, launcher):
+    job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0", str(HANG), "--",
                    "--where", "loader", "--rank", "1")
     local_jobs.append(job)
     run_dir = job.wait_joined({0, 1, 2, 3})
@@ -242,6 +243,7 @@ def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs):
     assert lines[0].startswith("3 of 4 ranks wait at the same place: "), proc.stdout
     assert re.match(rf"rank 1 \(\S+\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__  <- hang.py:\d+ main",
                     lines[1]), lines
+    assert lines[2] == "missing: none"
     assert took < 30
 
 
@@ -287,8 +289,9 @@ def test_stacks_without_py_spy_says_why_in_one_line(tmp_path, local_jobs):
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
-def test_the_watchdog_ends_a_hung_job_with_the_roll_call(tmp_path):
-    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0:08", str(HANG), "--",
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
+def test_the_watchdog_ends_a_hung_job_with_the_roll_call(tmp_path, launcher):
+    job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0:08", str(HANG), "--",
                    "--where", "loader", "--rank", "2")
     start = time.monotonic()
     code, out, err = job.finish(timeout=240)
@@ -459,10 +462,11 @@ def test_the_watchdog_ends_a_hung_job_on_the_cluster(work, launcher):
 
 
 @pytest.mark.slurm
-def test_a_rank_that_never_starts_on_the_cluster_is_named_with_its_node(work):
+@pytest.mark.parametrize("launcher", ["srun", "spawn"])  # torchrun starts workers after its own rendezvous
+def test_a_rank_that_never_starts_on_the_cluster_is_named_with_its_node(work, launcher):
     d, env = work
     env = dict(env, **{contract.TIMEOUT: "15"})  # sbatch passes the submitting environment on
-    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "5", "--wait",
+    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "--wait",
                    "hang.py", "--", "--where", "rendezvous", "--rank", "3", cwd=d, env=env, timeout=300)
     assert proc.returncode == contract.RENDEZVOUS_EXIT, proc.stderr
     assert re.search(r"3 of 4 ranks arrived; missing rank 3 \(node2\): never started", proc.stderr), proc.stderr
