@@ -35,11 +35,14 @@ class Target:
 
 
 def _node_guess(rank: int, target: Target, hellos: Dict[int, Dict[str, Any]]) -> str:
-    if target.launcher == "torchrun":
+    launcher = target.launcher or next((str(h.get("launcher")) for h in hellos.values()), "")
+    if launcher == "torchrun":
         return "node unknown: torchrun gives node ranks out at its rendezvous"
-    index = rank // max(1, target.per_node)
+    per = target.per_node if target.job_id else next(
+        (h["local_world_size"] for h in hellos.values() if isinstance(h.get("local_world_size"), int)), 1)
+    index = rank // max(1, per)
     for r, h in hellos.items():
-        if r // max(1, target.per_node) == index:
+        if r // max(1, per) == index:
             return str(h.get("node", "?"))
     return target.nodes[index] if index < len(target.nodes) else f"node {index}"
 

@@ -183,9 +183,16 @@ class LocalJob:
         return self.popen.returncode, out, err
 
     def kill(self) -> None:
+        """End the run (its runner stops the ranks); SIGKILL to the whole group if it takes too long."""
         if self.popen.poll() is None:
-            os.killpg(self.popen.pid, 15)
-            self.popen.communicate(timeout=30)
+            try:
+                os.killpg(self.popen.pid, 15)
+                self.popen.communicate(timeout=30)
+            except ProcessLookupError:  # it ended between poll() and killpg()
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, 9)
+                self.popen.communicate(timeout=30)
 
 
 @pytest.fixture
@@ -245,6 +252,22 @@ def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs, la
                     lines[1]), lines
     assert lines[2] == "missing: none"
     assert took < 30
+
+
+def test_stacks_lists_a_rank_that_never_started_as_missing(tmp_path, local_jobs):
+    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0", str(HANG), "--",
+                   "--where", "rendezvous", "--rank", "3", env=dict(os.environ, **{contract.TIMEOUT: "600"}))
+    local_jobs.append(job)
+    run_dir = job.run_dir()
+    deadline = time.monotonic() + 90
+    while len(rollcall.read_hellos(run_dir)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    proc, _ = stacks(str(run_dir), "--timeout", "3", "--no-py-spy", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    missing = [line for line in proc.stdout.splitlines() if line.startswith("missing:")]
+    assert missing and re.fullmatch(r"missing: rank 3 \(\S+: never started, or does not use clusterddp.runtime\)",
+                                    missing[0]), proc.stdout
+    assert "rank 3" not in proc.stdout.split("missing:")[0]  # ranks 0-2 answered from inside init()
 
 
 def test_stacks_of_an_unmodified_script_through_py_spy(tmp_path, local_jobs):

@@ -158,7 +158,8 @@ class Control:
         if self.run_dir is None:
             return
         hello = {"rank": self.env.rank, "node": socket.gethostname(), "pid": os.getpid(), "state": state,
-                 "restart": self.restart, "world_size": self.env.world_size, "time": time.time()}
+                 "restart": self.restart, "world_size": self.env.world_size,
+                 "local_world_size": self.env.local_world_size, "launcher": self.env.source, "time": time.time()}
         try:
             write_atomic(self.run_dir / contract.HELLO_FILE.format(rank=self.env.rank), json.dumps(hello))
         except OSError as exc:
