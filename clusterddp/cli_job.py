@@ -35,6 +35,10 @@ Everything after -- goes to the training script unchanged (quoted for the shell)
 
 
 D = field_default
+CLUSTER_OPTION = click.option(
+    "--cluster", metavar="NAME",
+    help="The Slurm cluster: [clusters.NAME] of the config, reached over SSH from here ('here': this machine's "
+         "Slurm) [default: $CLUSTERDDP_CLUSTER, else cluster = ... in the config, else here].")
 
 
 def spec_options(f: Callable) -> Callable:
@@ -99,6 +103,7 @@ def spec_options(f: Callable) -> Callable:
         click.option("-m", "--module", is_flag=True, help="SCRIPT is a module name run as python -m SCRIPT."),
         click.option("-P", "--profile", help="Defaults from [profiles.NAME] of clusterddp.toml / the user config "
                                              "(clusterddp config show --profile NAME)."),
+        CLUSTER_OPTION,
         click.argument("script"),
         click.argument("args", nargs=-1, type=click.UNPROCESSED),
     ]
@@ -116,9 +121,11 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
     """
     from click.core import ParameterSource
 
+    from .clusters import choose
     from .config import resolve, skip_warning
 
     ctx = click.get_current_context()
+    cluster = choose(opts.pop("cluster", None), profile)
     skipped: list = []
     configured = {k: v for k, (v, _) in resolve(profile, skipped=skipped).items()}
     for path, why in skipped:
@@ -139,7 +146,11 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
         hint = " (a directory: give the script inside it)" if Path(script).is_dir() else ""
         raise SpecError(f"training script {script!r} not found{hint}: give a path relative to the directory you "
                         "submit from, or use -m package.module")
-    return spec, tuple(configured.get("template_dirs", [])) + tuple(template_dirs)
+    if cluster.remote:
+        from .remote import job_spec
+
+        spec = job_spec(spec, cluster)  # as it will run there (clusterddp's job modules come with the code)
+    return spec, tuple(configured.get("template_dirs", [])) + tuple(template_dirs), cluster
 
 
 def _render(spec: JobSpec, template_dirs: Sequence[str]) -> str:
@@ -181,7 +192,7 @@ def _summary(spec: JobSpec) -> str:
 def render_command(script: str, args: Sequence[str], output: Optional[str], template_dirs: Sequence[str],
                    **opts: Any) -> None:
     """Print the sbatch script for SCRIPT [-- ARGS...] (or write it with -o FILE)."""
-    spec, template_dirs = build_spec(script, args, template_dirs, **opts)
+    spec, template_dirs, _ = build_spec(script, args, template_dirs, **opts)
     text = _render(spec, template_dirs)
     if output:
         _check_output_file(Path(output), spec)
@@ -223,8 +234,11 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
 
     With --local, run the same job here, no Slurm needed (try it before you have a cluster).
     """
-    spec, template_dirs = build_spec(script, args, template_dirs, **opts)
+    spec, template_dirs, cluster = build_spec(script, args, template_dirs, **opts)
     if local:
+        if cluster.remote:
+            raise SpecError(f"--local runs on this machine; --cluster {cluster.name} submits to a remote cluster: "
+                            "choose one")
         from .local import submit_local
 
         code = submit_local(spec, quiet=quiet, dry_run=dry_run, echo=click.echo,
@@ -237,20 +251,23 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
                         "tasks with clusterddp status JOBID_TASK")
     if dry_run:
         _print_script(_render(spec, template_dirs))
-        click.echo(f"clusterddp: dry run, nothing submitted: {_summary(spec)}", err=True)
+        where = f" (for cluster {cluster.name})" if cluster.remote else ""
+        click.echo(f"clusterddp: dry run, nothing submitted{where}: {_summary(spec)}", err=True)
         return
     from . import slurm
 
-    record = slurm.submit(spec, template_dirs, check=not no_check, note=lambda line: click.echo(f"clusterddp: {line}",
-                                                                                                  err=True))
-    job_id = record.job_id
-    click.echo(job_id)
-    click.echo(f"clusterddp: submitted job {job_id}: {_summary(spec)}\n"
-               f"  script {record.script_path}\n  log    {record.batch_log}\n  ranks  {record.run_dir}/", err=True)
-    if wait_:
-        from .watch import wait
+    with slurm.on(cluster):
+        record = slurm.submit(spec, template_dirs, check=not no_check,
+                              note=lambda line: click.echo(f"clusterddp: {line}", err=True))
+        job_id = record.job_id
+        click.echo(job_id)
+        where = f" on cluster {cluster.name}" if cluster.remote else ""
+        click.echo(f"clusterddp: submitted job {job_id}{where}: {_summary(spec)}\n"
+                   f"  script {record.script_path}\n  log    {record.batch_log}\n  ranks  {record.run_dir}/", err=True)
+        if wait_:
+            from .watch import wait
 
-        sys.exit(wait(job_id, on_interrupt, record))
+            sys.exit(wait(job_id, on_interrupt, record))
 
 
 @cli.command("explain", epilog=EXAMPLES.format(cmd="explain"))

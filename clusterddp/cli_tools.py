@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Sequence
 import click
 
 from .cli import cli
+from .cli_job import CLUSTER_OPTION
 from .errors import SpecError
 from .spec import JobSpec, field_default, parse_env
 
@@ -17,31 +18,51 @@ D = field_default
 
 @cli.command("status")
 @click.argument("job_ids", nargs=-1)
-def status_command(job_ids: Sequence[str]) -> None:
-    """State, elapsed time, nodes and exit code of JOBID... (default: jobs submitted from here recently)."""
+@CLUSTER_OPTION
+def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
+    """State, elapsed time, nodes and exit code of JOBID... (default: the last 10 jobs submitted from here, on
+    every cluster; a CLUSTER column then says where each ran)."""
     from . import slurm
-    from .record import state_dir
+    from .clusters import by_name, choose
+    from .errors import SlurmUnreachable
+    from .record import recent
     from .watch import reason
 
-    if not job_ids:
-        records = sorted(state_dir().glob("*.json"), key=lambda p: p.stat().st_mtime)[-10:]
-        job_ids = [p.stem for p in records]
-        if not job_ids:
+    if job_ids:
+        targets = [(choose(cluster).name, slurm.check_job_id(j)) for j in job_ids]
+    else:
+        targets = [(r.cluster, r.job_id) for r in recent(10)]
+        if not targets:
             raise SpecError("no job ids given and no jobs submitted with clusterddp here yet")
-    rows = [("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
+    several = len({c for c, _ in targets}) > 1 or any(c != "here" for c, _ in targets)
+    rows = [("CLUSTER",) * several + ("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
     failed = 0
-    for job_id in job_ids:
+    unreachable: dict = {}
+    for name, job_id in targets:
+        where = (name,) * several
+        if name in unreachable:
+            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
+            failed += 1
+            continue
         try:
-            j = slurm.info(job_id)
+            with slurm.on(by_name(name)):
+                j = slurm.info(job_id)
+                why = reason(j) if not j.done else _why_it_ended(job_id, name)
         except slurm.JobNotFound as exc:
-            if len(job_ids) == 1:
+            if len(targets) == 1:
                 raise
-            rows.append((job_id, "UNKNOWN", "", "", "", "", str(exc).split(":")[0]))
+            rows.append(where + (job_id, "UNKNOWN", "", "", "", "", str(exc).split(":")[0]))
+            failed += 1
+            continue
+        except (SlurmUnreachable, SpecError) as exc:
+            if len(targets) == 1:
+                raise
+            unreachable[name] = str(exc).splitlines()[0]
+            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
             failed += 1
             continue
         exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
-        rows.append((j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, reason(j) if not j.done else
-                     _why_it_ended(j.job_id)))
+        rows.append(where + (j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, why))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -49,14 +70,16 @@ def status_command(job_ids: Sequence[str]) -> None:
         sys.exit(1)
 
 
-def _why_it_ended(job_id: str) -> str:
+def _why_it_ended(job_id: str, cluster: str) -> str:
     """What the runtime reported for a job that ended: a hang's roll call in one line, a failed rendezvous."""
     from .record import JobRecord
+    from .remote import fetch
     from .rollcall import hang_report, rendezvous_failure
 
-    record = JobRecord.load(job_id)
+    record = JobRecord.load(job_id, cluster)
     if record is None:
         return ""
+    record = fetch(record)
     hang = hang_report(Path(record.run_dir))
     if hang is not None:
         return hang["summary"]
@@ -69,7 +92,8 @@ def _why_it_ended(job_id: str) -> str:
 @click.option("--timeout", type=float, default=10.0, show_default=True, metavar="SECONDS",
               help="How long ranks get to answer before py-spy is tried for the silent ones.")
 @click.option("--no-py-spy", is_flag=True, help="Do not fall back to py-spy for ranks that do not answer.")
-def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool) -> None:
+@CLUSTER_OPTION
+def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, cluster: Optional[str]) -> None:
     """Where is every rank of a running job? Collects every rank's Python stacks (all threads) and prints a roll
     call: ranks grouped by the place they wait, the odd ones out named, ranks that never started listed.
 
@@ -85,21 +109,30 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool) -> 
     import re
 
     from . import hostlist, slurm
+    from .clusters import choose
     from .errors import ClusterDDPError
     from .record import JobRecord
     from .stacks import Target, collect, report
 
     if re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
-        record = JobRecord.load(job)
+        chosen = choose(cluster)
+        record = JobRecord.load(job, chosen.name)
         if record is None:
             raise SpecError(f"job {job} was not submitted with clusterddp here, so its run directory is unknown; "
                             "pass the run directory instead: clusterddp stacks RUN_DIR")
-        info = slurm.info(job)
+        with slurm.on(chosen):
+            info = slurm.info(job)
         if info.state != "RUNNING":
             raise ClusterDDPError(f"job {job} is {info.state}: only a running job has stacks to show"
                                   + (f" (its logs: clusterddp logs {job})" if info.done else ""))
         target = Target(Path(record.run_dir), record.nodes * record.procs_per_node, record.launcher,
                         record.procs_per_node, job, hostlist.expand(info.node_list) if info.node_list else ())
+        if chosen.remote:
+            call, text = _remote_stacks(chosen, record.python, target, timeout, no_py_spy)
+            click.echo(json.dumps(call, indent=1) if as_json else text.rstrip("\n"))
+            if not call["groups"]:
+                sys.exit(1)
+            return
     elif Path(job).is_dir():
         target = Target(Path(job))
     else:
@@ -111,49 +144,91 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool) -> 
         sys.exit(1)
 
 
+def _remote_stacks(cluster: Any, python: str, target: Any, timeout: float, no_py_spy: bool) -> Any:
+    """clusterddp stacks for a remote job: collected on the login node (where the run directory is), by this
+    clusterddp's own modules run with the job's Python there."""
+    import json
+
+    from .errors import ClusterDDPError, SlurmError
+    from .remote import python_module
+
+    args = [str(target.run_dir), "--world-size", str(target.world_size), "--launcher", target.launcher,
+            "--per-node", str(target.per_node), "--job-id", str(target.job_id), "--nodes", ",".join(target.nodes),
+            "--timeout", str(timeout)] + (["--no-py-spy"] if no_py_spy else [])
+    click.echo(f"clusterddp: asking job {target.job_id}'s ranks on cluster {cluster.name}", err=True)
+    proc = python_module(cluster, python, "clusterddp.stacks", args, timeout=2 * timeout + 90)
+    for line in proc.stderr.splitlines():
+        if line.strip():
+            click.echo(f"clusterddp: {cluster.name}: {line}", err=True)
+    try:
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave no answer", ["python", "-m",
+                         "clusterddp.stacks", *args], proc.returncode, proc.stderr) from None
+    if "error" in answer:
+        raise ClusterDDPError(f"cluster {cluster.name}: {answer['error']}")
+    return answer["call"], answer["report"]
+
+
 @cli.command("cancel")
 @click.argument("job_id")
-def cancel_command(job_id: str) -> None:
+@CLUSTER_OPTION
+def cancel_command(job_id: str, cluster: Optional[str]) -> None:
     """Cancel JOBID (scancel)."""
     from . import slurm
+    from .clusters import choose
 
-    slurm.cancel(job_id)
-    click.echo(f"clusterddp: cancel requested for job {job_id}", err=True)
+    chosen = choose(cluster)
+    with slurm.on(chosen):
+        slurm.cancel(job_id)
+    where = f" on cluster {chosen.name}" if chosen.remote else ""
+    click.echo(f"clusterddp: cancel requested for job {job_id}{where}", err=True)
 
 
 @cli.command("logs")
 @click.argument("job_id")
 @click.option("--rank", type=int, help="Show this rank's output instead of the batch log.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
-def logs_command(job_id: str, rank: Optional[int], follow: bool) -> None:
-    """Print the batch log of JOBID, or one rank's log with --rank N."""
-    from . import slurm
+@CLUSTER_OPTION
+def logs_command(job_id: str, rank: Optional[int], follow: bool, cluster: Optional[str]) -> None:
+    """Print the batch log of JOBID, or one rank's log with --rank N. (For a remote cluster the logs are copied
+    here first, only what is new, into ~/.local/state/clusterddp/mirror/.)"""
+    from . import remote, slurm
+    from .clusters import choose
     from .errors import LogNotFound
     from .record import JobRecord
-
-    record = JobRecord.load(job_id)
-    prefix = None
-    if record is None:
-        info = slurm.info(job_id)  # JobNotFound when Slurm never heard of it
-        if not info.stdout_path:
-            raise LogNotFound(f"no log path known for job {job_id} (not submitted with clusterddp here?)")
-        if rank is not None:
-            raise SpecError(f"job {job_id} was not submitted with clusterddp here: no rank logs known")
-        path = Path(info.stdout_path)
-    elif rank is None:
-        path = Path(record.batch_log)
-    else:
-        world = record.nodes * record.procs_per_node
-        if not 0 <= rank < world:
-            raise SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}")
-        path, prefix = record.rank_log(rank)
-        if record.launcher == "spawn":
-            first = rank - rank % record.procs_per_node
-            click.echo(f"clusterddp: spawn jobs log per node: {path.name} holds ranks {first}-"
-                       f"{first + record.procs_per_node - 1}", err=True)
     from .watch import print_log
 
-    print_log(job_id, path, prefix, follow)
+    chosen = choose(cluster)
+    record = JobRecord.load(job_id, chosen.name)
+    prefix = None
+    with slurm.on(chosen):
+        if record is None:
+            info = slurm.info(job_id)  # JobNotFound when Slurm never heard of it
+            if not info.stdout_path:
+                raise LogNotFound(f"no log path known for job {job_id} (not submitted with clusterddp here?)")
+            if rank is not None:
+                raise SpecError(f"job {job_id} was not submitted with clusterddp here: no rank logs known")
+            stdout_path = info.stdout_path
+
+            def path_now() -> Path:
+                return remote.fetch_file(chosen, stdout_path, job_id) if chosen.remote else Path(stdout_path)
+        else:
+            found = record
+            if rank is not None:
+                world = record.nodes * record.procs_per_node
+                if not 0 <= rank < world:
+                    raise SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}")
+                prefix = record.rank_log(rank)[1]
+                if record.launcher == "spawn":
+                    first = rank - rank % record.procs_per_node
+                    click.echo(f"clusterddp: spawn jobs log per node: {record.rank_log(rank)[0].name} holds ranks "
+                               f"{first}-{first + record.procs_per_node - 1}", err=True)
+
+            def path_now() -> Path:
+                here = remote.fetch(found)
+                return Path(here.batch_log) if rank is None else here.rank_log(rank)[0]
+        print_log(job_id, path_now, prefix, follow)
 
 
 @cli.command("doctor")
@@ -171,7 +246,8 @@ def logs_command(job_id: str, rank: Optional[int], follow: bool) -> None:
 @click.option("--python", default=D("python"), show_default=True)
 @click.option("--output-dir", default=D("output_dir"), show_default=True)
 @click.option("--local", is_flag=True, help="Run the check on this machine instead of Slurm.")
-def doctor_command(local: bool, env: Sequence[str], **opts: Any) -> None:
+@CLUSTER_OPTION
+def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **opts: Any) -> None:
     """Submit a tiny job on the requested shape that initialises the process group and times all-reduces;
     report per-rank hosts, interfaces, latency and bandwidth, and a verdict (exit 1 when something is wrong).
 
@@ -179,8 +255,10 @@ def doctor_command(local: bool, env: Sequence[str], **opts: Any) -> None:
       clusterddp doctor --nodes 2 --gpus 8 -p gpu
     """
     from . import doctor as doc
-    from . import slurm
+    from . import remote, slurm
+    from .clusters import choose
 
+    chosen = choose(None if local else cluster)
     spec = JobSpec(doc.JOB_MODULE, module=True, launcher="srun", job_name="clusterddp-doctor", requeue=False,
                    env=parse_env(env), **opts)
     click.echo(f"clusterddp: doctor on {spec.nodes} node(s) x {spec.tasks_per_node} rank(s)", err=True)
@@ -195,10 +273,12 @@ def doctor_command(local: bool, env: Sequence[str], **opts: Any) -> None:
         code = run(plan, quiet=True, echo=lines.append, note=lambda line: click.echo(line, err=True))
         text = "\n".join(lines)
     else:
-        record = slurm.submit(spec, note=lambda line: click.echo(f"clusterddp: {line}", err=True))
-        click.echo(f"clusterddp: doctor job {record.job_id} submitted; waiting", err=True)
-        code = slurm.wait(record.job_id).return_code
-        log = record.rank_log(0)[0]
+        with slurm.on(chosen):
+            record = slurm.submit(spec, note=lambda line: click.echo(f"clusterddp: {line}", err=True))
+            where = f" on cluster {chosen.name}" if chosen.remote else ""
+            click.echo(f"clusterddp: doctor job {record.job_id} submitted{where}; waiting", err=True)
+            code = slurm.wait(record.job_id).return_code
+        log = remote.fetch(record).rank_log(0)[0]
         text = log.read_text(errors="replace") if log.exists() else ""
     report = doc.parse(text)
     if report is None:

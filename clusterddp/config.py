@@ -24,7 +24,7 @@ from .errors import SpecError
 from .spec import JobSpec, field_names, suggest
 
 # Fields a file may set: everything but what is given per run.
-FILE_KEYS = [n for n in field_names() if n not in ("script", "args", "module", "after")] + ["template_dirs"]
+FILE_KEYS = [n for n in field_names() if n not in ("script", "args", "module", "after")] + ["template_dirs", "cluster"]
 LIST_KEYS = {"setup", "sbatch_args", "template_dirs"}
 # Variables that clusterddp's own job scripts export; inside a job they describe that job, not defaults.
 _RUNTIME_NAMES = {"launcher", "gpus_per_node", "procs_per_node"}
@@ -37,6 +37,7 @@ def _types() -> Dict[str, str]:
         kinds[f.name] = ("bool" if "bool" in t else "int" if "int" in t else "env" if f.name == "env" else
                          "list" if f.name in LIST_KEYS else "str")
     kinds["template_dirs"] = "list"
+    kinds["cluster"] = "str"  # the default cluster's name (clusters.py)
     return kinds
 
 
@@ -169,16 +170,11 @@ def _table(values: Mapping[str, Any], where: str) -> Dict[str, Any]:
     return out
 
 
-def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-           cwd: Optional[Path] = None, skipped: Optional[List[Tuple[Path, str]]] = None
-           ) -> List[Tuple[str, Dict[str, Any]]]:
-    """(source, values) from lowest to highest precedence, below the command line. Files that are not trusted
-    are left out and listed in ``skipped`` (path, reason)."""
+def config_files(environ: Optional[Mapping[str, str]] = None, cwd: Optional[Path] = None,
+                 skipped: Optional[List[Tuple[Path, str]]] = None) -> List[Tuple[Path, Dict[str, Any]]]:
+    """The trusted configuration files, lowest precedence first: (path, parsed TOML)."""
     environ = os.environ if environ is None else environ
     skipped = [] if skipped is None else skipped
-    profile = profile or environ.get("CLUSTERDDP_PROFILE") or None
-    out: List[Tuple[str, Dict[str, Any]]] = []
-    profiles_seen: List[str] = []
     files: List[Tuple[Path, Dict[str, Any]]] = []
     if user_file().is_file():
         why = distrust(user_file(), environ)
@@ -189,10 +185,25 @@ def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] =
     path, data = project_file(cwd, skipped, environ)
     if path is not None:
         files.append((path, data))
+    return files
+
+
+def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
+           cwd: Optional[Path] = None, skipped: Optional[List[Tuple[Path, str]]] = None
+           ) -> List[Tuple[str, Dict[str, Any]]]:
+    """(source, values) from lowest to highest precedence, below the command line. Files that are not trusted
+    are left out and listed in ``skipped`` (path, reason)."""
+    environ = os.environ if environ is None else environ
+    skipped = [] if skipped is None else skipped
+    profile = profile or environ.get("CLUSTERDDP_PROFILE") or None
+    out: List[Tuple[str, Dict[str, Any]]] = []
+    profiles_seen: List[str] = []
+    files = config_files(environ, cwd, skipped)
     for path, data in files:
-        unknown = [k for k in data if k not in ("defaults", "profiles")]
+        unknown = [k for k in data if k not in ("defaults", "profiles", "clusters")]
         if unknown:
-            raise SpecError(f"{path}: unknown table {unknown[0]!r}; expected [defaults] and [profiles.NAME]")
+            raise SpecError(f"{path}: unknown table {unknown[0]!r}; expected [defaults], [profiles.NAME] and "
+                            "[clusters.NAME]")
         defaults, profiles = data.get("defaults", {}), data.get("profiles", {})
         for table, value in (("defaults", defaults), ("profiles", profiles)):
             if not isinstance(value, dict):

@@ -49,6 +49,11 @@ class SlurmUnreachable(ClusterDDPError):
     that names what was tried and the ways forward (never a job called unknown when Slurm was not asked)."""
 
 
+class ClusterUnreachable(SlurmUnreachable):
+    """A remote cluster could not be reached or used over SSH (ssh, rsync, the login node); one line saying what to
+    do."""
+
+
 class LocalRunError(ClusterDDPError):
     """The local backend could not run the job."""
 
@@ -76,5 +81,5 @@ class LogNotFound(ClusterDDPError):
 
 
 __all__ = ["ClusterDDPError", "SpecError", "TemplateError", "SlurmError", "JobNotFound", "SlurmUnreachable",
-           "LocalRunError",
+           "ClusterUnreachable", "LocalRunError",
            "RuntimeEnvError", "HostlistError", "PreflightError", "JobFailed", "LogNotFound"]

@@ -18,10 +18,17 @@ def _mem_mb(mem: str) -> int:
     return math.ceil(value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
 
 
-def check_local(spec: JobSpec) -> None:
-    """On this machine: the entry point exists and the output directory can be written."""
+def check_local(spec: JobSpec, here: bool = True) -> None:
+    """On this machine: the entry point exists and the output directory can be written. For a remote cluster
+    (``here`` False) the script must lie in the directory submitted from, which is what is copied there."""
     if not spec.module and not Path(spec.script).is_file():
         raise PreflightError(f"training script {spec.script!r} not found")
+    if not here:
+        if not spec.module and (Path(spec.script).is_absolute() or ".." in Path(spec.script).parts):
+            raise PreflightError(f"training script {spec.script!r} is outside the directory you submit from, "
+                                 "which is what is copied to the cluster: submit from a directory that holds it, "
+                                 "and give its relative path")
+        return
     out = Path(spec.output_dir)
     probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):

@@ -24,14 +24,16 @@ class JobRecord:
     launcher: str
     procs_per_node: int
     nodes: int
+    cluster: str = "here"    # clusters.py: "here" or a [clusters.NAME]; paths above are on that cluster
+    python: str = "python3"  # the job's interpreter (stacks runs its py-spy helper with it)
 
     def save(self) -> Path:
-        """Write the record; an older record of another job with the same id (a reset counter, a second cluster
-        sharing $HOME) is kept beside it as <id>.json.<n>, never overwritten."""
-        d = state_dir()
+        """Write the record under its cluster; an older record of another job with the same id (a reset counter,
+        a second cluster sharing $HOME) is kept beside it as <id>.json.<n>, never overwritten."""
+        d = state_dir() / self.cluster
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"{self.job_id}.json"
-        old = JobRecord.load(self.job_id) if path.exists() else None
+        old = JobRecord.load(self.job_id, self.cluster) if path.exists() else None
         if old is not None and old.script_path != self.script_path:
             n = 1
             while (d / f"{self.job_id}.json.{n}").exists():
@@ -43,14 +45,23 @@ class JobRecord:
         return path
 
     @classmethod
-    def load(cls, job_id: str) -> Optional["JobRecord"]:
+    def load(cls, job_id: str, cluster: str = "here") -> Optional["JobRecord"]:
+        """The record of ``job_id`` on ``cluster`` (records from before clusters existed count as ``here``)."""
+        from .clusters import check_name
         from .slurm import check_job_id
 
-        path = state_dir() / f"{check_job_id(job_id)}.json"
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
+        job_id = check_job_id(job_id)
+        candidates = [state_dir() / check_name(cluster) / f"{job_id}.json"]
+        if cluster == "here":
+            candidates.append(state_dir() / f"{job_id}.json")
+        for path in candidates:
+            try:
+                data = json.loads(path.read_text())
+                data.setdefault("cluster", cluster)
+                return cls(**data)
+            except (OSError, ValueError, TypeError):
+                continue
+        return None
 
     def rank_log(self, rank: int) -> Tuple[Path, Optional[str]]:
         """(path, line prefix or None) of one rank's output."""
@@ -64,3 +75,18 @@ class JobRecord:
     def logs(self) -> List[Path]:
         run_dir = Path(self.run_dir)
         return sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
+
+
+def recent(limit: int = 10) -> List[JobRecord]:
+    """The last ``limit`` jobs recorded here, of every cluster, oldest first."""
+    paths = list(state_dir().glob("*/*.json")) + list(state_dir().glob("*.json"))
+    out = []
+    for path in sorted(paths, key=lambda p: p.stat().st_mtime)[-limit:]:
+        cluster = path.parent.name if path.parent != state_dir() else "here"
+        try:
+            record = JobRecord.load(path.stem, cluster)
+        except ValueError:  # a file that is not a record of ours
+            continue
+        if record is not None:
+            out.append(record)
+    return out

@@ -9,11 +9,14 @@ import os
 import re
 import subprocess
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import contract, sbatch_options
+from .clusters import Cluster
 from .contract import without_parent_job
 from .errors import ClusterDDPError, JobNotFound, PreflightError, SlurmError, SlurmUnreachable, SpecError
 from .quoting import shown
@@ -50,9 +53,49 @@ def unreachable(command: str, said: str) -> SlurmUnreachable:
                             f"Ways forward: {WAYS_FORWARD}")
 
 
-def run(argv: Sequence[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+_CLUSTER: ContextVar[Optional[Cluster]] = ContextVar("cluster", default=None)
+
+
+@contextmanager
+def on(cluster: Cluster) -> Iterator[Cluster]:
+    """Send the Slurm commands within to ``cluster`` (over SSH unless it is ``here``)."""
+    token = _CLUSTER.set(cluster)
+    try:
+        yield cluster
+    finally:
+        _CLUSTER.reset(token)
+
+
+def current() -> Cluster:
+    return _CLUSTER.get() or Cluster()
+
+
+def _run_remote(cluster: Cluster, argv: Sequence[str], check: bool, timeout: float,
+                cwd: Optional[str]) -> subprocess.CompletedProcess:
+    from . import remote
+
+    proc = remote.run(cluster, argv, cwd=cwd, timeout=timeout)
+    where = f"cluster {cluster.name!r} (ssh {cluster.destination})"
+    if proc.returncode == 127 and "not found" in proc.stderr:
+        raise SlurmUnreachable(f"`{argv[0]}` is not on PATH on the login node of {where}: add a setup line that "
+                               f"provides Slurm to [clusters.{cluster.name}] (e.g. setup = [\"module load slurm\"])")
+    if proc.returncode != 0 and _UNREACHABLE.search(proc.stderr):
+        first = next(line.strip() for line in proc.stderr.splitlines() if _UNREACHABLE.search(line))
+        raise SlurmUnreachable(f"Slurm is not reachable on {where}: `{argv[0]}` said {first!r}; its setup lines "
+                               "must give Slurm's commands their configuration (SLURM_CONF, module load slurm)")
+    if check and proc.returncode != 0:
+        raise SlurmError(f"{argv[0]} failed on {where}", argv, proc.returncode, proc.stderr)
+    return proc
+
+
+def run(argv: Sequence[str], check: bool = True, timeout: float = 60,
+        cwd: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run one Slurm command; a missing binary or a non-zero exit becomes a SlurmError carrying argv and stderr.
-    No cluster to talk to (no commands, no configuration, no controller) is SlurmUnreachable, whatever ``check``."""
+    No cluster to talk to (no commands, no configuration, no controller) is SlurmUnreachable, whatever ``check``.
+    On a remote cluster (``on``) the command runs on its login node, in ``cwd`` there."""
+    cluster = current()
+    if cluster.remote:
+        return _run_remote(cluster, argv, check, timeout, cwd)
     conf = os.environ.get("SLURM_CONF")
     if conf and not os.path.isfile(conf):
         # Slurm's clients would look for a configless controller through DNS first: about a minute (22.05).
@@ -83,26 +126,27 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def _script_argv(script: Path) -> List[str]:
+def _script_argv(script: "str | Path") -> List[str]:
     """The script as sbatch's last argument: absolute, after '--', so no directory name can read as an option
     (``--output-dir '--wrap=...'`` must never become ``sbatch --wrap``). --ignore-pbs also here, for scripts from
     site templates that replace the directives block: #PBS/#BSUB lines are never options."""
-    return ["--ignore-pbs", "--", str(Path(script).resolve())]
+    return ["--ignore-pbs", "--", str(script) if current().remote else str(Path(script).resolve())]
 
 
-def sbatch(script: Path, hold: bool = False) -> str:
-    """Submit ``script`` (held with ``hold``) and return the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
+def sbatch(script: str, hold: bool = False, cwd: Optional[str] = None) -> str:
+    """Submit ``script`` (held with ``hold``) and return the job id (``sbatch --parsable`` prints ``id[;cluster]``).
+    The job's working directory is ``cwd`` (remote clusters) or this one."""
     argv = ["sbatch", "--parsable", *(["--hold"] if hold else []), *_script_argv(script)]
-    proc = run(argv)
+    proc = run(argv, cwd=cwd)
     job_id = proc.stdout.strip().split(";", 1)[0]
     if not re.fullmatch(r"[0-9]+", job_id):
         raise SlurmError(f"sbatch printed no job id (got {proc.stdout.strip()!r})", argv, proc.returncode, proc.stderr)
     return job_id
 
 
-def test_only(script: Path) -> str:
+def test_only(script: str, cwd: Optional[str] = None) -> str:
     """``sbatch --test-only``: Slurm's own check that the request fits, without queueing. Returns its message."""
-    proc = run(["sbatch", "--test-only", *_script_argv(script)])
+    proc = run(["sbatch", "--test-only", *_script_argv(script)], cwd=cwd)
     return (proc.stderr or proc.stdout).strip()
 
 
@@ -287,29 +331,48 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
     """Submit ``spec``: pre-flight checks (local, then the partition offer from sinfo; skipped with
     ``check=False``), the script written under ``spec.output_dir``, ``sbatch --test-only``, ``sbatch``, the record.
 
-    The script keeps the name sbatch saw (``scontrol show job`` reports it as the Command); when submission fails,
-    the error says where the script was kept.
+    On a remote cluster (``on``), the directory submitted from is first copied there (only what changed) and the
+    job runs from that copy. The script keeps the name sbatch saw (``scontrol show job`` reports it as the
+    Command); when submission fails, the error says where the script was kept.
     """
     from .preflight import check_cluster, check_local
     from .render import render
 
+    cluster = current()
+    if cluster.remote:
+        from . import remote
+
+        spec = remote.job_spec(spec, cluster)
     text = render(spec, template_dirs=template_dirs)
     if check:
-        check_local(spec)
+        check_local(spec, here=not cluster.remote)
         for line in check_cluster(spec, partitions()):
             note(line)
-    out_dir = Path(spec.output_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        script = out_dir / f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"
-        script.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"cannot write the job script into --output-dir {shown(spec.output_dir)}: "
-                        f"{exc.strerror}; choose a writable directory") from None
+    name = f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"
+    if cluster.remote:
+        code = remote.prepare(cluster, spec, Path.cwd(), check)
+        note(f"copied {len(code.sent.files)} changed file(s), {code.sent.bytes_sent} bytes, to {cluster.name}:"
+             f"{code.path}")
+        cwd: Optional[str] = code.path
+        out = spec.output_dir if spec.output_dir.startswith("/") else f"{code.path}/{spec.output_dir}"
+        out = os.path.normpath(out)
+        script = f"{out}/{name}"
+        remote.write(cluster, script, text)
+    else:
+        cwd = None
+        out_dir = Path(spec.output_dir)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / name).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"cannot write the job script into --output-dir {shown(spec.output_dir)}: "
+                            f"{exc.strerror}; choose a writable directory") from None
+        out = str(out_dir.resolve())
+        script = str((out_dir / name).resolve())
     try:
         if check:
             try:
-                test_only(script)
+                test_only(script, cwd)
             except SlurmError as exc:
                 raise PreflightError(f"sbatch --test-only refused the job: {exc.stderr.strip() or exc}; "
                                      "(--no-check skips the checks)") from None
@@ -317,18 +380,20 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
         # directory) are moved aside, so the new job's log and run directory never mix with them. Only after the
         # --test-only check: a held job skips sbatch's own "can never run" refusal. With --no-check the files are
         # moved right after sbatch (a job that starts within milliseconds could open them first).
-        job_id = sbatch(script, hold=check)
+        job_id = sbatch(script, hold=check, cwd=cwd)
     except ClusterDDPError as exc:
-        raise type(exc)(f"{exc}\n  the script is kept at {script}") from None
+        raise type(exc)(f"{exc}\n  the script is kept at {'' if not cluster.remote else cluster.name + ':'}"
+                        f"{script}") from None
+    paths = [f"{out}/{contract.batch_log(spec.file_stem, job_id)}", f"{out}/{contract.run_dir(spec.file_stem, job_id)}"]
     try:
-        for old, kept in _move_aside(out_dir.resolve(), spec.file_stem, job_id):
+        moved = remote.move_aside(cluster, paths) if cluster.remote else _move_aside(paths)
+        for old, kept in moved:
             note(f"an earlier job {job_id} left {old}: kept as {kept}")
     except OSError as exc:
         note(f"warning: could not move an earlier job {job_id}'s files aside ({exc}); the new job writes beside them")
-    record = JobRecord(job_id=job_id, script_path=str(script.resolve()),
-                       batch_log=str((out_dir / contract.batch_log(spec.file_stem, job_id)).resolve()),
-                       run_dir=str((out_dir / contract.run_dir(spec.file_stem, job_id)).resolve()),
-                       launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes)
+    record = JobRecord(job_id=job_id, script_path=script, batch_log=paths[0], run_dir=paths[1],
+                       launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes,
+                       cluster=cluster.name, python=spec.python)
     record.save()
     held_on_purpose = any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args)
     if check and not held_on_purpose:
@@ -340,14 +405,15 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
     return record
 
 
-def _move_aside(out_dir: Path, stem: str, job_id: str) -> List[Tuple[Path, Path]]:
-    """Rename an existing batch log and run directory for ``job_id`` to NAME.1, NAME.2, ... (first free)."""
+def _move_aside(paths: Sequence[str]) -> List[Tuple[str, str]]:
+    """Rename an existing batch log and run directory to NAME.1, NAME.2, ... (first free)."""
     moved = []
-    for path in (out_dir / contract.batch_log(stem, job_id), out_dir / contract.run_dir(stem, job_id)):
+    for name in paths:
+        path = Path(name)
         if path.exists():
             n = 1
             while path.with_name(f"{path.name}.{n}").exists():
                 n += 1
             path.rename(path.with_name(f"{path.name}.{n}"))
-            moved.append((path, path.with_name(f"{path.name}.{n}")))
+            moved.append((str(path), str(path.with_name(f"{path.name}.{n}"))))
     return moved

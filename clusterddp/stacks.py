@@ -136,3 +136,34 @@ def report(call: Dict[str, Any], run_dir: Path) -> str:
                      f"{run_dir / contract.NCCL_TRACE_DIR} -p rank_)")
     lines.append(f"every rank's stacks: {call['dir']}/")
     return rollcall.printable("\n".join(lines) + "\n")  # dump files are data
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m clusterddp.stacks RUN_DIR ...``: collect where the files are (a remote cluster's login node, for
+    a clusterddp that asks over SSH) and print {"call": ..., "report": ...} (or {"error": ...}) as JSON."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m clusterddp.stacks")
+    p.add_argument("run_dir")
+    p.add_argument("--world-size", type=int)
+    p.add_argument("--launcher", default="")
+    p.add_argument("--per-node", type=int, default=1)
+    p.add_argument("--job-id")
+    p.add_argument("--nodes", default="")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--no-py-spy", action="store_true")
+    a = p.parse_args(argv)
+    target = Target(Path(a.run_dir), a.world_size, a.launcher, a.per_node, a.job_id,
+                    tuple(n for n in a.nodes.split(",") if n))
+    try:
+        call = collect(target, a.timeout, note=lambda line: print(line, file=sys.stderr, flush=True),
+                       fallback=not a.no_py_spy)
+    except ClusterDDPError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 1
+    print(json.dumps({"call": call, "report": report(call, target.run_dir)}))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import click
 
@@ -48,8 +48,10 @@ def show_failure(record: Any) -> None:
     """The hang watchdog's roll call, or ranks that never arrived, or else every log with a traceback and the most
     likely root cause in full."""
     from .logscan import summary, tracebacks
+    from .remote import fetch
     from .rollcall import hang_report, rendezvous_failure
 
+    record = fetch(record)  # a remote job's logs and reports, copied here
     hang = hang_report(Path(record.run_dir))
     if hang is not None:
         click.echo(f"clusterddp: the hang watchdog ended the job ({hang['summary']}). Roll call:\n"
@@ -72,7 +74,9 @@ def reason(job: Any) -> str:
     return job.reason
 
 
-def print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> None:
+def print_log(job_id: str, path_now: Callable[[], Path], prefix: Optional[str], follow: bool) -> None:
+    """Print a log (``path_now()`` gives its path here, copying it from a remote cluster first), following it
+    until the job ends with ``follow``."""
     from . import slurm
 
     def emit(chunk: str) -> None:
@@ -81,6 +85,7 @@ def print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> N
         else:
             click.echo("".join(line for line in chunk.splitlines(True) if line.startswith(prefix)), nl=False)
 
+    path = path_now()
     if not path.exists() and not follow:
         from .errors import LogNotFound
 
@@ -106,5 +111,6 @@ def print_log(job_id: str, path: Path, prefix: Optional[str], follow: bool) -> N
             if slurm.info(job_id).done:
                 follow = False  # one more read: the last lines may land just after the state changes
             time.sleep(0.5)
+            path = path_now()
     except KeyboardInterrupt:
         return

@@ -10,18 +10,26 @@
 # Each node is a slurmd in its own network namespace (veth to a private bridge on 10.200.0.0/24, no default
 # route) and its own UTS namespace (hostname nodeN, plus an /etc/hosts entry): without its own hostname gloo
 # binds to 127.0.0.1 and ranks on different "nodes" cannot connect. Needs root and Linux; no Docker.
+# A "login node" namespace (10.200.0.10, no slurmd) is where the SSH tests start their sshd.
+#
+# A second, independent cluster (its own controller, munge, job ids) comes from the same script with other
+# CLUSTERDDP_CLUSTER_* values (tests/test_remote.py does this); the defaults are the main test cluster.
 set -euo pipefail
 
 DIR="${CLUSTERDDP_CLUSTER_DIR:-/tmp/clusterddp-cluster}"
-NODES=(node1 node2)
-SUBNET=10.200.0
-BRIDGE=cddpbr0
+NAME="${CLUSTERDDP_CLUSTER_NAME:-cddptest}"
+read -r -a NODES <<<"${CLUSTERDDP_CLUSTER_NODES:-node1 node2}"
+SUBNET="${CLUSTERDDP_CLUSTER_SUBNET:-10.200.0}"
+BRIDGE="${CLUSTERDDP_CLUSTER_BRIDGE:-cddpbr0}"
+IFPREFIX="${CLUSTERDDP_CLUSTER_IFPREFIX:-cddp-}"  # veth names: at most 15 bytes with the suffix
+LOGIN="${CLUSTERDDP_CLUSTER_LOGIN-login}"         # empty: no login node namespace
+FIRST_JOB_ID="${CLUSTERDDP_CLUSTER_FIRST_JOB_ID:-1}"
 CTLD_ADDR=$SUBNET.254
-CTLD_PORT=16817
-SLURMD_PORT=16818
+CTLD_PORT="${CLUSTERDDP_CLUSTER_PORT:-16817}"
+SLURMD_PORT=$((CTLD_PORT + 1))
 CPUS_PER_NODE=8
 GPUS_PER_NODE=2
-HOSTS_TAG="# clusterddp-test-cluster"
+HOSTS_TAG="# clusterddp-test-cluster${CLUSTERDDP_CLUSTER_TAG:-}"
 
 log() { echo "cluster.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -34,20 +42,30 @@ need_root() {
 cmd_install() {
     need_root
     local missing=()
-    for bin in munged slurmctld slurmd sbatch ip nsenter unshare; do
+    # sshd and rsync: the remote-cluster tests log in to the login node and copy code there.
+    for bin in munged slurmctld slurmd sbatch ip nsenter unshare /usr/sbin/sshd rsync ssh; do
         command -v "$bin" >/dev/null 2>&1 || missing+=("$bin")
     done
     if [ ${#missing[@]} -eq 0 ]; then
-        log "Slurm and munge already installed"
+        log "Slurm, munge, sshd and rsync already installed"
         return 0
     fi
-    log "installing munge and Slurm (missing: ${missing[*]})"
+    log "installing munge, Slurm, sshd and rsync (missing: ${missing[*]})"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client iproute2 util-linux >/dev/null
+    apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client iproute2 util-linux \
+        openssh-server openssh-client rsync >/dev/null
     # The packages' own services would fight ours for the default ports and key; we never use them.
-    for svc in munge slurmctld slurmd; do
+    for svc in munge slurmctld slurmd ssh; do
         if command -v systemctl >/dev/null 2>&1; then systemctl stop "$svc" >/dev/null 2>&1 || true; fi
+    done
+}
+
+node_lines() {
+    local i=1
+    for n in "${NODES[@]}"; do
+        echo "NodeName=$n NodeAddr=$SUBNET.$i NodeHostname=$n CPUs=$CPUS_PER_NODE RealMemory=8000 Gres=gpu:$GPUS_PER_NODE State=UNKNOWN"
+        i=$((i + 1))
     done
 }
 
@@ -62,7 +80,8 @@ write_config() {
         [ -c "$DIR/dev/nvidia$i" ] || mknod "$DIR/dev/nvidia$i" c 195 "$i"
     done
     cat >"$DIR/slurm.conf" <<EOF
-ClusterName=cddptest
+ClusterName=$NAME
+FirstJobId=$FIRST_JOB_ID
 SlurmctldHost=$ctl_host($CTLD_ADDR)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
@@ -96,9 +115,8 @@ InactiveLimit=0
 SlurmdTimeout=60
 MessageTimeout=20
 GresTypes=gpu
-NodeName=node1 NodeAddr=$SUBNET.1 NodeHostname=node1 CPUs=$CPUS_PER_NODE RealMemory=8000 Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
-NodeName=node2 NodeAddr=$SUBNET.2 NodeHostname=node2 CPUs=$CPUS_PER_NODE RealMemory=8000 Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
-PartitionName=debug Nodes=node[1-2] Default=YES MaxTime=INFINITE State=UP
+$(node_lines)
+PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 EOF
     cat >"$DIR/gres.conf" <<EOF
 AutoDetect=off
@@ -124,15 +142,17 @@ setup_network() {
     ip addr replace "$CTLD_ADDR/24" dev "$BRIDGE"
     ip link set "$BRIDGE" up
     local i=1
-    for n in "${NODES[@]}"; do
-        local ns="cddp-$n" host_if="cddp-h$i" node_if="cddp-n$i"
+    for n in "${NODES[@]}" $LOGIN; do
+        local ns="cddp-$n" host_if="${IFPREFIX}h$i" node_if="${IFPREFIX}n$i"
+        local addr="$SUBNET.$i"
+        [ "$n" != "$LOGIN" ] || addr="$SUBNET.10"
         ip netns add "$ns" 2>/dev/null || true
         ip link show "$host_if" >/dev/null 2>&1 || ip link add "$host_if" type veth peer name "$node_if" netns "$ns"
         ip link set "$host_if" master "$BRIDGE" up
-        ip -n "$ns" addr replace "$SUBNET.$i/24" dev "$node_if"
+        ip -n "$ns" addr replace "$addr/24" dev "$node_if"
         ip -n "$ns" link set "$node_if" up
         ip -n "$ns" link set lo up
-        grep -q "^$SUBNET.$i $n " /etc/hosts || echo "$SUBNET.$i $n $HOSTS_TAG" >>/etc/hosts
+        grep -q "^$addr $n " /etc/hosts || echo "$addr $n $HOSTS_TAG" >>/etc/hosts
         i=$((i + 1))
     done
 }
@@ -201,8 +221,9 @@ kill_pidfile() {
 
 stop_all() {
     local quiet="${1:-}"
-    # Job steps started by slurmd live in the node namespaces: end them with their namespace's processes.
-    for n in "${NODES[@]}"; do
+    # Job steps started by slurmd live in the node namespaces: end them with their namespace's processes
+    # (and the login node's sshd with its sessions).
+    for n in "${NODES[@]}" $LOGIN; do
         if [ -e "/run/netns/cddp-$n" ]; then
             for pid in $(ip netns pids "cddp-$n" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
         fi
@@ -211,16 +232,16 @@ stop_all() {
     kill_pidfile "$DIR/run/slurmctld.pid"
     kill_pidfile "$DIR/munge/munged.pid"
     local i=1
-    for n in "${NODES[@]}"; do
-        ip link del "cddp-h$i" 2>/dev/null || true
+    for n in "${NODES[@]}" $LOGIN; do
+        ip link del "${IFPREFIX}h$i" 2>/dev/null || true
         ip netns del "cddp-$n" 2>/dev/null || true
         i=$((i + 1))
     done
     ip link del "$BRIDGE" 2>/dev/null || true
-    if grep -q "$HOSTS_TAG" /etc/hosts; then
+    if grep -q "$HOSTS_TAG\$" /etc/hosts; then
         # /etc/hosts may be a bind mount: rewrite it in place rather than replacing the file.
         local kept
-        kept="$(grep -v "$HOSTS_TAG" /etc/hosts)"
+        kept="$(grep -v "$HOSTS_TAG\$" /etc/hosts)"
         printf '%s\n' "$kept" >/etc/hosts
     fi
     [ -n "$quiet" ] || log "down"

@@ -1,0 +1,154 @@
+"""Clusters: which Slurm a command talks to. ``here`` is the Slurm this machine's commands reach (SLURM_CONF);
+any other name is a ``[clusters.NAME]`` table of the user or project configuration, reached over SSH.
+
+    [clusters.hpc]
+    host = "login.example.org"     # as you would type it after `ssh` (~/.ssh/config applies)
+    user = "alice"                 # optional (default: ssh's own choice)
+    port = 22                      # optional
+    remote_dir = "clusterddp"      # where code is copied, relative to the remote home (default: clusterddp)
+    setup = ["module load slurm"]  # shell lines run before every remote command (and so seen by sbatch)
+    ssh_config = "~/.ssh/config"   # optional: a config file for ssh -F
+
+The cluster is chosen with ``--cluster NAME``, else ``CLUSTERDDP_CLUSTER``, else ``cluster = "NAME"`` in
+``[defaults]`` or the chosen ``[profiles.NAME]``, else ``here``. Values are data: a host or user that could read
+as an ssh option is refused, and nothing here is put on a command line without quoting (config.py's trust rules
+decide which files are read at all).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from .errors import SpecError
+from .quoting import shown
+
+HERE = "here"
+KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# A host as ssh takes it: a name from ~/.ssh/config, a DNS name, an IPv4 address or a bracket-less IPv6 one.
+_HOST = re.compile(r"[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]{0,252}")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One cluster reached over SSH (``host`` None: this machine's own Slurm)."""
+
+    name: str = HERE
+    host: Optional[str] = None
+    user: Optional[str] = None
+    port: Optional[int] = None
+    remote_dir: str = "clusterddp"
+    setup: Tuple[str, ...] = ()
+    ssh_config: Optional[str] = None
+
+    @property
+    def remote(self) -> bool:
+        return self.host is not None
+
+    @property
+    def destination(self) -> str:
+        """What ssh is told to connect to (shown in messages as ``ssh DEST``)."""
+        assert self.host is not None
+        return f"{self.user}@{self.host}" if self.user else self.host
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise SpecError(f"invalid cluster name {shown(name)}: expected letters, digits, '_', '.' or '-' (at most 64, "
+                        "starting with a letter or digit)")
+    return name
+
+
+def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
+    """A [clusters.NAME] table -> Cluster; every value checked (a typo lists the valid keys)."""
+    from .parse import suggest
+
+    check_name(name)
+    if name == HERE:
+        raise SpecError(f"{where}: the cluster name {HERE!r} is reserved for this machine's own Slurm; choose "
+                        "another name")
+    if not isinstance(table, dict):
+        raise SpecError(f"{where}: clusters.{name} must be a table ([clusters.{name}]), got {table!r}")
+    for key in table:
+        if key not in KEYS:
+            raise SpecError(f"{where}: unknown key {key!r}{suggest(key, KEYS)}; valid keys: {', '.join(KEYS)}")
+
+    def text(key: str, pattern: Optional["re.Pattern[str]"], expected: str) -> Optional[str]:
+        value = table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value or (pattern and not pattern.fullmatch(value)) \
+                or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise SpecError(f"{where}: clusters.{name}.{key} must be {expected}, got {value!r}")
+        return value
+
+    host = text("host", _HOST, "a host name as you would give it to ssh (letters, digits, '.', '-', ':'; not "
+                               "starting with '-')")
+    if host is None:
+        raise SpecError(f"{where}: clusters.{name} has no host; add host = \"login.example.org\" (what you type "
+                        "after ssh)")
+    user = text("user", _USER, "a user name (letters, digits, '_', '.', '-'; not starting with '-')")
+    port = table.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+        raise SpecError(f"{where}: clusters.{name}.port must be an integer 1-65535, got {port!r}")
+    remote_dir = text("remote_dir", None, "a directory on the cluster (relative to your home there, or absolute)")
+    if remote_dir is not None:
+        remote_dir = remote_dir[2:] if remote_dir.startswith("~/") else remote_dir
+        if remote_dir.startswith("-") or remote_dir in ("~", "") or "\\" in remote_dir:
+            raise SpecError(f"{where}: clusters.{name}.remote_dir {remote_dir!r} cannot be used: give a directory "
+                            "such as \"clusterddp\" or \"/scratch/alice/clusterddp\"")
+    setup = table.get("setup", [])
+    if isinstance(setup, str):
+        setup = [setup]
+    if not isinstance(setup, list) or not all(isinstance(s, str) and "\0" not in s for s in setup):
+        raise SpecError(f"{where}: clusters.{name}.setup must be a list of shell lines, got {table.get('setup')!r}")
+    ssh_config = text("ssh_config", None, "the path of an ssh configuration file")
+    if ssh_config is not None:
+        ssh_config = os.path.expanduser(ssh_config)
+    return Cluster(name, host, user, port, remote_dir or "clusterddp", tuple(setup), ssh_config)
+
+
+def defined(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Tuple[Cluster, str]]:
+    """Every cluster of the trusted configuration files: name -> (Cluster, the file that defines it). A project
+    file's table replaces the user file's of the same name."""
+    from .config import config_files
+
+    out: Dict[str, Tuple[Cluster, str]] = {}
+    for path, data in config_files(environ):
+        tables = data.get("clusters", {})
+        if not isinstance(tables, dict):
+            raise SpecError(f"{path}: clusters must be tables ([clusters.NAME]), got {tables!r}")
+        for name, table in tables.items():
+            out[name] = (from_table(name, table, str(path)), str(path))
+    return out
+
+
+def choose(option: Optional[str], profile: Optional[str] = None,
+           environ: Optional[Mapping[str, str]] = None) -> Cluster:
+    """The cluster a command talks to: --cluster, else CLUSTERDDP_CLUSTER, else the configured default, else here."""
+    from .config import resolve
+
+    environ = os.environ if environ is None else environ
+    name = option
+    if not name:
+        configured = resolve(profile, environ).get("cluster")
+        name = configured[0] if configured else HERE
+    assert name is not None
+    return by_name(name, environ)
+
+
+def by_name(name: str, environ: Optional[Mapping[str, str]] = None) -> Cluster:
+    from .parse import suggest
+
+    if name == HERE:
+        return Cluster()
+    check_name(name)
+    known = defined(environ)
+    if name not in known:
+        raise SpecError(f"unknown cluster {name!r}{suggest(name, list(known))}; clusters defined: "
+                        f"{', '.join(sorted(known)) or 'none'} (add [clusters.{name}] with host = ... to "
+                        "clusterddp.toml or the user config; 'here' is this machine's Slurm)")
+    return known[name][0]

@@ -1,0 +1,279 @@
+"""Issue 17: submitting from a laptop to a cluster over SSH. A real sshd (Debian's openssh-server, throwaway keys)
+on the test cluster's login node (network namespace cddp-login, 10.200.0.10, no slurmd), reached by the system's
+ssh with connection sharing; rsync copies the code. The "laptop" is this process with SLURM_CONF pointing at a
+second, independent Slurm cluster (its own controller and job ids) so that the same job id exists on both."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import CLUSTER_DIR, CLUSTER_SH, ROOT, SCRIPTS, run_cli
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+LOGIN_ADDR = "10.200.0.10"
+SECOND = {"CLUSTERDDP_CLUSTER_DIR": "/tmp/clusterddp-cluster-second", "CLUSTERDDP_CLUSTER_NAME": "second",
+          "CLUSTERDDP_CLUSTER_NODES": "node9", "CLUSTERDDP_CLUSTER_SUBNET": "10.201.0",
+          "CLUSTERDDP_CLUSTER_BRIDGE": "cddpbr1", "CLUSTERDDP_CLUSTER_IFPREFIX": "cddq-",
+          "CLUSTERDDP_CLUSTER_LOGIN": "", "CLUSTERDDP_CLUSTER_PORT": "16917", "CLUSTERDDP_CLUSTER_TAG": "-second"}
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clusterddp-test", "-f", str(path)],
+                   check=True)
+
+
+def _kill_namespace(ns: str) -> None:
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        subprocess.run(["kill", "-9", pid], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def login(slurm_cluster, tmp_path_factory):
+    """sshd on the login node with a throwaway host key and user key; yields the ssh config file's directory."""
+    if not shutil.which("rsync") or not os.path.exists("/usr/sbin/sshd"):
+        subprocess.run([str(CLUSTER_SH), "install"], check=True)
+    d = tmp_path_factory.mktemp("ssh")
+    for name in ("host_key", "id", "stranger"):
+        _keygen(d / name)
+    (d / "authorized_keys").write_text((d / "id.pub").read_text())
+    (d / "authorized_keys").chmod(0o600)
+    host_pub = (d / "host_key.pub").read_text().split()
+    (d / "known_hosts").write_text(f"{LOGIN_ADDR} {host_pub[0]} {host_pub[1]}\n")
+    (d / "sshd_config").write_text(f"""ListenAddress {LOGIN_ADDR}
+Port 22
+HostKey {d}/host_key
+AuthorizedKeysFile {d}/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+StrictModes no
+PidFile {d}/sshd.pid
+""")
+    common = f"""  User root
+  IdentitiesOnly yes
+  UserKnownHostsFile {d}/known_hosts
+  StrictHostKeyChecking yes
+  BatchMode yes
+"""
+    (d / "ssh_config").write_text(f"""Host cddp-login
+  HostName {LOGIN_ADDR}
+  IdentityFile {d}/id
+{common}
+Host cddp-stranger
+  HostName {LOGIN_ADDR}
+  IdentityFile {d}/stranger
+{common}
+Host cddp-closed
+  HostName {LOGIN_ADDR}
+  Port 2
+  IdentityFile {d}/id
+{common}
+""")
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+    subprocess.run(["nsenter", "--net=/run/netns/cddp-login", "/usr/sbin/sshd", "-f", str(d / "sshd_config"),
+                    "-E", str(d / "sshd.log")], check=True)
+    deadline = time.monotonic() + 20
+    while subprocess.run(["ssh", "-F", str(d / "ssh_config"), "cddp-login", "true"],
+                         capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, (d / "sshd.log").read_text()
+        time.sleep(0.2)
+    yield d
+    _kill_namespace("cddp-login")  # sshd and every session (the shared connections end with them)
+
+
+def _toml_list(values):
+    return "[" + ", ".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "]"
+
+
+@pytest.fixture
+def laptop(login, slurm_cluster, tmp_path):
+    """A project directory with [clusters.tc] (the test cluster over SSH) and its environment: SLURM_CONF points
+    nowhere useful for 'here' unless a test sets it, state and mirrors private to the test."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    shutil.copy(ROOT / "examples" / "train_ddp.py", proj)
+    shutil.copy(SCRIPTS / "hang.py", proj)
+    (proj / "probe.py").write_text("import os, socket, clusterddp\n"
+                                   "print('probe', os.environ.get('RANK'), socket.gethostname(), os.getcwd(), "
+                                   "clusterddp.__file__, flush=True)\n")
+    (proj / ".gitignore").write_text("data/\n*.ckpt\n")
+    (proj / "data").mkdir()
+    (proj / "data" / "big.bin").write_bytes(os.urandom(200_000))
+    (proj / "old.ckpt").write_text("x")
+    remote_home = tmp_path / "cluster-home"
+    setup = [f"export SLURM_CONF={CLUSTER_DIR}/slurm.conf", f"export PATH={Path(sys.executable).parent}:$PATH"]
+
+    def table(name, host, **extra):
+        lines = [f"[clusters.{name}]", f'host = "{host}"', f'ssh_config = "{login}/ssh_config"',
+                 f'remote_dir = "{remote_home}/clusterddp"', f"setup = {_toml_list(setup)}"]
+        lines += [f"{k} = {v}" for k, v in extra.items()]
+        return "\n".join(lines) + "\n"
+
+    (proj / "clusterddp.toml").write_text(table("tc", "cddp-login") + table("stranger", "cddp-stranger")
+                                          + table("closed", "cddp-closed"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CLUSTERDDP_"))}
+    env.update(XDG_STATE_HOME=str(tmp_path / "state"), SLURM_CONF=str(tmp_path / "no-slurm-here.conf"))
+    env.pop("XDG_RUNTIME_DIR", None)
+    return proj, env, remote_home / "clusterddp" / "proj"
+
+
+def _job_id(proc) -> str:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _copied(stderr: str):
+    m = re.search(r"copied (\d+) changed file\(s\), (\d+) bytes, to tc:(\S+)", stderr)
+    assert m, stderr
+    return int(m.group(1)), int(m.group(2)), m.group(3)
+
+
+def test_submit_wait_logs_over_ssh(laptop):
+    """The example, submitted from the laptop: code copied (ignored files stay), run on 2 nodes there, --wait
+    follows it, per-rank logs come back; the job imports the clusterddp modules copied with it."""
+    proj, env, remote = laptop
+    proc = run_cli("submit", "--cluster", "tc", "--nodes", "2", "--gpus", "0", "--procs-per-node", "2", "-t", "5",
+                   "train_ddp.py", "--wait", "--", "--epochs", "1", cwd=proj, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = proc.stdout.strip().splitlines()[-1]
+    files, _, path = _copied(proc.stderr)
+    assert path == str(remote) and files >= 4
+    assert (remote / "train_ddp.py").read_text() == (proj / "train_ddp.py").read_text()
+    assert not (remote / "data").exists() and not (remote / "old.ckpt").exists()  # .gitignore'd: not copied
+    assert not (proj / "clusterddp-runs").exists()  # nothing of the job is written on the laptop's side
+    assert f"job {job} ended COMPLETED, exit code 0" in proc.stderr
+    batch = run_cli("logs", "--cluster", "tc", job, cwd=proj, env=env)
+    assert batch.returncode == 0 and "world size 4 (2 x 2)" in batch.stdout, batch.stderr
+    rank3 = run_cli("logs", "--cluster", "tc", job, "--rank", "3", cwd=proj, env=env)
+    assert rank3.returncode == 0, rank3.stderr
+    assert rank3.stdout and all(line.startswith("[default1]:") for line in rank3.stdout.splitlines())
+    state = Path(env["XDG_STATE_HOME"]) / "clusterddp"
+    assert (state / "jobs" / "tc" / f"{job}.json").is_file()
+    # The probe: where the job runs and which clusterddp it imports.
+    probe = run_cli("submit", "--cluster", "tc", "--launcher", "srun", "--nodes", "2", "--gpus", "0",
+                    "--procs-per-node", "2", "probe.py", "--wait", cwd=proj, env=env, timeout=200)
+    assert probe.returncode == 0, probe.stderr
+    pjob = probe.stdout.strip().splitlines()[-1]
+    out = run_cli("logs", "--cluster", "tc", pjob, "--rank", "2", cwd=proj, env=env).stdout.split()
+    assert out[:3] == ["probe", "2", "node2"] and out[3] == str(remote), out
+    assert re.fullmatch(rf"{re.escape(str(remote.parent))}/\.lib/[0-9a-f]{{12}}/clusterddp/__init__\.py", out[4])
+
+
+def test_copies_only_what_changed(laptop):
+    proj, env, remote = laptop
+    argv = ("submit", "--cluster", "tc", "--gpus", "0", "--sbatch-arg=--hold", "probe.py")
+    first = run_cli(*argv, cwd=proj, env=env)
+    files1, bytes1, _ = _copied(first.stderr)
+    again = run_cli(*argv, cwd=proj, env=env)
+    files2, bytes2, _ = _copied(again.stderr)
+    assert files2 == 0 and bytes2 < bytes1, (first.stderr, again.stderr)
+    (proj / "probe.py").write_text((proj / "probe.py").read_text() + "print('changed')\n")
+    changed = run_cli(*argv, cwd=proj, env=env)
+    files3, bytes3, _ = _copied(changed.stderr)
+    assert files3 == 1 and bytes2 < bytes3 < bytes1, (first.stderr, changed.stderr)
+    assert "print('changed')" in (remote / "probe.py").read_text()
+    for proc in (first, again, changed):
+        assert run_cli("cancel", "--cluster", "tc", _job_id(proc), cwd=proj, env=env).returncode == 0
+
+
+@pytest.fixture
+def second_cluster(slurm_cluster):
+    """Another Slurm cluster whose first job id is the test cluster's next one: the 'here' of the laptop."""
+    main = {**os.environ, "SLURM_CONF": f"{CLUSTER_DIR}/slurm.conf"}
+    config = subprocess.run(["scontrol", "show", "config"], env=main, capture_output=True, text=True).stdout
+    next_id = re.search(r"NEXT_JOB_ID\s*=\s*(\d+)", config).group(1)
+    env = {**os.environ, **SECOND, "CLUSTERDDP_CLUSTER_FIRST_JOB_ID": next_id}
+    subprocess.run([str(CLUSTER_SH), "down"], env=env, check=False, capture_output=True)
+    subprocess.run([str(CLUSTER_SH), "up"], env=env, check=True)
+    yield f"{SECOND['CLUSTERDDP_CLUSTER_DIR']}/slurm.conf"
+    subprocess.run([str(CLUSTER_SH), "down"], env=env, check=False)
+
+
+def test_same_job_id_on_two_clusters(laptop, second_cluster):
+    """A remote job and a job of this machine's Slurm with the same id: both recorded, both in status under their
+    cluster, each one's logs its own; a second remote job is cancelled over SSH."""
+    proj, env, _ = laptop
+    env = {**env, "SLURM_CONF": second_cluster}
+    far = _job_id(run_cli("submit", "--cluster", "tc", "--launcher", "srun", "--gpus", "0", "probe.py", "--wait",
+                          cwd=proj, env=env, timeout=200))
+    near = _job_id(run_cli("submit", "--launcher", "srun", "--gpus", "0", "probe.py", "--wait", cwd=proj, env=env,
+                           timeout=200))
+    assert far == near
+    stuck = _job_id(run_cli("submit", "--cluster", "tc", "--launcher", "srun", "--gpus", "0", "--hang-timeout", "0",
+                            "hang.py", "--", "--where", "rendezvous", "--rank", "0", cwd=proj, env=env))
+    cancel = run_cli("cancel", "--cluster", "tc", stuck, cwd=proj, env=env)
+    assert cancel.returncode == 0 and f"job {stuck} on cluster tc" in cancel.stderr
+    deadline = time.monotonic() + 60
+    while True:
+        status = run_cli("status", cwd=proj, env=env)
+        rows = [line.split() for line in status.stdout.splitlines()]
+        if any(r[:3] == ["tc", stuck, "CANCELLED"] for r in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert rows[0][:2] == ["CLUSTER", "JOBID"], status.stdout
+    assert any(r[:3] == ["tc", far, "COMPLETED"] for r in rows), status.stdout
+    assert any(r[:3] == ["here", near, "COMPLETED"] for r in rows), status.stdout
+    assert any(r[:3] == ["tc", stuck, "CANCELLED"] for r in rows), status.stdout
+    far_log = run_cli("logs", "--cluster", "tc", far, "--rank", "0", cwd=proj, env=env).stdout.split()
+    near_log = run_cli("logs", near, "--rank", "0", cwd=proj, env=env).stdout.split()
+    assert far_log[2].startswith("node") and far_log[2] != "node9"
+    assert near_log[2] == "node9" and near_log[3] == str(proj)
+    jobs = Path(env["XDG_STATE_HOME"]) / "clusterddp" / "jobs"
+    assert (jobs / "tc" / f"{far}.json").is_file() and (jobs / "here" / f"{near}.json").is_file()
+
+
+def test_stacks_and_follow_over_ssh(laptop):
+    """stacks runs where the run directory is (the login node, with the job's Python and the copied modules);
+    logs --follow copies the new lines as they come."""
+    proj, env, _ = laptop
+    job = _job_id(run_cli("submit", "--cluster", "tc", "--launcher", "srun", "--nodes", "2", "--gpus", "0",
+                          "--procs-per-node", "2", "--hang-timeout", "0", "hang.py", "--", "--where",
+                          "before-allreduce", "--rank", "3", cwd=proj, env=env))
+    deadline = time.monotonic() + 90
+    while "RUNNING" not in run_cli("status", "--cluster", "tc", job, cwd=proj, env=env).stdout:
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    follow = subprocess.Popen([sys.executable, "-m", "clusterddp", "logs", "--cluster", "tc", job, "--rank", "1",
+                               "-f"], cwd=proj, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(15)  # the ranks start, join and wait
+    stacks = run_cli("stacks", "--cluster", "tc", job, cwd=proj, env=env, timeout=200)
+    assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+    assert re.search(r"3 ranks? \(0-2\)", stacks.stdout) or re.search(r"ranks? 0-2", stacks.stdout), stacks.stdout
+    assert "hang.py" in stacks.stdout and "rank 3" in stacks.stdout, stacks.stdout
+    assert run_cli("cancel", "--cluster", "tc", job, cwd=proj, env=env).returncode == 0
+    out, err = follow.communicate(timeout=90)
+    assert follow.returncode == 0 and "joined rank 1 of 4" in out, out + err
+
+
+def _one_line(proc, code: int, *needles: str) -> str:
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_refused_key_unreachable_host_missing_python(laptop):
+    proj, env, _ = laptop
+    refused = run_cli("submit", "--cluster", "stranger", "--gpus", "0", "probe.py", cwd=proj, env=env)
+    _one_line(refused, 1, "cannot log in to cluster 'stranger' (ssh cddp-stranger): the key was refused",
+              "ssh-copy-id cddp-stranger")
+    closed = run_cli("status", "--cluster", "closed", "123", cwd=proj, env=env)
+    _one_line(closed, 1, "cannot log in to cluster 'closed' (ssh cddp-closed): the host does not answer",
+              "Connection refused")
+    nopy = run_cli("submit", "--cluster", "tc", "--gpus", "0", "--launcher", "srun", "--python", "python3.99",
+                   "probe.py", cwd=proj, env=env)
+    _one_line(nopy, 2, "has no 'python3.99' on PATH", "setup = [\"module load python\"]")
+    unknown = run_cli("submit", "--cluster", "tcc", "--gpus", "0", "probe.py", cwd=proj, env=env)
+    _one_line(unknown, 2, "unknown cluster 'tcc' (did you mean 'tc'?)")
