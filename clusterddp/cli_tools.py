@@ -55,8 +55,8 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
             failed += 1
             continue
         except (SlurmUnreachable, SpecError) as exc:
-            if len(targets) == 1:
-                raise
+            if len({c for c, _ in targets}) == 1:
+                raise  # one cluster: one line that says so (a listing of several goes on with the others)
             unreachable[name] = str(exc).splitlines()[0]
             rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
             failed += 1
@@ -304,6 +304,13 @@ def config_show(profile: Optional[str]) -> None:
     click.echo(f"# user file:    {user_file()}{'' if user_file().is_file() else ' (none)'}")
     click.echo(f"# project file: {path or '(none: clusterddp.toml or [tool.clusterddp] in pyproject.toml)'}")
     click.echo(text, nl=False)
+    from .clusters import defined
+
+    for name, (c, where) in sorted(defined().items()):
+        extra = "".join(f", {k} {v}" for k, v in (("user", c.user), ("port", c.port), ("ssh_config", c.ssh_config))
+                        if v)
+        click.echo(f"# cluster {name}: ssh {c.host}{extra}; code copied to {c.remote_dir}/<project>; "
+                   f"{len(c.setup)} setup line(s)  # {where}")
 
 
 @cli.command("new")

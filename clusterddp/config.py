@@ -261,7 +261,7 @@ def show(profile: Optional[str] = None) -> str:
         if key in merged:
             value, source = merged[key]
         else:
-            value, source = (defaults.get(key, ()), "built-in default")
+            value, source = (defaults.get(key, "here" if key == "cluster" else ()), "built-in default")
         lines.append(f"{key:<15} = {value!r:<32}  # {source}")
     lines += [f"# skipped {path}: {why} (trust it with {TRUST_VARIABLE}={path})" for path, why in skipped]
     return "\n".join(lines) + "\n"

@@ -42,7 +42,8 @@ _UNREACHABLE = re.compile(r"Could not establish a configuration source|resolve_c
                           r"s_p_parse_file: unable to (?:read|status)|Unable to process configuration file|"
                           r"Unable to connect to slurmctld")
 WAYS_FORWARD = ("--local runs the job on this machine; SLURM_CONF=/path/to/slurm.conf names a cluster's "
-                "configuration; --dry-run prints the script without submitting")
+                "configuration; --cluster NAME submits over SSH to a [clusters.NAME] host = ... of the config; "
+                "--dry-run prints the script without submitting")
 
 
 def unreachable(command: str, said: str) -> SlurmUnreachable:

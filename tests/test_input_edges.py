@@ -190,13 +190,35 @@ def test_a_second_job_with_the_same_id_keeps_the_first_record(tmp_path, monkeypa
     second = JobRecord("7", "/b/second.sbatch", "/b/t-7.out", "/b/t-7", "torchrun", 1, 1)
     first.save()
     first.save()  # the same job saved again: still one record
-    assert sorted(p.name for p in state_dir().iterdir()) == ["7.json"]
+    here = state_dir() / "here"
+    assert sorted(p.name for p in here.iterdir()) == ["7.json"]
     second.save()
-    assert sorted(p.name for p in state_dir().iterdir()) == ["7.json", "7.json.1"]
+    assert sorted(p.name for p in here.iterdir()) == ["7.json", "7.json.1"]
     assert JobRecord.load("7") == second
     import json
 
-    assert json.loads((state_dir() / "7.json.1").read_text())["script_path"] == "/a/first.sbatch"
+    assert json.loads((here / "7.json.1").read_text())["script_path"] == "/a/first.sbatch"
+    # Job 7 of another cluster is another job: its own record, nothing of "here" moved aside.
+    far = JobRecord("7", "/c/far.sbatch", "/c/t-7.out", "/c/t-7", "srun", 1, 1, cluster="tc")
+    far.save()
+    assert sorted(p.name for p in here.iterdir()) == ["7.json", "7.json.1"]
+    assert JobRecord.load("7", "tc") == far and JobRecord.load("7") == second
+
+
+def test_records_from_before_clusters_are_still_found(tmp_path, monkeypatch):
+    import json
+
+    from clusterddp.record import JobRecord, recent, state_dir
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    state_dir().mkdir(parents=True)
+    (state_dir() / "5.json").write_text(json.dumps({"job_id": "5", "script_path": "/a/x.sbatch", "batch_log": "b",
+                                                    "run_dir": "r", "launcher": "srun", "procs_per_node": 1,
+                                                    "nodes": 1}))
+    old = JobRecord.load("5")
+    assert old is not None and old.cluster == "here" and old.python == "python3"
+    assert JobRecord.load("5", "tc") is None
+    assert [(r.cluster, r.job_id) for r in recent()] == [("here", "5")]
 
 
 def test_host_expression_products_are_bounded():

@@ -1,0 +1,159 @@
+"""Issue 17 without a cluster: [clusters.NAME] tables (values are data), choosing a cluster, the one place remote
+command lines are built (a property test through a real sh), the job's PYTHONPATH line through a real bash, the
+private directory of the shared connections. The SSH round trips themselves: tests/test_remote.py."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clusterddp import remote
+from clusterddp.cli import cli
+from clusterddp.clusters import Cluster, choose, from_table
+from clusterddp.errors import ClusterUnreachable, SpecError
+from clusterddp.spec import JobSpec
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"host": "-oProxyCommand=touch /tmp/pwned"}, "host must be a host name"),
+    ({"host": "login -oProxyCommand=x"}, "host must be a host name"),
+    ({"host": "login", "user": "-oProxyCommand=x"}, "user must be a user name"),
+    ({"host": "login", "user": "alice@evil"}, "user must be a user name"),
+    ({"host": "login", "port": 0}, "port must be an integer 1-65535"),
+    ({"host": "login", "port": "22"}, "port must be an integer 1-65535"),
+    ({"host": "login", "remote_dir": "-rf"}, "remote_dir '-rf' cannot be used"),
+    ({"host": "login", "setup": "module load slurm", "hots": 1}, "unknown key 'hots' (did you mean 'host'?)"),
+    ({"user": "alice"}, "clusters.c has no host"),
+    ({"host": "login\n-oProxyCommand=x"}, "host must be a host name"),
+])
+def test_cluster_tables_are_data(table, message):
+    with pytest.raises(SpecError, match=f"^cfg: .*{re.escape(message)}"):
+        from_table("c", table, "cfg")
+
+
+def test_cluster_table_values():
+    c = from_table("hpc", {"host": "login.example.org", "user": "alice", "port": 2222, "remote_dir": "~/runs",
+                           "setup": "module load slurm", "ssh_config": "~/.ssh/cfg"}, "cfg")
+    assert c.destination == "alice@login.example.org" and c.port == 2222 and c.remote_dir == "runs"
+    assert c.setup == ("module load slurm",) and c.ssh_config == os.path.expanduser("~/.ssh/cfg")
+    with pytest.raises(SpecError, match="reserved for this machine's own Slurm"):
+        from_table("here", {"host": "x"}, "cfg")
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("CLUSTERDDP_CLUSTER", raising=False)
+    monkeypatch.delenv("CLUSTERDDP_PROFILE", raising=False)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / ".git").mkdir()
+    (proj / "train.py").write_text("print('hi')\n")
+    (proj / "clusterddp.toml").write_text('[defaults]\ncluster = "a"\n[profiles.b]\ncluster = "b"\n'
+                                          '[clusters.a]\nhost = "login-a"\n[clusters.b]\nhost = "login-b"\n'
+                                          'remote_dir = "/scratch/my runs"\n')
+    monkeypatch.chdir(proj)
+    return proj
+
+
+def test_choosing_a_cluster(project, monkeypatch):
+    assert choose(None).host == "login-a"                      # cluster = in [defaults]
+    assert choose(None, profile="b").host == "login-b"         # the profile's
+    monkeypatch.setenv("CLUSTERDDP_CLUSTER", "b")
+    assert choose(None).host == "login-b"                      # the environment over the files
+    assert choose("here") == Cluster() and not choose("here").remote
+    assert choose("a").name == "a"                             # the option over everything
+    with pytest.raises(SpecError, match=r"unknown cluster 'c'; clusters defined: a, b \(add \[clusters.c\]"):
+        choose("c")
+
+
+def test_dry_run_for_a_remote_cluster(project):
+    """The script as it will run there: clusterddp's copied modules first on PYTHONPATH; valid bash; no
+    connection needed; --local and a remote cluster do not mix."""
+    r = CliRunner().invoke(cli, ["submit", "--cluster", "b", "--dry-run", "--gpus", "0", "train.py"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("export PYTHONPATH="))
+    assert f"'/scratch/my runs/.lib/{remote.lib_hash()}'" in line
+    assert "(for cluster b)" in r.stderr
+    subprocess.run(["bash", "-n"], input=r.stdout, text=True, check=True)
+    here = CliRunner().invoke(cli, ["submit", "--cluster", "here", "--dry-run", "--gpus", "0", "train.py"])
+    assert here.exit_code == 0 and "PYTHONPATH" not in here.stdout
+    both = CliRunner().invoke(cli, ["submit", "--cluster", "a", "--local", "train.py"])
+    assert both.exit_code == 2 and "choose one" in both.stderr
+
+
+@pytest.mark.parametrize("remote_dir, expected", [("clusterddp", "{home}/clusterddp/.lib/{h}"),
+                                                  ("/scratch/a b", "/scratch/a b/.lib/{h}")])
+def test_the_job_finds_the_copied_modules_first(remote_dir, expected, tmp_path):
+    spec = remote.job_spec(JobSpec("t.py", setup=("echo user",)), Cluster("c", "h", remote_dir=remote_dir))
+    assert spec.setup[1:] == ("echo user",)
+    assert remote.job_spec(spec, Cluster("c", "h", remote_dir=remote_dir)) == spec  # applied once
+    out = subprocess.run(["bash", "-c", spec.setup[0] + '\nprintf %s "$PYTHONPATH"'], capture_output=True, text=True,
+                         env={"HOME": str(tmp_path), "PYTHONPATH": "/mine", "PATH": os.environ["PATH"]}).stdout
+    assert out == expected.format(home=tmp_path, h=remote.lib_hash()) + ":/mine"
+
+
+words = st.lists(st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=20),
+                 max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(argv=words, cwd=st.text(st.characters(blacklist_characters="\0/", blacklist_categories=("Cs",)),
+                               min_size=1, max_size=12))
+def test_remote_command_lines_keep_every_word(tmp_path, argv, cwd):
+    """What ssh hands the login shell: setup lines verbatim, then cd and the command, each word exactly as given."""
+    d = tmp_path / "w"
+    d.mkdir(exist_ok=True)
+    try:
+        (d / cwd).mkdir(exist_ok=True)
+    except OSError:
+        return  # a name this file system refuses ('..', too long)
+    line = remote.remote_line(Cluster("c", "h", setup=("X=from-setup",)), ["printf", r"%s\0", *argv, "$X"],
+                              cwd=str(d / cwd), exports={"Y": shlex.quote("y")})
+    out = subprocess.run(["sh", "-c", line], capture_output=True)
+    assert out.returncode == 0, line
+    assert out.stdout.split(b"\0")[:-1] == [w.encode("utf-8", "surrogateescape") for w in argv] + [b"$X"]
+
+
+def test_ssh_goes_to_the_host_after_the_options():
+    argv = remote.ssh_argv(Cluster("c", "login", user="alice", port=2222, ssh_config="/x/cfg"))
+    assert argv[:7] == ["ssh", "-F", "/x/cfg", "-p", "2222", "-l", "alice"]
+    assert any(a.startswith("ControlPath=") for a in argv) and "ControlMaster=auto" in argv
+    other_key = remote.ssh_argv(Cluster("d", "login", user="alice", port=2222, ssh_config="/y/cfg"))
+    path = next(a for a in argv if a.startswith("ControlPath="))
+    assert path != next(a for a in other_key if a.startswith("ControlPath="))  # never another config's connection
+
+
+def test_shared_connections_live_in_a_private_directory(monkeypatch):
+    short = Path(f"/tmp/cddp-rt-{os.getpid()}")
+    short.mkdir(mode=0o700)
+    try:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(short))
+        d = remote.control_dir()
+        assert d == short / "clusterddp-ssh" and (d.stat().st_mode & 0o777) == 0o700
+        d.chmod(0o777)  # as if someone else had made it, or loosened it
+        with pytest.raises(ClusterUnreachable, match="is not a private directory of yours"):
+            remote.control_dir()
+    finally:
+        subprocess.run(["rm", "-rf", str(short)])
+
+
+@pytest.mark.parametrize("said, what", [
+    ("ssh: Could not resolve hostname nope: Name or service not known", "the host name does not resolve"),
+    ("ssh: connect to host 10.0.0.1 port 22: No route to host", "the host does not answer"),
+    ("root@10.200.0.10: Permission denied (publickey).", "the key was refused"),
+    ("Host key verification failed.", "the host key is unknown or changed"),
+])
+def test_what_ssh_said_becomes_one_line(said, what):
+    error = remote.ssh_failure(Cluster("hpc", "login"), "Warning: something first\n" + said + "\n")
+    assert error is not None and str(error).startswith(f"cannot log in to cluster 'hpc' (ssh login): {what} ")
+    assert "\n" not in str(error)
+    assert remote.ssh_failure(Cluster("hpc", "login"), "the command's own message\n") is None
