@@ -285,6 +285,41 @@ def item10_stacks(rows: List[Row], work: Path) -> None:
                  "< 30 s (ranks poll every 1 s)"))
 
 
+def item11_ssh(rows: List[Row], work: Path) -> None:
+    """`clusterddp status` of a remote cluster: over the shared SSH connection vs with a fresh login each time."""
+    if os.geteuid() != 0 or not CLUSTER_CONF.is_file() or not Path("/run/netns/cddp-login").exists():
+        rows.append(("11", "status over SSH, shared connection / fresh login", "skipped: needs root and the test "
+                     "cluster (sudo tests/slurm/cluster.sh up)", ""))
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests import login_node
+
+    config = login_node.start(work / "ssh")
+    try:
+        proj = work / "proj"
+        proj.mkdir()
+        (proj / "t.py").write_text("print('hi')\n")
+        (proj / "clusterddp.toml").write_text(login_node.cluster_table("tc", "cddp-login", config, work / "home"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CLUSTERDDP_"))}
+        env["XDG_STATE_HOME"] = str(work / "state")
+        submit = subprocess.run([PY, "-m", "clusterddp", "submit", "--cluster", "tc", "--gpus", "0", "--no-check",
+                                 "--sbatch-arg=--hold", "t.py"], cwd=proj, env=env, capture_output=True, text=True,
+                                check=True)
+        job = submit.stdout.strip()
+        status = f"{PY} -m clusterddp status --cluster tc {job}"
+        close = f"{PY} -c \"from clusterddp import clusters, remote; remote.close(clusters.by_name('tc'))\""
+        shared = hyperfine({"shared": status}, runs=20, cwd=proj, env=env)["shared"]
+        fresh = hyperfine({"fresh": status}, runs=20, cwd=proj, env=env, prepare=close)["fresh"]
+        floor = hyperfine({"floor": f"{PY} -m clusterddp --help"}, runs=20, cwd=proj, env=env)["floor"]
+        subprocess.run([PY, "-m", "clusterddp", "cancel", "--cluster", "tc", job], cwd=proj, env=env,
+                       capture_output=True)
+    finally:
+        login_node.stop()
+    rows.append(("11", "clusterddp status over SSH of a pending job (squeue + scontrol there): shared connection / fresh login each time",
+                 f"{fmt(*shared)} / {fmt(*fresh)} = {shared[0] / fresh[0]:.2f}x (clusterddp --help alone: "
+                 f"{fmt(*floor)}; a login here is a local ed25519 key, no 2FA, no network latency)", "well under 1x"))
+
+
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
                  "skipped: no GPU on this machine", ""))
@@ -308,11 +343,11 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     which = set(args.only.split(","))
-    if not shutil.which("hyperfine") and which & {"1", "3", "4", "5", "10"}:
+    if not shutil.which("hyperfine") and which & {"1", "3", "4", "5", "10", "11"}:
         print("bench: hyperfine is needed (Debian: apt-get install hyperfine; make bench installs it)",
               file=sys.stderr)
         return 2
@@ -323,7 +358,8 @@ def main() -> int:
         steps = [("1", lambda: item1_cli(rows, work)), ("2", lambda: item2_render(rows)),
                  ("3", lambda: item3_hostlist(rows, work)), ("4", lambda: item4_startup(rows, work)),
                  ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows)),
-                 ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work))]
+                 ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work)),
+                 ("11", lambda: item11_ssh(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:

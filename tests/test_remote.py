@@ -14,85 +14,24 @@ from pathlib import Path
 
 import pytest
 
+from . import login_node
 from .conftest import CLUSTER_DIR, CLUSTER_SH, ROOT, SCRIPTS, run_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-LOGIN_ADDR = "10.200.0.10"
 SECOND = {"CLUSTERDDP_CLUSTER_DIR": "/tmp/clusterddp-cluster-second", "CLUSTERDDP_CLUSTER_NAME": "second",
           "CLUSTERDDP_CLUSTER_NODES": "node9", "CLUSTERDDP_CLUSTER_SUBNET": "10.201.0",
           "CLUSTERDDP_CLUSTER_BRIDGE": "cddpbr1", "CLUSTERDDP_CLUSTER_IFPREFIX": "cddq-",
           "CLUSTERDDP_CLUSTER_LOGIN": "", "CLUSTERDDP_CLUSTER_PORT": "16917", "CLUSTERDDP_CLUSTER_TAG": "-second"}
 
 
-def _keygen(path: Path) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clusterddp-test", "-f", str(path)],
-                   check=True)
-
-
-def _kill_namespace(ns: str) -> None:
-    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        subprocess.run(["kill", "-9", pid], capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def login(slurm_cluster, tmp_path_factory):
-    """sshd on the login node with a throwaway host key and user key; yields the ssh config file's directory."""
+    """sshd on the login node with a throwaway host key and user key; yields the ssh config file."""
     if not shutil.which("rsync") or not os.path.exists("/usr/sbin/sshd"):
         subprocess.run([str(CLUSTER_SH), "install"], check=True)
-    d = tmp_path_factory.mktemp("ssh")
-    for name in ("host_key", "id", "stranger"):
-        _keygen(d / name)
-    (d / "authorized_keys").write_text((d / "id.pub").read_text())
-    (d / "authorized_keys").chmod(0o600)
-    host_pub = (d / "host_key.pub").read_text().split()
-    (d / "known_hosts").write_text(f"{LOGIN_ADDR} {host_pub[0]} {host_pub[1]}\n")
-    (d / "sshd_config").write_text(f"""ListenAddress {LOGIN_ADDR}
-Port 22
-HostKey {d}/host_key
-AuthorizedKeysFile {d}/authorized_keys
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-StrictModes no
-PidFile {d}/sshd.pid
-""")
-    common = f"""  User root
-  IdentitiesOnly yes
-  UserKnownHostsFile {d}/known_hosts
-  StrictHostKeyChecking yes
-  BatchMode yes
-"""
-    (d / "ssh_config").write_text(f"""Host cddp-login
-  HostName {LOGIN_ADDR}
-  IdentityFile {d}/id
-{common}
-Host cddp-stranger
-  HostName {LOGIN_ADDR}
-  IdentityFile {d}/stranger
-{common}
-Host cddp-closed
-  HostName {LOGIN_ADDR}
-  Port 2
-  IdentityFile {d}/id
-{common}
-""")
-    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
-    subprocess.run(["nsenter", "--net=/run/netns/cddp-login", "/usr/sbin/sshd", "-f", str(d / "sshd_config"),
-                    "-E", str(d / "sshd.log")], check=True)
-    deadline = time.monotonic() + 20
-    while subprocess.run(["ssh", "-F", str(d / "ssh_config"), "cddp-login", "true"],
-                         capture_output=True).returncode != 0:
-        assert time.monotonic() < deadline, (d / "sshd.log").read_text()
-        time.sleep(0.2)
-    yield d
-    _kill_namespace("cddp-login")  # sshd and every session (the shared connections end with them)
-
-
-def _toml_list(values):
-    return "[" + ", ".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "]"
+    yield login_node.start(tmp_path_factory.mktemp("ssh"))
+    login_node.stop()
 
 
 @pytest.fixture
@@ -111,16 +50,9 @@ def laptop(login, slurm_cluster, tmp_path):
     (proj / "data" / "big.bin").write_bytes(os.urandom(200_000))
     (proj / "old.ckpt").write_text("x")
     remote_home = tmp_path / "cluster-home"
-    setup = [f"export SLURM_CONF={CLUSTER_DIR}/slurm.conf", f"export PATH={Path(sys.executable).parent}:$PATH"]
-
-    def table(name, host, **extra):
-        lines = [f"[clusters.{name}]", f'host = "{host}"', f'ssh_config = "{login}/ssh_config"',
-                 f'remote_dir = "{remote_home}/clusterddp"', f"setup = {_toml_list(setup)}"]
-        lines += [f"{k} = {v}" for k, v in extra.items()]
-        return "\n".join(lines) + "\n"
-
-    (proj / "clusterddp.toml").write_text(table("tc", "cddp-login") + table("stranger", "cddp-stranger")
-                                          + table("closed", "cddp-closed"))
+    (proj / "clusterddp.toml").write_text("\n".join(login_node.cluster_table(name, host, login, remote_home) for
+                                                    name, host in (("tc", "cddp-login"), ("stranger", "cddp-stranger"),
+                                                                   ("closed", "cddp-closed"))))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CLUSTERDDP_"))}
     env.update(XDG_STATE_HOME=str(tmp_path / "state"), SLURM_CONF=str(tmp_path / "no-slurm-here.conf"))
     env.pop("XDG_RUNTIME_DIR", None)

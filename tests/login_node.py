@@ -1,0 +1,89 @@
+"""An SSH login node for the test cluster: Debian's sshd in the cluster's login namespace (cddp-login,
+10.200.0.10; tests/slurm/cluster.sh makes it), throwaway host and user keys, password logins off. Used by
+tests/test_remote.py and bench item 11. Root only (network namespaces)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LOGIN_ADDR = "10.200.0.10"
+NAMESPACE = "cddp-login"
+CLUSTER_DIR = os.environ.get("CLUSTERDDP_CLUSTER_DIR", "/tmp/clusterddp-cluster")
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "clusterddp-test", "-f", str(path)],
+                   check=True)
+
+
+def start(d: Path) -> Path:
+    """Start sshd with keys and configs in ``d``; returns the client's ssh config file, whose hosts are
+    cddp-login (the user key), cddp-stranger (a key sshd does not know) and cddp-closed (a port nobody
+    listens on)."""
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("host_key", "id", "stranger"):
+        if not (d / name).exists():
+            _keygen(d / name)
+    (d / "authorized_keys").write_text((d / "id.pub").read_text())
+    (d / "authorized_keys").chmod(0o600)
+    host_pub = (d / "host_key.pub").read_text().split()
+    (d / "known_hosts").write_text(f"{LOGIN_ADDR} {host_pub[0]} {host_pub[1]}\n")
+    (d / "sshd_config").write_text(f"""ListenAddress {LOGIN_ADDR}
+Port 22
+HostKey {d}/host_key
+AuthorizedKeysFile {d}/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+StrictModes no
+PidFile {d}/sshd.pid
+""")
+    common = f"""  User root
+  IdentitiesOnly yes
+  UserKnownHostsFile {d}/known_hosts
+  StrictHostKeyChecking yes
+  BatchMode yes
+"""
+    config = d / "ssh_config"
+    config.write_text(f"""Host cddp-login
+  HostName {LOGIN_ADDR}
+  IdentityFile {d}/id
+{common}
+Host cddp-stranger
+  HostName {LOGIN_ADDR}
+  IdentityFile {d}/stranger
+{common}
+Host cddp-closed
+  HostName {LOGIN_ADDR}
+  Port 2
+  IdentityFile {d}/id
+{common}
+""")
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+    subprocess.run(["nsenter", f"--net=/run/netns/{NAMESPACE}", "/usr/sbin/sshd", "-f", str(d / "sshd_config"),
+                    "-E", str(d / "sshd.log")], check=True)
+    deadline = time.monotonic() + 20
+    while subprocess.run(["ssh", "-F", str(config), "cddp-login", "true"], capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("sshd on the login node did not answer: " + (d / "sshd.log").read_text()[-2000:])
+        time.sleep(0.2)
+    return config
+
+
+def stop() -> None:
+    """End sshd and every session of the login node (the shared connections end with them)."""
+    pids = subprocess.run(["ip", "netns", "pids", NAMESPACE], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        subprocess.run(["kill", "-9", pid], capture_output=True)
+
+
+def cluster_table(name: str, host: str, config: Path, remote_home: Path) -> str:
+    """A [clusters.NAME] for the test cluster through this login node: Slurm's configuration and this Python
+    environment (with torch) come from the setup lines, as `module load` would give them on a real cluster."""
+    setup = [f"export SLURM_CONF={CLUSTER_DIR}/slurm.conf", f"export PATH={Path(sys.executable).parent}:$PATH"]
+    return (f'[clusters.{name}]\nhost = "{host}"\nssh_config = "{config}"\nremote_dir = "{remote_home}/clusterddp"\n'
+            "setup = [" + ", ".join(f'"{line}"' for line in setup) + "]\n")
