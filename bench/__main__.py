@@ -315,7 +315,8 @@ def item11_ssh(rows: List[Row], work: Path) -> None:
                        capture_output=True)
     finally:
         login_node.stop()
-    rows.append(("11", "clusterddp status over SSH of a pending job (squeue + scontrol there): shared connection / fresh login each time",
+    rows.append(("11", "clusterddp status over SSH of a pending job (squeue + scontrol there): shared connection / "
+                 "fresh login each time",
                  f"{fmt(*shared)} / {fmt(*fresh)} = {shared[0] / fresh[0]:.2f}x (clusterddp --help alone: "
                  f"{fmt(*floor)}; a login here is a local ed25519 key, no 2FA, no network latency)", "well under 1x"))
 

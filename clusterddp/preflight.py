@@ -25,9 +25,9 @@ def check_local(spec: JobSpec, here: bool = True) -> None:
         raise PreflightError(f"training script {spec.script!r} not found")
     if not here:
         if not spec.module and (Path(spec.script).is_absolute() or ".." in Path(spec.script).parts):
-            raise PreflightError(f"training script {spec.script!r} is outside the directory you submit from, "
-                                 "which is what is copied to the cluster: submit from a directory that holds it, "
-                                 "and give its relative path")
+            raise PreflightError(f"training script {spec.script!r} is not a path inside the directory you submit "
+                                 "from, which is what is copied to the cluster: submit from a directory that holds "
+                                 "it and give its relative path")
         return
     out = Path(spec.output_dir)
     probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))

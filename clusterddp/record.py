@@ -57,7 +57,7 @@ class JobRecord:
         for path in candidates:
             try:
                 data = json.loads(path.read_text())
-                data.setdefault("cluster", cluster)
+                data["cluster"] = cluster  # where it is filed says which cluster it belongs to
                 return cls(**data)
             except (OSError, ValueError, TypeError):
                 continue

@@ -103,9 +103,14 @@ def test_submit_wait_logs_over_ssh(laptop):
 
 def test_copies_only_what_changed(laptop):
     proj, env, remote = laptop
+    (proj / ".git").mkdir()
+    (proj / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (proj / "clusterddp-runs").mkdir()  # a --local run's outputs
+    (proj / "clusterddp-runs" / "old.out").write_text("local\n")
     argv = ("submit", "--cluster", "tc", "--gpus", "0", "--sbatch-arg=--hold", "probe.py")
     first = run_cli(*argv, cwd=proj, env=env)
     files1, bytes1, _ = _copied(first.stderr)
+    assert not (remote / ".git").exists() and not (remote / "clusterddp-runs" / "old.out").exists()
     again = run_cli(*argv, cwd=proj, env=env)
     files2, bytes2, _ = _copied(again.stderr)
     assert files2 == 0 and bytes2 < bytes1, (first.stderr, again.stderr)
@@ -162,6 +167,22 @@ def test_same_job_id_on_two_clusters(laptop, second_cluster):
     assert near_log[2] == "node9" and near_log[3] == str(proj)
     jobs = Path(env["XDG_STATE_HOME"]) / "clusterddp" / "jobs"
     assert (jobs / "tc" / f"{far}.json").is_file() and (jobs / "here" / f"{near}.json").is_file()
+    # A cluster that cannot be reached any more: its rows say so, the others are still shown.
+    (jobs / "closed").mkdir()
+    (jobs / "closed" / f"{far}.json").write_text((jobs / "tc" / f"{far}.json").read_text())
+    listing = run_cli("status", cwd=proj, env=env)
+    rows = [line.split(None, 3) for line in listing.stdout.splitlines()]
+    assert listing.returncode == 1 and "Traceback" not in listing.stderr
+    assert ["closed", far, "UNREACHABLE"] == rows[-1][:3] and "the host does not answer" in rows[-1][3]
+    assert any(r[:3] == ["tc", far, "COMPLETED"] for r in rows) and any(r[:2] == ["here", near] for r in rows)
+
+
+def test_doctor_over_ssh(laptop):
+    proj, env, _ = laptop
+    proc = run_cli("doctor", "--cluster", "tc", "--nodes", "2", "--gpus", "0", "--procs-per-node", "2", cwd=proj,
+                   env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "on cluster tc" in proc.stderr and "node1" in proc.stdout and "node2" in proc.stdout, proc.stdout
 
 
 def test_stacks_and_follow_over_ssh(laptop):
@@ -209,3 +230,7 @@ def test_refused_key_unreachable_host_missing_python(laptop):
     _one_line(nopy, 2, "has no 'python3.99' on PATH", "setup = [\"module load python\"]")
     unknown = run_cli("submit", "--cluster", "tcc", "--gpus", "0", "probe.py", cwd=proj, env=env)
     _one_line(unknown, 2, "unknown cluster 'tcc' (did you mean 'tc'?)")
+    too_big = run_cli("submit", "--cluster", "tc", "--gpus", "0", "--nodes", "3", "probe.py", cwd=proj, env=env)
+    _one_line(too_big, 2, "partition debug has 2 node")  # sinfo of that cluster, over SSH
+    outside = run_cli("submit", "--cluster", "tc", "--gpus", "0", str(proj / "probe.py"), cwd=proj, env=env)
+    _one_line(outside, 2, "is not a path inside the directory you submit from")
