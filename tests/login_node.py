@@ -84,6 +84,8 @@ def stop() -> None:
 def cluster_table(name: str, host: str, config: Path, remote_home: Path) -> str:
     """A [clusters.NAME] for the test cluster through this login node: Slurm's configuration and this Python
     environment (with torch) come from the setup lines, as `module load` would give them on a real cluster."""
-    setup = [f"export SLURM_CONF={CLUSTER_DIR}/slurm.conf", f"export PATH={Path(sys.executable).parent}:$PATH"]
+    # ($CLUSTER_DIR/bin holds the clients of a Slurm release that runs in its own root: tests/slurm/cluster.sh.)
+    setup = [f"export SLURM_CONF={CLUSTER_DIR}/slurm.conf",
+             f"export PATH={CLUSTER_DIR}/bin:{Path(sys.executable).parent}:$PATH"]
     return (f'[clusters.{name}]\nhost = "{host}"\nssh_config = "{config}"\nremote_dir = "{remote_home}/clusterddp"\n'
             "setup = [" + ", ".join(f'"{line}"' for line in setup) + "]\n")

@@ -55,6 +55,8 @@ def laptop(login, slurm_cluster, tmp_path):
                                                                    ("closed", "cddp-closed"))))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CLUSTERDDP_"))}
     env.update(XDG_STATE_HOME=str(tmp_path / "state"), SLURM_CONF=str(tmp_path / "no-slurm-here.conf"))
+    # This machine's own Slurm clients (Debian 12's), whichever release the test cluster runs.
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != f"{CLUSTER_DIR}/bin")
     env.pop("XDG_RUNTIME_DIR", None)
     return proj, env, remote_home / "clusterddp" / "proj"
 
