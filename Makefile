@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (Linux, Python 3.9+):
 #   make demo   install clusterddp with what the example needs, run a 2-node x 2-rank DDP job on this machine
-#   make test   install what the tests need (Slurm + munge when root, torch CPU build, pytest) and run them all
+#   make test   install what the tests need (Slurm 22.05 + 24.11 and munge when root, torch CPU build, pytest) and
+#               run them all
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip
 # torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
@@ -14,7 +15,8 @@ install:
 
 install-test: install
 	$(PIP) install -q -e ".[test]"
-	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then tests/slurm/cluster.sh install; \
+	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then tests/slurm/cluster.sh install && \
+		CLUSTERDDP_SLURM_RELEASE=24.11 tests/slurm/cluster.sh install; \
 	else echo "not root on Linux: the Slurm tests will be skipped"; fi
 
 demo: install

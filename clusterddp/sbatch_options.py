@@ -2,10 +2,11 @@
 
 sbatch parses ``#SBATCH`` lines with getopt_long, which takes any unambiguous prefix of a long option
 (``--out=x`` is ``--output=x``) and has aliases (``--tasks-per-node`` is ``--ntasks-per-node``). So an option
-clusterddp computes can only be protected by resolving names as sbatch does. The table was read off Slurm
-22.05's sbatch (its getopt "ambiguous; possibilities" messages and "requires an argument" answers); a test
-on the real cluster checks it against the installed sbatch. Names newer releases added are passed through:
-none of them can be a prefix of an option owned here, since those all exist in 22.05.
+clusterddp computes can only be protected by resolving names as sbatch does. The table was read off the
+sbatch of Slurm 22.05 and 24.11 (their getopt "ambiguous; possibilities" messages and "requires an argument"
+answers); the tests check it against both releases on real clusters. Names are resolved against the union of
+both, so a prefix that either release finds ambiguous is refused (a script must mean the same on both); names
+newer still are passed through.
 """
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ from typing import Dict, Optional, Tuple
 from .errors import SpecError
 from .quoting import shown
 
-NO_VALUE = ("contiguous", "help", "hold", "ignore-pbs", "no-requeue", "overcommit", "oversubscribe", "parsable",
-            "quiet", "reboot", "requeue", "spread-job", "test-only", "use-min-nodes", "usage", "verbose", "version",
-            "wait")
-OPTIONAL_VALUE = ("exclusive", "get-user-env", "nice", "no-kill", "propagate")
-REQUIRED_VALUE = (
+NO_VALUE: Tuple[str, ...] = (
+    "contiguous", "help", "hold", "ignore-pbs", "no-requeue", "overcommit", "oversubscribe", "parsable", "quiet",
+    "reboot", "requeue", "spread-job", "test-only", "use-min-nodes", "usage", "verbose", "version", "wait")
+OPTIONAL_VALUE: Tuple[str, ...] = ("exclusive", "get-user-env", "nice", "no-kill", "propagate")
+# Slurm 24.11 added these (read off its sbatch the same way) and dropped --power.
+SINCE_24_11 = {"autocomplete": "required", "container-id": "required", "extra": "required",
+               "oom-kill-step": "optional", "resv-ports": "optional", "segment": "required", "stepmgr": "none",
+               "tres-bind": "required", "tres-per-task": "required"}
+UNTIL_22_05 = ("power",)
+REQUIRED_VALUE: Tuple[str, ...] = (
     "account", "acctg-freq", "array", "batch", "begin", "bb", "bbf", "cluster-constraint", "chdir", "cluster",
     "clusters", "comment", "container", "context", "constraint", "core-spec", "cores-per-socket", "cpu-freq",
     "cpus-per-gpu", "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution", "error", "exclude",
@@ -30,7 +36,17 @@ REQUIRED_VALUE = (
     "reservation", "signal", "sockets-per-node", "switches", "tasks-per-node", "thread-spec", "threads-per-core",
     "time", "time-min", "tmp", "uid", "wait-all-nodes", "wckey", "wrap", "job-name", "kill-on-invalid-dep",
     "licenses")
-KNOWN = set(NO_VALUE) | set(OPTIONAL_VALUE) | set(REQUIRED_VALUE)
+NO_VALUE += tuple(n for n, kind in SINCE_24_11.items() if kind == "none")
+OPTIONAL_VALUE += tuple(n for n, kind in SINCE_24_11.items() if kind == "optional")
+REQUIRED_VALUE += tuple(n for n, kind in SINCE_24_11.items() if kind == "required")
+KNOWN = set(NO_VALUE) | set(OPTIONAL_VALUE) | set(REQUIRED_VALUE)  # both releases
+
+
+def known_in(release: str) -> set:
+    """The option names of one release's sbatch ("22.05", "24.11")."""
+    if release.startswith("22."):
+        return KNOWN - set(SINCE_24_11)
+    return KNOWN - set(UNTIL_22_05)
 # Two names, one option (getopt sees the same option and does not call a shared prefix ambiguous).
 ALIASES = {"tasks-per-node": "ntasks-per-node", "cluster": "clusters"}
 
@@ -41,6 +57,7 @@ OWNED: Dict[str, str] = {
     "ntasks-per-socket": _RANKS, "ntasks-per-gpu": _RANKS, "ntasks-per-tres": _RANKS,
     "gpus": "--gpus", "gpus-per-node": "--gpus", "gpus-per-task": "--gpu-request gpus-per-task",
     "gpus-per-socket": "--gpus", "gres": "--gpus with --gpu-request gres", "cpus-per-task": "--cpus-per-task",
+    "tres-per-task": "--gpus and --cpus-per-task (Slurm 24.11's per-task resources)",
     "mem": "--mem", "time": "--time", "partition": "--partition", "account": "--account", "qos": "--qos",
     "constraint": "--constraint", "job-name": "--job-name",
     "output": "--output-dir", "error": "--output-dir (stderr goes to the batch log that clusterddp reads)",
@@ -75,7 +92,7 @@ def resolve(arg: str) -> Tuple[str, Optional[str]]:
         raise SpecError(f"--sbatch-arg {shown(arg)}: --{name} is ambiguous to sbatch (could be "
                         f"{', '.join('--' + m for m in sorted(matches))}); write the option out in full")
     if not matches:
-        return name, (value if eq else None)  # unknown to Slurm 22.05: a newer option, or sbatch refuses it
+        return name, (value if eq else None)  # unknown to 22.05 and 24.11: a newer option, or sbatch refuses it
     full = matches.pop()
     if eq and full in NO_VALUE:
         raise SpecError(f"--sbatch-arg {shown(arg)}: --{full} takes no value; write --sbatch-arg=--{full}")

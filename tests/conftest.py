@@ -25,20 +25,60 @@ def cluster_impossible() -> str:
     return ""
 
 
+#: The Slurm releases the end-to-end tests run on (tests/slurm/cluster.sh): Debian 12's and Debian 13's.
+RELEASES = ("22.05", "24.11")
+
+
+def pytest_generate_tests(metafunc):
+    """Every test that needs the cluster runs once per release (ids ...[slurm-22.05], ...[slurm-24.11]);
+    ``@pytest.mark.slurm_releases("22.05")`` narrows it, ``--slurm-release`` / CLUSTERDDP_TEST_RELEASES choose."""
+    if "slurm_release" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("slurm_releases")
+    wanted = marker.args if marker else RELEASES
+    chosen = selected_releases(metafunc.config)
+    metafunc.parametrize("slurm_release", [r for r in wanted if r in chosen], indirect=True,
+                         ids=lambda r: f"slurm-{r}", scope="session")
+
+
+def selected_releases(config) -> tuple:
+    given = config.getoption("--slurm-release") or os.environ.get("CLUSTERDDP_TEST_RELEASES", "")
+    chosen = tuple(r for r in given.replace(",", " ").split() if r) or RELEASES
+    unknown = [r for r in chosen if r not in RELEASES]
+    if unknown:
+        raise pytest.UsageError(f"--slurm-release {unknown[0]}: expected one of {', '.join(RELEASES)}")
+    return chosen
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster():
-    """A running 2-node cluster; yields the environment (SLURM_CONF) that clients need."""
+def slurm_release(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_release):
+    """A running 2-node cluster of ``slurm_release``; yields the environment (SLURM_CONF, and for 24.11 the
+    release's clients first on PATH, also set for this process while it is up)."""
     why = cluster_impossible()
     if why:
         pytest.skip(why)
-    if not shutil.which("slurmctld"):
-        subprocess.run([str(CLUSTER_SH), "install"], check=True)
+    release = {**os.environ, "CLUSTERDDP_SLURM_RELEASE": slurm_release}
+    root = os.environ.get("CLUSTERDDP_SLURM_ROOT", "/var/lib/clusterddp/slurm-24.11")
+    if not shutil.which("slurmctld") or not shutil.which("sshd", path="/usr/sbin") or (
+            slurm_release != "22.05" and not os.path.exists(f"{root}/.clusterddp-slurm-root")):
+        subprocess.run([str(CLUSTER_SH), "install"], check=True, env=release)
     keep = os.environ.get("CLUSTERDDP_KEEP_CLUSTER") == "1"
-    subprocess.run([str(CLUSTER_SH), "up"], check=True)
-    env = dict(os.environ, SLURM_CONF=f"{CLUSTER_DIR}/slurm.conf")
-    yield env
-    if not keep:
-        subprocess.run([str(CLUSTER_SH), "down"], check=False)
+    subprocess.run([str(CLUSTER_SH), "down"], check=False, env=release, capture_output=True)
+    saved_path = os.environ["PATH"]
+    try:
+        subprocess.run([str(CLUSTER_SH), "up"], check=True, env=release)
+        if slurm_release != "22.05":
+            os.environ["PATH"] = f"{CLUSTER_DIR}/bin{os.pathsep}{saved_path}"
+        yield dict(os.environ, SLURM_CONF=f"{CLUSTER_DIR}/slurm.conf")
+    finally:
+        os.environ["PATH"] = saved_path
+        if not keep:
+            subprocess.run([str(CLUSTER_SH), "down"], check=False, env=release)
 
 
 @pytest.fixture
@@ -57,3 +97,5 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 180
 
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.sh from the current code")
+    parser.addoption("--slurm-release", default="", help="Slurm releases for the cluster tests, e.g. 24.11 or "
+                     "22.05,24.11 (default: all; also CLUSTERDDP_TEST_RELEASES)")

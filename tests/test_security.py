@@ -182,6 +182,9 @@ def test_inherited_script_variables_do_not_steer_the_script(tmp_path):
     ("--parsable", "sets --parsable"), ("--wait", "sets --wait"), ("--w=x", "sets --wait"),
     ("--mail=x", "ambiguous"), ("--mail-type", "needs a value"), ("--hold=1", "takes no value"),
     ("--ignore-pbs", "clusterddp always sets it"),
+    # Slurm 24.11: --tres-per-task sets per-task GPUs and CPUs; --ext is --extra-node-info on 22.05 only.
+    ("--tres-per-task=gres/gpu:1", "sets --tres-per-task"), ("--tres-per=cpu:2", "sets --tres-per-task"),
+    ("--ext=2:4", "ambiguous to sbatch (could be --extra, --extra-node-info)"), ("--stepmgr=1", "takes no value"),
 ])
 def test_sbatch_arg_read_as_sbatch_reads_it(arg, message):
     with pytest.raises(SpecError) as exc:
@@ -193,6 +196,7 @@ def test_sbatch_args_that_are_allowed_are_written_out_in_full():
     assert resolve("--mail-u=me@example.org") == ("mail-user", "me@example.org")
     assert resolve("--hold") == ("hold", None) and resolve("--comment=a b") == ("comment", "a b")
     assert resolve("--some-future-option=1") == ("some-future-option", "1")  # newer releases: passed through
+    assert resolve("--segment=2") == ("segment", "2") and resolve("--power=level") == ("power", "level")
     text = render(JobSpec("t.py", sbatch_args=("--mail-u=me@example.org", "--exclusive=user")))
     assert "#SBATCH --mail-user=me@example.org\n" in text and "#SBATCH --exclusive=user\n" in text
 

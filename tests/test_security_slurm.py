@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.sbatch_options import KNOWN, NO_VALUE, REQUIRED_VALUE
+from clusterddp.sbatch_options import NO_VALUE, REQUIRED_VALUE, known_in
 
 from .cases import CORPUS, has_control
 from .conftest import SCRIPTS, run_cli
@@ -140,9 +140,9 @@ def test_every_hostile_value_reaches_slurm_and_the_rank_exactly(work):
     assert not list(d.rglob("pwned")) and not list(d.rglob("PWNED"))
 
 
-def test_option_table_matches_the_installed_sbatch(slurm_env):
-    """sbatch_options.py was read off Slurm 22.05: the installed sbatch lists the same names (from getopt's
-    'ambiguous; possibilities' answers) and the same argument kinds."""
+def test_option_table_matches_the_installed_sbatch(slurm_env, slurm_release):
+    """sbatch_options.py was read off Slurm 22.05 and 24.11: each release's sbatch lists the names the table
+    gives it (from getopt's 'ambiguous; possibilities' answers) and the same argument kinds."""
     def ask(arg: str) -> str:
         proc = subprocess.run(["sbatch", "--test-only", arg], capture_output=True, text=True, env=slurm_env,
                               stdin=subprocess.DEVNULL)
@@ -155,8 +155,8 @@ def test_option_table_matches_the_installed_sbatch(slurm_env):
             found |= {w.strip("'")[2:] for w in answer.split("possibilities:")[1].split()}
         elif "requires an argument" in answer or "allow an argument" in answer:
             found.add(answer.split("'--")[1].split("'")[0])
-    assert found == KNOWN
-    for name in sorted(KNOWN):
+    assert found == known_in(slurm_release)
+    for name in sorted(found):
         if name in REQUIRED_VALUE:
             assert "requires an argument" in ask("--" + name), name
         if name in NO_VALUE:

@@ -14,6 +14,14 @@
 #
 # A second, independent cluster (its own controller, munge, job ids) comes from the same script with other
 # CLUSTERDDP_CLUSTER_* values (tests/test_remote.py does this); the defaults are the main test cluster.
+#
+# Two Slurm releases: CLUSTERDDP_SLURM_RELEASE=22.05 (default) runs Debian 12's packages from this machine;
+# CLUSTERDDP_SLURM_RELEASE=24.11 runs Debian 13's (trixie), installed by `install` into a root file system made
+# with debootstrap (CLUSTERDDP_SLURM_ROOT, default /var/lib/clusterddp/slurm-24.11). Its daemons and clients run
+# chrooted there, inside one private mount namespace (held by a sleeping process) in which /proc, /sys, /dev,
+# /tmp, /root, /home, /work, /opt, /usr/local, /srv, /var/tmp and /etc/hosts are the machine's own, so jobs see
+# the same paths and Python environment; nothing of it is mounted on the machine itself. Clients come as
+# wrappers in $DIR/bin (sbatch, srun, squeue, ...): `source $DIR/env.sh` puts them first on PATH.
 set -euo pipefail
 
 DIR="${CLUSTERDDP_CLUSTER_DIR:-/tmp/clusterddp-cluster}"
@@ -30,6 +38,17 @@ SLURMD_PORT=$((CTLD_PORT + 1))
 CPUS_PER_NODE=8
 GPUS_PER_NODE=2
 HOSTS_TAG="# clusterddp-test-cluster${CLUSTERDDP_CLUSTER_TAG:-}"
+RELEASE="${CLUSTERDDP_SLURM_RELEASE:-22.05}"
+case "$RELEASE" in
+    22.05) ROOT="" ;;
+    24.11) ROOT="${CLUSTERDDP_SLURM_ROOT:-/var/lib/clusterddp/slurm-24.11}" ;;
+    *) echo "cluster.sh: error: CLUSTERDDP_SLURM_RELEASE=$RELEASE: expected 22.05 or 24.11" >&2; exit 2 ;;
+esac
+CLIENTS=(sbatch srun salloc squeue scontrol scancel sinfo sacct)
+# What jobs in the 24.11 root must see as on this machine (the Python environment, the tests' directories).
+SHARED_DIRS=(/tmp /root /home /work /opt /usr/local /srv /var/tmp)
+# Libraries that a Python built on this machine (pyenv, venv) and torch need inside the trixie root.
+ROOT_PACKAGES=slurmctld,slurmd,slurm-client,munge,util-linux,procps,libffi8,libssl3t64,libbz2-1.0,liblzma5,libsqlite3-0,libreadline8t64,libncursesw6,libuuid1,zlib1g,libstdc++6,libgomp1,libnsl2,libtirpc3t64,libcrypt1,libexpat1
 
 log() { echo "cluster.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -39,8 +58,37 @@ need_root() {
     [ "$(uname -s)" = Linux ] || die "needs Linux (network and UTS namespaces)"
 }
 
+install_root() {
+    # Debian 13 "trixie" ships Slurm 24.11; its packages come from Debian's own mirror.
+    if [ -x "$ROOT/usr/sbin/slurmctld" ] && [ -e "$ROOT/.clusterddp-slurm-root" ]; then
+        log "Slurm $RELEASE root already at $ROOT (slurm-client $(chroot "$ROOT" dpkg-query -W -f="\${Version}" slurm-client))"
+        return 0
+    fi
+    if ! command -v debootstrap >/dev/null 2>&1; then
+        log "installing debootstrap"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+    fi
+    log "making a Debian trixie root with Slurm $RELEASE at $ROOT (debootstrap, about a minute)"
+    local tmp="$ROOT.partial"
+    rm -rf --one-file-system "$tmp"
+    mkdir -p "$(dirname "$ROOT")"
+    debootstrap --variant=minbase --include="$ROOT_PACKAGES" trixie "$tmp" \
+        "${CLUSTERDDP_DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$ROOT.log" 2>&1 \
+        || { tail -n 30 "$ROOT.log" >&2; die "debootstrap failed (log: $ROOT.log)"; }
+    touch "$tmp/.clusterddp-slurm-root"
+    mv "$tmp" "$ROOT"
+    log "installed: slurm-client $(chroot "$ROOT" dpkg-query -W -f="\${Version}" slurm-client)"
+}
+
 cmd_install() {
     need_root
+    [ -z "$ROOT" ] || { cmd_install_host; install_root; return; }
+    cmd_install_host
+}
+
+cmd_install_host() {
     local missing=()
     # sshd and rsync: the remote-cluster tests log in to the login node and copy code there.
     for bin in munged slurmctld slurmd sbatch ip nsenter unshare /usr/sbin/sshd rsync ssh; do
@@ -122,7 +170,62 @@ EOF
 AutoDetect=off
 Name=gpu File=$DIR/dev/nvidia[0-$((GPUS_PER_NODE - 1))]
 EOF
-    echo "export SLURM_CONF=$DIR/slurm.conf" >"$DIR/env.sh"
+    if [ -n "$ROOT" ]; then
+        printf 'export SLURM_CONF=%s\nexport PATH=%s/bin:"$PATH"\n' "$DIR/slurm.conf" "$DIR" >"$DIR/env.sh"
+    else
+        echo "export SLURM_CONF=$DIR/slurm.conf" >"$DIR/env.sh"
+    fi
+}
+
+# --- the 24.11 root: one private mount namespace; daemons and clients chrooted in it ------------------------
+start_holder() {
+    mkdir -p "$DIR/run" "$DIR/bin"
+    local binds=() d
+    for d in "${SHARED_DIRS[@]}"; do
+        [ -d "$d" ] && binds+=("$d")
+    done
+    # The mounts exist only in this namespace (private propagation): the machine's own tree is never touched,
+    # and they vanish with the last process in it.
+    # (setsid, and no inherited output: it outlives this script, which must not hold a caller's pipe open.)
+    setsid unshare --mount --propagation private sh -c '
+        root="$1"; shift
+        for d in /proc /sys /dev "$@"; do mkdir -p "$root$d" && mount --rbind "$d" "$root$d" || exit 1; done
+        [ -e "$root/etc/hosts" ] || : >"$root/etc/hosts"
+        mount --bind /etc/hosts "$root/etc/hosts" || exit 1
+        # The ready mark lives on a tmpfs of this namespace only: it cannot be a leftover of an earlier run.
+        mount -t tmpfs -o size=1m clusterddp-mark "$root/mnt" && touch "$root/mnt/.clusterddp-mounted"
+        exec sleep infinity' clusterddp-holder "$ROOT" "${binds[@]}" </dev/null >"$DIR/log/holder.log" 2>&1 &
+    echo $! >"$DIR/run/holder.pid"
+    local i
+    for i in $(seq 100); do
+        kill -0 "$(cat "$DIR/run/holder.pid")" 2>/dev/null || die "the mount namespace for $ROOT could not be made"
+        if nsenter --mount="/proc/$(cat "$DIR/run/holder.pid")/ns/mnt" test -e "$ROOT/mnt/.clusterddp-mounted" 2>/dev/null
+        then break; fi
+        [ "$i" != 100 ] || die "the mount namespace for $ROOT did not come up"
+        sleep 0.1
+    done
+    local c holder
+    holder="$(cat "$DIR/run/holder.pid")"
+    for c in "${CLIENTS[@]}"; do
+        # Inside the root (a job calling scontrol), the real client; outside, enter the namespace and the root,
+        # in the same working directory (the shared directories have the same paths there).
+        cat >"$DIR/bin/$c" <<EOF
+#!/bin/sh
+# Slurm $RELEASE's $c from $ROOT (tests/slurm/cluster.sh).
+[ -e /.clusterddp-slurm-root ] && exec /usr/bin/$c "\$@"
+exec nsenter --mount=/proc/$holder/ns/mnt -- chroot "$ROOT" /bin/sh -c 'cd "\$1" 2>/dev/null || cd /; shift; exec "\$0" "\$@"' /usr/bin/$c "\$(pwd -P)" "\$@"
+EOF
+        chmod 0755 "$DIR/bin/$c"
+    done
+}
+
+# "$@" chrooted in the 24.11 root (in the holder's namespace), or as it is for 22.05.
+in_root() {
+    if [ -n "$ROOT" ]; then
+        nsenter --mount="/proc/$(cat "$DIR/run/holder.pid")/ns/mnt" -- chroot "$ROOT" "$@"
+    else
+        "$@"
+    fi
 }
 
 start_munge() {
@@ -133,7 +236,7 @@ start_munge() {
         dd if=/dev/urandom of="$m/munge.key" bs=1024 count=1 status=none
     fi
     chmod 0400 "$m/munge.key"
-    munged --socket="$m/munge.socket" --key-file="$m/munge.key" --pid-file="$m/munged.pid" \
+    in_root munged --socket="$m/munge.socket" --key-file="$m/munge.key" --pid-file="$m/munged.pid" \
         --log-file="$DIR/log/munged.log" --seed-file="$m/munged.seed"
 }
 
@@ -159,23 +262,30 @@ setup_network() {
 
 start_slurm() {
     export SLURM_CONF="$DIR/slurm.conf"
-    slurmctld -f "$DIR/slurm.conf"
+    in_root slurmctld -f "$DIR/slurm.conf"
     for n in "${NODES[@]}"; do
         # Not `ip netns exec`: it remounts /sys, hides the cgroup tree, and slurmd 22.05 then dies
         # ("Unable to initialize cgroup plugin"). nsenter keeps the mounts; unshare --uts gives the hostname.
-        nsenter --net="/run/netns/cddp-$n" unshare --uts \
-            sh -c 'hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$n" "$DIR/slurm.conf"
+        if [ -n "$ROOT" ]; then
+            nsenter --net="/run/netns/cddp-$n" --mount="/proc/$(cat "$DIR/run/holder.pid")/ns/mnt" \
+                unshare --uts chroot "$ROOT" \
+                sh -c 'hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$n" "$DIR/slurm.conf"
+        else
+            nsenter --net="/run/netns/cddp-$n" unshare --uts \
+                sh -c 'hostname "$1" && exec slurmd -f "$2" -N "$1"' sh "$n" "$DIR/slurm.conf"
+        fi
     done
 }
 
 wait_ready() {
     export SLURM_CONF="$DIR/slurm.conf"
+    [ -z "$ROOT" ] || export PATH="$DIR/bin:$PATH"
     local deadline=$((SECONDS + 60))
     while ((SECONDS < deadline)); do
         local states
         states="$(sinfo --noheader --Node --format='%N %T' 2>/dev/null || true)"
         if [ "$(grep -c ' idle$' <<<"$states" || true)" = "${#NODES[@]}" ]; then
-            log "up: ${#NODES[@]} nodes idle (source $DIR/env.sh to use it)"
+            log "up: ${#NODES[@]} nodes idle, $(sbatch --version) (source $DIR/env.sh to use it)"
             return 0
         fi
         sleep 0.3
@@ -188,9 +298,13 @@ wait_ready() {
 
 cmd_up() {
     need_root
-    for bin in munged slurmctld slurmd sbatch ip nsenter unshare; do
-        command -v "$bin" >/dev/null 2>&1 || die "$bin is not installed: run '$0 install' first"
-    done
+    if [ -n "$ROOT" ]; then
+        [ -e "$ROOT/.clusterddp-slurm-root" ] || die "no Slurm $RELEASE root at $ROOT: run 'CLUSTERDDP_SLURM_RELEASE=$RELEASE $0 install' first"
+    else
+        for bin in munged slurmctld slurmd sbatch ip nsenter unshare; do
+            command -v "$bin" >/dev/null 2>&1 || die "$bin is not installed: run '$0 install' first"
+        done
+    fi
     if [ -f "$DIR/run/slurmctld.pid" ] && kill -0 "$(cat "$DIR/run/slurmctld.pid")" 2>/dev/null; then
         log "already up (down first for a fresh cluster)"
         wait_ready
@@ -200,6 +314,7 @@ cmd_up() {
     stop_all quiet
     rm -rf "$DIR"
     write_config
+    [ -z "$ROOT" ] || start_holder
     start_munge
     setup_network
     start_slurm
@@ -231,6 +346,7 @@ stop_all() {
     done
     kill_pidfile "$DIR/run/slurmctld.pid"
     kill_pidfile "$DIR/munge/munged.pid"
+    kill_pidfile "$DIR/run/holder.pid"  # the 24.11 root's mount namespace ends with it
     local i=1
     for n in "${NODES[@]}" $LOGIN; do
         ip link del "${IFPREFIX}h$i" 2>/dev/null || true
@@ -255,6 +371,7 @@ cmd_down() {
 
 cmd_status() {
     export SLURM_CONF="$DIR/slurm.conf"
+    [ -z "$ROOT" ] || export PATH="$DIR/bin:$PATH"
     [ -f "$SLURM_CONF" ] || die "not up ($DIR has no slurm.conf)"
     sinfo --Node --long
     squeue
@@ -265,6 +382,6 @@ case "${1:-}" in
     up) cmd_up ;;
     down) shift; cmd_down "$@" ;;
     status) cmd_status ;;
-    env) echo "export SLURM_CONF=$DIR/slurm.conf" ;;
+    env) cat "$DIR/env.sh" ;;
     *) echo "usage: $0 install|up|down [--keep]|status|env" >&2; exit 2 ;;
 esac
