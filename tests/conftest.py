@@ -31,14 +31,24 @@ RELEASES = ("22.05", "24.11")
 
 def pytest_generate_tests(metafunc):
     """Every test that needs the cluster runs once per release (ids ...[slurm-22.05], ...[slurm-24.11]);
-    ``@pytest.mark.slurm_releases("22.05")`` narrows it, ``--slurm-release`` / CLUSTERDDP_TEST_RELEASES choose."""
-    if "slurm_release" not in metafunc.fixturenames:
-        return
-    marker = metafunc.definition.get_closest_marker("slurm_releases")
-    wanted = marker.args if marker else RELEASES
-    chosen = selected_releases(metafunc.config)
-    metafunc.parametrize("slurm_release", [r for r in wanted if r in chosen], indirect=True,
-                         ids=lambda r: f"slurm-{r}", scope="session")
+    ``@pytest.mark.slurm_releases("22.05")`` (on a test, a module or one parameter) narrows it, and
+    ``--slurm-release`` / CLUSTERDDP_TEST_RELEASES choose."""
+    if "slurm_release" in metafunc.fixturenames:
+        metafunc.parametrize("slurm_release", list(selected_releases(metafunc.config)), indirect=True,
+                             ids=lambda r: f"slurm-{r}", scope="session")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave out the runs on releases a test's slurm_releases marker does not name (release-independent work
+    runs once; the closest marker wins, so a parameter's overrides its function's and module's)."""
+    keep, drop = [], []
+    for item in items:
+        release = getattr(item, "callspec", None) and item.callspec.params.get("slurm_release")
+        marker = item.get_closest_marker("slurm_releases")
+        (drop if release and marker and release not in marker.args else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def selected_releases(config) -> tuple:

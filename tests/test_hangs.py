@@ -437,8 +437,11 @@ def test_stacks_on_the_cluster(work, launcher):
         run_cli("cancel", job_id, cwd=d, env=env)
 
 
+ONCE = pytest.mark.slurm_releases("22.05")  # this launcher on 22.05 only; srun on every release (Slurm's part)
+
+
 @pytest.mark.slurm
-@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+@pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE)])
 def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work, launcher):
     d, env = work
     proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "hang_raw.py",
@@ -463,7 +466,7 @@ def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
+@pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE), pytest.param("spawn", marks=ONCE)])
 def test_the_watchdog_ends_a_hung_job_on_the_cluster(work, launcher):
     d, env = work
     start = time.monotonic()

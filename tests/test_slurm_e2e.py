@@ -214,7 +214,9 @@ def test_unknown_job_id(work):
         assert "job 999999 is unknown to Slurm" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
+# Whole training runs: srun on every release; the other launchers' 2-node jobs on 24.11 are the short ones above.
+@pytest.mark.parametrize("launcher", [pytest.param("torchrun", marks=pytest.mark.slurm_releases("22.05")), "srun",
+                                      pytest.param("spawn", marks=pytest.mark.slurm_releases("22.05"))])
 def test_training_example_on_two_nodes(work, launcher):
     """examples/train_ddp.py as a 2-node x 2-GPU job (gloo on the fake GPUs' CPUs), under each launcher."""
     d, _ = work
