@@ -72,7 +72,7 @@ def slurm_cluster(slurm_release):
     why = cluster_impossible()
     if why:
         pytest.skip(why)
-    release = {**os.environ, "CLUSTERDDP_SLURM_RELEASE": slurm_release}
+    release = {**os.environ, "CLUSTERDDP_SLURM_RELEASE": slurm_release, "CLUSTERDDP_PYTHON": sys.executable}
     root = os.environ.get("CLUSTERDDP_SLURM_ROOT", "/var/lib/clusterddp/slurm-24.11")
     if not shutil.which("slurmctld") or not shutil.which("sshd", path="/usr/sbin") or (
             slurm_release != "22.05" and not os.path.exists(f"{root}/.clusterddp-slurm-root")):

@@ -19,8 +19,9 @@
 # CLUSTERDDP_SLURM_RELEASE=24.11 runs Debian 13's (trixie), installed by `install` into a root file system made
 # with debootstrap (CLUSTERDDP_SLURM_ROOT, default /var/lib/clusterddp/slurm-24.11). Its daemons and clients run
 # chrooted there, inside one private mount namespace (held by a sleeping process) in which /proc, /sys, /dev,
-# /tmp, /root, /home, /work, /opt, /usr/local, /srv, /var/tmp and /etc/hosts are the machine's own, so jobs see
-# the same paths and Python environment; nothing of it is mounted on the machine itself. Clients come as
+# /tmp, /root, /home, /work, /opt, /usr/local, /srv, /var/tmp, /etc/hosts, this repository, the tests' Python and
+# CLUSTERDDP_CLUSTER_SHARE are the machine's own, so jobs see the same paths and Python environment; nothing of it
+# is mounted on the machine itself. Clients come as
 # wrappers in $DIR/bin (sbatch, srun, squeue, ...): `source $DIR/env.sh` puts them first on PATH.
 set -euo pipefail
 
@@ -47,6 +48,9 @@ esac
 CLIENTS=(sbatch srun salloc squeue scontrol scancel sinfo sacct)
 # What jobs in the 24.11 root must see as on this machine (the Python environment, the tests' directories).
 SHARED_DIRS=(/tmp /root /home /work /opt /usr/local /srv /var/tmp)
+# ... and, wherever they are, this repository (an editable install points into it; CI clones it anywhere),
+# the Python that runs the tests, and CLUSTERDDP_CLUSTER_SHARE (colon-separated directories).
+HERE_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
 # Libraries that a Python built on this machine (pyenv, venv) and torch need inside the trixie root.
 ROOT_PACKAGES=slurmctld,slurmd,slurm-client,munge,util-linux,procps,libffi8,libssl3t64,libbz2-1.0,liblzma5,libsqlite3-0,libreadline8t64,libncursesw6,libuuid1,zlib1g,libstdc++6,libgomp1,libnsl2,libtirpc3t64,libcrypt1,libexpat1
 
@@ -178,12 +182,40 @@ EOF
 }
 
 # --- the 24.11 root: one private mount namespace; daemons and clients chrooted in it ------------------------
+extra_shared_dirs() {
+    echo "$HERE_REPO"
+    local py
+    for py in "${CLUSTERDDP_PYTHON:-}" "$(command -v python3 || true)"; do
+        [ -n "$py" ] && "$py" -c 'import os, sys; print(os.path.realpath(sys.prefix)); print(os.path.realpath(sys.base_prefix))' 2>/dev/null || true
+    done
+    local IFS=:
+    for py in ${CLUSTERDDP_CLUSTER_SHARE:-}; do echo "$py"; done
+}
+
+# True when $1 need not be bound: under one already bound, or a system directory of the root itself
+# (a Python in /usr must stay the root's own /usr, not shadow it).
+shared_already() {
+    local d="$1" b; shift
+    case "$d" in
+        / | /usr | /usr/* | /etc | /etc/* | /bin* | /sbin* | /lib* | /var | /var/lib* | /proc* | /sys* | /dev* | /run*) return 0 ;;
+    esac
+    for b in "$@"; do
+        case "$d/" in "$b"/*) return 0 ;; esac
+    done
+    return 1
+}
+
 start_holder() {
     mkdir -p "$DIR/run" "$DIR/bin"
     local binds=() d
     for d in "${SHARED_DIRS[@]}"; do
         [ -d "$d" ] && binds+=("$d")
     done
+    while IFS= read -r d; do
+        d="$(realpath -e -- "$d" 2>/dev/null)" || continue
+        [ -d "$d" ] && shared_already "$d" "${binds[@]}" || binds+=("$d")
+    done < <(extra_shared_dirs)
+    log "24.11 root sees the machine's ${binds[*]}"
     # The mounts exist only in this namespace (private propagation): the machine's own tree is never touched,
     # and they vanish with the last process in it.
     # (setsid, and no inherited output: it outlives this script, which must not hold a caller's pipe open.)
