@@ -304,13 +304,14 @@ def config_show(profile: Optional[str]) -> None:
     click.echo(f"# user file:    {user_file()}{'' if user_file().is_file() else ' (none)'}")
     click.echo(f"# project file: {path or '(none: clusterddp.toml or [tool.clusterddp] in pyproject.toml)'}")
     click.echo(text, nl=False)
-    from .clusters import defined
+    from .clusters import defined, human_size
 
     for name, (c, where) in sorted(defined().items()):
         extra = "".join(f", {k} {v}" for k, v in (("user", c.user), ("port", c.port), ("ssh_config", c.ssh_config))
                         if v)
+        limit = human_size(c.max_copy) if c.max_copy else "none"
         click.echo(f"# cluster {name}: ssh {c.host}{extra}; code copied to {c.remote_dir}/<project>; "
-                   f"{len(c.setup)} setup line(s)  # {where}")
+                   f"{len(c.setup)} setup line(s); max_copy {limit}  # {where}")
 
 
 @cli.command("new")

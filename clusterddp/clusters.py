@@ -8,6 +8,7 @@ any other name is a ``[clusters.NAME]`` table of the user or project configurati
     remote_dir = "clusterddp"      # where code is copied, relative to the remote home (default: clusterddp)
     setup = ["module load slurm"]  # shell lines run before every remote command (and so seen by sbatch)
     ssh_config = "~/.ssh/config"   # optional: a config file for ssh -F
+    max_copy = "1G"                # refuse to copy a code directory larger than this (0: no limit)
 
 The cluster is chosen with ``--cluster NAME``, else ``CLUSTERDDP_CLUSTER``, else ``cluster = "NAME"`` in
 ``[defaults]`` or the chosen ``[profiles.NAME]``, else ``here``. Values are data: a host or user that could read
@@ -25,7 +26,11 @@ from .errors import SpecError
 from .quoting import shown
 
 HERE = "here"
-KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config")
+KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config", "max_copy")
+#: A code directory is copied to the cluster on every submit: one larger than this is most likely data that
+#: belongs in .gitignore (and on the cluster's own file system), not code.
+DEFAULT_MAX_COPY = 1 << 30
+_SIZE = re.compile(r"([0-9]+)\s*(?:([KMGT])(?:i?B)?|B)?", re.IGNORECASE)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # A host as ssh takes it: a name from ~/.ssh/config, a DNS name, an IPv4 address or a bracket-less IPv6 one.
 _HOST = re.compile(r"[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]{0,252}")
@@ -43,10 +48,19 @@ class Cluster:
     remote_dir: str = "clusterddp"
     setup: Tuple[str, ...] = ()
     ssh_config: Optional[str] = None
+    max_copy: int = DEFAULT_MAX_COPY  # bytes; 0: no limit
 
     @property
     def remote(self) -> bool:
         return self.host is not None
+
+    def by_hand(self, command: str = "ssh") -> str:
+        """How a user reaches it by hand (for advice in messages): ``ssh [-F FILE] [-p PORT] DEST``."""
+        import shlex
+
+        words = [command] + (["-F", self.ssh_config] if self.ssh_config else []) + \
+            (["-p", str(self.port)] if self.port else []) + [self.destination]
+        return shlex.join(words)
 
     @property
     def destination(self) -> str:
@@ -108,7 +122,18 @@ def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
     ssh_config = text("ssh_config", None, "the path of an ssh configuration file")
     if ssh_config is not None:
         ssh_config = os.path.expanduser(ssh_config)
-    return Cluster(name, host, user, port, remote_dir or "clusterddp", tuple(setup), ssh_config)
+    return Cluster(name, host, user, port, remote_dir or "clusterddp", tuple(setup), ssh_config,
+                   _size(table.get("max_copy", DEFAULT_MAX_COPY), f"{where}: clusters.{name}.max_copy"))
+
+
+def _size(value: Any, what: str) -> int:
+    """Bytes from an integer or "500M" / "2G" / "1TiB" (powers of 1024)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    m = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if m is None:
+        raise SpecError(f"{what} must be a size such as \"500M\" or \"2G\" (0: no limit), got {value!r}")
+    return int(m.group(1)) << (10 * " KMGT".index((m.group(2) or " ").upper()))
 
 
 def defined(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Tuple[Cluster, str]]:
@@ -152,3 +177,13 @@ def by_name(name: str, environ: Optional[Mapping[str, str]] = None) -> Cluster:
                         f"{', '.join(sorted(known)) or 'none'} (add [clusters.{name}] with host = ... to "
                         "clusterddp.toml or the user config; 'here' is this machine's Slurm)")
     return known[name][0]
+
+
+def human_size(n: int) -> str:
+    """1536 -> "1.5 KiB" (powers of 1024, as max_copy reads them)."""
+    value, unit = float(n), "bytes"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{n} bytes" if unit == "bytes" else f"{value:.1f} {unit}"

@@ -14,11 +14,12 @@ import re
 import shlex
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
-from .clusters import Cluster
+from .clusters import Cluster, human_size
 from .errors import ClusterUnreachable, PreflightError
 from .quoting import shown
 
@@ -82,7 +83,7 @@ def remote_line(cluster: Cluster, argv: Sequence[str], cwd: Optional[str] = None
     return "\n".join(lines)
 
 
-def _where(cluster: Cluster) -> str:
+def where(cluster: Cluster) -> str:
     return f"cluster {cluster.name!r} (ssh {cluster.destination})"
 
 
@@ -98,10 +99,10 @@ _SSH_FAILURES = [
 ]
 _ADVICE = {
     "the host name does not resolve": "check host in [clusters.{name}] (or a Host entry in ~/.ssh/config)",
-    "the host does not answer": "check that `ssh {dest}` works from here (VPN? ProxyJump in ~/.ssh/config?)",
-    "the key was refused": "run `ssh {dest}` once to see why; add your key there (ssh-copy-id {dest}) or name it "
+    "the host does not answer": "check that `{ssh}` works from here (VPN? ProxyJump in ~/.ssh/config?)",
+    "the key was refused": "run `{ssh}` once to see why; add your key there ({copy_id}) or name it "
                            "with IdentityFile in ~/.ssh/config",
-    "the host key is unknown or changed": "run `ssh {dest}` once and check the host key it shows (ssh-keygen -R "
+    "the host key is unknown or changed": "run `{ssh}` once and check the host key it shows (ssh-keygen -R "
                                           "removes an outdated one)",
 }
 
@@ -111,8 +112,9 @@ def ssh_failure(cluster: Cluster, stderr: str) -> Optional[ClusterUnreachable]:
     for pattern, what in _SSH_FAILURES:
         line = next((ln.strip() for ln in stderr.splitlines() if pattern.search(ln)), None)
         if line is not None:
-            advice = _ADVICE[what].format(name=cluster.name, dest=cluster.destination)
-            return ClusterUnreachable(f"cannot log in to {_where(cluster)}: {what} ({line}); {advice}")
+            advice = _ADVICE[what].format(name=cluster.name, ssh=cluster.by_hand(),
+                                          copy_id=cluster.by_hand("ssh-copy-id"))
+            return ClusterUnreachable(f"cannot log in to {where(cluster)}: {what} ({line}); {advice}")
     return None
 
 
@@ -125,11 +127,11 @@ def run(cluster: Cluster, argv: Sequence[str], cwd: Optional[str] = None, timeou
         proc = subprocess.run(full, input=input, capture_output=True, text=True, timeout=timeout,
                               stdin=None if input is not None else subprocess.DEVNULL)
     except FileNotFoundError:
-        raise ClusterUnreachable(f"ssh is not installed here, so {_where(cluster)} cannot be reached: install "
+        raise ClusterUnreachable(f"ssh is not installed here, so {where(cluster)} cannot be reached: install "
                                  "OpenSSH's client") from None
     except subprocess.TimeoutExpired:
-        raise ClusterUnreachable(f"{_where(cluster)} did not answer within {timeout:.0f} s "
-                                 f"(`{' '.join(argv[:2])}`); check that `ssh {cluster.destination}` works") from None
+        raise ClusterUnreachable(f"{where(cluster)} did not answer within {timeout:.0f} s "
+                                 f"(`{' '.join(argv[:2])}`); check that `{cluster.by_hand()}` works") from None
     if proc.returncode == 255:
         failure = ssh_failure(cluster, proc.stderr)
         if failure is not None:
@@ -148,10 +150,10 @@ def _rsync(cluster: Cluster, args: Sequence[str], what: str, timeout: float = 60
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        raise ClusterUnreachable(f"rsync is not installed here; it copies {what} to and from {_where(cluster)}: "
+        raise ClusterUnreachable(f"rsync is not installed here; it copies {what} to and from {where(cluster)}: "
                                  "install it (apt install rsync, brew install rsync)") from None
     except subprocess.TimeoutExpired:
-        raise ClusterUnreachable(f"copying {what} with {_where(cluster)} took over {timeout:.0f} s") from None
+        raise ClusterUnreachable(f"copying {what} with {where(cluster)} took over {timeout:.0f} s") from None
     if proc.returncode == 255 or proc.returncode == 12:
         failure = ssh_failure(cluster, proc.stderr)
         if failure is not None:
@@ -161,7 +163,7 @@ def _rsync(cluster: Cluster, args: Sequence[str], what: str, timeout: float = 60
         said = next((ln for ln in proc.stderr.splitlines() if "command not found" in ln or "rsync:" in ln),
                     proc.stderr.strip()[:300])
         hint = ("; rsync must be installed on the cluster too" if "not found" in proc.stderr else "")
-        raise ClusterUnreachable(f"copying {what} with {_where(cluster)} failed (rsync exit {proc.returncode}): "
+        raise ClusterUnreachable(f"copying {what} with {where(cluster)} failed (rsync exit {proc.returncode}): "
                                  f"{said.strip()}{hint}")
     return proc
 
@@ -237,6 +239,45 @@ def remote_code_dir(cluster: Cluster, local_dir: Path) -> str:
     return f"{cluster.remote_dir.rstrip('/')}/{local_dir.resolve().name or 'root'}"
 
 
+def _code_filters(spec: "JobSpec") -> List[str]:
+    """What stays here when the code is copied: .gitignore'd files, .git, caches, the local runs' outputs."""
+    excludes = ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"]
+    out = Path(spec.output_dir)
+    if not out.is_absolute() and out.parts and out.parts[0] not in ("..", "."):
+        excludes.append(f"--exclude=/{out.parts[0]}/")
+    return excludes
+
+
+def check_size(cluster: Cluster, spec: "JobSpec", local_dir: Path) -> None:
+    """Refuse, before connecting, to copy a directory larger than the cluster's max_copy (a dataset that is not
+    in .gitignore would otherwise be sent on every change, over what may be a laptop's link). The files are
+    listed by rsync itself, with the same filters, so what is counted is what would be copied."""
+    if not cluster.max_copy:
+        return
+    with tempfile.TemporaryDirectory(prefix="clusterddp-size-") as empty:
+        try:
+            proc = subprocess.run(["rsync", "-rl", "--dry-run", "--out-format=%l %n", *_code_filters(spec), "--",
+                                   f"{local_dir.resolve()}/", f"{empty}/"], capture_output=True, text=True,
+                                  timeout=600, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            return  # said by the copy itself, with how to install rsync
+    sizes = []
+    for line in proc.stdout.splitlines():
+        length, _, name = line.partition(" ")
+        if length.isdigit() and name and not name.endswith("/"):
+            sizes.append((int(length), name))
+    total = sum(n for n, _ in sizes)
+    if total <= cluster.max_copy:
+        return
+    largest = ", ".join(f"{shown(name)} ({human_size(n)})" for n, name in sorted(sizes, reverse=True)[:3])
+    raise PreflightError(
+        f"the directory to copy to cluster {cluster.name!r}, {local_dir.resolve()}, holds {human_size(total)} in "
+        f"{len(sizes)} file(s), more than max_copy = {human_size(cluster.max_copy)} of [clusters.{cluster.name}]; "
+        f"largest: {largest}. Add data and checkpoints to .gitignore (they stay here; put them on the cluster's "
+        f"own file system and pass their path), submit from a smaller directory, or raise max_copy "
+        f"(\"0\": no limit)")
+
+
 def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = True) -> CodeDir:
     """Connect, make the code directory, check the commands the job needs (pre-flight), copy the code (what
     changed since the last copy; .gitignore'd files, .git and the output directory stay here) and clusterddp's
@@ -248,26 +289,22 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
     lines = proc.stdout.splitlines()
     if proc.returncode != 0 or not lines or not lines[0].startswith("/"):
         raise ClusterUnreachable(f"cannot create the code directory {remote_code_dir(cluster, local_dir)} on "
-                                 f"{_where(cluster)}: {proc.stderr.strip()[:300] or 'no answer'}; check remote_dir in "
+                                 f"{where(cluster)}: {proc.stderr.strip()[:300] or 'no answer'}; check remote_dir in "
                                  f"[clusters.{cluster.name}]")
     path = lines[0]
     missing = [ln[len("missing "):] for ln in lines[1:] if ln.startswith("missing ")]
     if "rsync" in missing:
-        raise ClusterUnreachable(f"rsync is not installed on {_where(cluster)}: it copies your code there; ask the "
+        raise ClusterUnreachable(f"rsync is not installed on {where(cluster)}: it copies your code there; ask the "
                                  "admins, or add a setup line that puts it on PATH")
     if missing:
         fix = (f"set --python to the interpreter of your environment there, or add a setup line to "
                f"[clusters.{cluster.name}] that provides it (setup = [\"module load python\"] or "
                f"[\"source ~/venv/bin/activate\"])")
         maybe = " (the job's setup lines may provide it: --no-check skips this check)" if spec.setup[1:] else ""
-        raise PreflightError(f"{_where(cluster)} has no {' and no '.join(shown(m) for m in missing)} on PATH "
+        raise PreflightError(f"{where(cluster)} has no {' and no '.join(shown(m) for m in missing)} on PATH "
                              f"(after its setup lines): the job needs the Python environment with torch there; "
                              f"{fix}{maybe}")
-    excludes = ["--exclude=/.git/", "--exclude=__pycache__/"]
-    out = Path(spec.output_dir)
-    if not out.is_absolute() and out.parts and out.parts[0] not in ("..", "."):
-        excludes.append(f"--exclude=/{out.parts[0]}/")  # the local runs' outputs stay here
-    sent = _rsync(cluster, ["-rlptz", "--stats", "--out-format=cddp> %n", "--filter=:- .gitignore", *excludes,
+    sent = _rsync(cluster, ["-rlptz", "--stats", "--out-format=cddp> %n", *_code_filters(spec),
                             "--", f"{local_dir.resolve()}/", _host_path(cluster, path + "/")], "the code")
     _push_lib(cluster)
     return CodeDir(path, _parse_transfer(sent.stdout))
@@ -292,7 +329,7 @@ def python_module(cluster: Cluster, python: str, module: str, args: Sequence[str
     proc = run(cluster, [python, "-m", module, *args], timeout=timeout,
                exports={"PYTHONPATH": lib_expression(cluster) + '"${PYTHONPATH:+:$PYTHONPATH}"'})
     if proc.returncode == 127:
-        raise PreflightError(f"{_where(cluster)} has no {shown(python)} on PATH (after its setup lines): set --python "
+        raise PreflightError(f"{where(cluster)} has no {shown(python)} on PATH (after its setup lines): set --python "
                              f"when submitting, or add a setup line to [clusters.{cluster.name}] that provides it")
     return proc
 
@@ -301,7 +338,7 @@ def write(cluster: Cluster, path: str, text: str) -> None:
     """Write ``text`` to ``path`` on the cluster (parent directories made)."""
     proc = sh(cluster, 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', [path], input=text)
     if proc.returncode != 0:
-        raise ClusterUnreachable(f"cannot write {path} on {_where(cluster)}: {proc.stderr.strip()[:300]}")
+        raise ClusterUnreachable(f"cannot write {path} on {where(cluster)}: {proc.stderr.strip()[:300]}")
 
 
 _MOVE_ASIDE = r"""
@@ -320,12 +357,20 @@ def move_aside(cluster: Cluster, paths: Sequence[str]) -> List[List[str]]:
     return [ln.split("\t", 1) for ln in proc.stdout.splitlines() if "\t" in ln]
 
 
-def mirror_dir(record: "JobRecord") -> Path:
-    """Where a remote job's logs and reports are copied back to on this machine."""
+def _mirror(cluster_name: str, leaf: str) -> Path:
+    """A directory on this machine for copies of one remote job's files."""
     from .record import state_dir
 
+    local = state_dir().parent / "mirror" / cluster_name / leaf
+    local.mkdir(parents=True, exist_ok=True)
+    return local
+
+
+def mirror_dir(record: "JobRecord") -> Path:
+    """Where a remote job's logs and reports are copied back to on this machine (one per submission: a reused id
+    gets its own)."""
     key = hashlib.sha256(record.script_path.encode()).hexdigest()[:8]
-    return state_dir().parent / "mirror" / record.cluster / f"{record.job_id}-{key}"
+    return _mirror(record.cluster, f"{record.job_id}-{key}")
 
 
 def fetch(record: "JobRecord") -> "JobRecord":
@@ -337,7 +382,6 @@ def fetch(record: "JobRecord") -> "JobRecord":
         return record
     cluster = by_name(record.cluster)
     local = mirror_dir(record)
-    local.mkdir(parents=True, exist_ok=True)
     run_name = Path(record.run_dir).name
     _rsync(cluster, ["-rlt", "--prune-empty-dirs", *PULL_FILTER, "--",
                      _host_path(cluster, record.batch_log), _host_path(cluster, record.run_dir),
@@ -348,10 +392,7 @@ def fetch(record: "JobRecord") -> "JobRecord":
 
 def fetch_file(cluster: Cluster, path: str, job_id: str) -> Path:
     """One file from the cluster (a log Slurm names), copied here."""
-    from .record import state_dir
-
-    local = state_dir().parent / "mirror" / cluster.name / f"{job_id}-log"
-    local.mkdir(parents=True, exist_ok=True)
+    local = _mirror(cluster.name, f"{job_id}-log")
     _rsync(cluster, ["-t", "--", _host_path(cluster, path), f"{local}/"], f"job {job_id}'s log")
     return local / Path(path).name
 

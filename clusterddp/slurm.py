@@ -76,7 +76,7 @@ def _run_remote(cluster: Cluster, argv: Sequence[str], check: bool, timeout: flo
     from . import remote
 
     proc = remote.run(cluster, argv, cwd=cwd, timeout=timeout)
-    where = f"cluster {cluster.name!r} (ssh {cluster.destination})"
+    where = remote.where(cluster)
     if proc.returncode == 127 and "not found" in proc.stderr:
         raise SlurmUnreachable(f"`{argv[0]}` is not on PATH on the login node of {where}: add a setup line that "
                                f"provides Slurm to [clusters.{cluster.name}] (e.g. setup = [\"module load slurm\"])")
@@ -347,6 +347,9 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
     text = render(spec, template_dirs=template_dirs)
     if check:
         check_local(spec, here=not cluster.remote)
+    if cluster.remote:
+        remote.check_size(cluster, spec, Path.cwd())  # counted here, before any connection
+    if check:
         for line in check_cluster(spec, partitions()):
             note(line)
     name = f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"

@@ -32,6 +32,9 @@ from clusterddp.spec import JobSpec
     ({"host": "login", "setup": "module load slurm", "hots": 1}, "unknown key 'hots' (did you mean 'host'?)"),
     ({"user": "alice"}, "clusters.c has no host"),
     ({"host": "login\n-oProxyCommand=x"}, "host must be a host name"),
+    ({"host": "login", "max_copy": "1.5G"}, "max_copy must be a size such as \"500M\""),
+    ({"host": "login", "max_copy": -1}, "max_copy must be a size"),
+    ({"host": "login", "max_copy": "2P"}, "max_copy must be a size"),
 ])
 def test_cluster_tables_are_data(table, message):
     with pytest.raises(SpecError, match=f"^cfg: .*{re.escape(message)}"):
@@ -43,6 +46,9 @@ def test_cluster_table_values():
                            "setup": "module load slurm", "ssh_config": "~/.ssh/cfg"}, "cfg")
     assert c.destination == "alice@login.example.org" and c.port == 2222 and c.remote_dir == "runs"
     assert c.setup == ("module load slurm",) and c.ssh_config == os.path.expanduser("~/.ssh/cfg")
+    assert c.max_copy == 1 << 30  # the default
+    sizes = {v: from_table("c", {"host": "h", "max_copy": v}, "cfg").max_copy for v in ("500M", "2GiB", "3k", 0, "0")}
+    assert sizes == {"500M": 500 << 20, "2GiB": 2 << 30, "3k": 3 << 10, 0: 0, "0": 0}
     with pytest.raises(SpecError, match="reserved for this machine's own Slurm"):
         from_table("here", {"host": "x"}, "cfg")
 
@@ -88,6 +94,41 @@ def test_dry_run_for_a_remote_cluster(project):
     assert here.exit_code == 0 and "PYTHONPATH" not in here.stdout
     both = CliRunner().invoke(cli, ["submit", "--cluster", "a", "--local", "train.py"])
     assert both.exit_code == 2 and "choose one" in both.stderr
+
+
+def test_config_show_lists_the_clusters(project):
+    r = CliRunner().invoke(cli, ["config", "show"])
+    assert r.exit_code == 0, r.output
+    toml = project / "clusterddp.toml"
+    line_a = "# cluster a: ssh login-a; code copied to clusterddp/<project>; 0 setup line(s); max_copy 1.0 GiB"
+    assert f"{line_a}  # {toml}" in r.stdout
+    assert "# cluster b: ssh login-b; code copied to /scratch/my runs/<project>" in r.stdout
+
+
+def test_a_large_code_directory_is_refused_before_connecting(project):
+    """A dataset left out of .gitignore would be copied on every submit: refused, naming the largest files,
+    before any connection (the host here refuses connections). What .gitignore leaves out is not counted, and
+    max_copy = 0 lifts the limit: then the next step, connecting, is what fails."""
+    (project / "clusterddp.toml").write_text('[clusters.near]\nhost = "127.0.0.1"\nport = 1\nmax_copy = "100M"\n'
+                                             '[clusters.unlimited]\nhost = "127.0.0.1"\nport = 1\nmax_copy = 0\n')
+    (project / "data").mkdir()
+    with open(project / "data" / "train.bin", "wb") as f:
+        f.truncate(150 << 20)  # sparse: no disk used
+    (project / "clusterddp-runs").mkdir()
+    with open(project / "clusterddp-runs" / "old.ckpt", "wb") as f:
+        f.truncate(500 << 20)  # the local runs' outputs are never copied
+    submit = ["submit", "--gpus", "0", "--time", "5", "train.py"]
+    r = CliRunner().invoke(cli, [*submit[:1], "--cluster", "near", *submit[1:]])
+    assert r.exit_code == 2, r.output
+    assert ("holds 150.0 MiB in 3 file(s), more than max_copy = 100.0 MiB of [clusters.near]; largest: "
+            "'data/train.bin' (150.0 MiB), 'clusterddp.toml'") in r.stderr
+    assert "Add data and checkpoints to .gitignore" in r.stderr and "ssh" not in r.stderr
+    (project / ".gitignore").write_text("/data/\n")
+    for name in ("near", "unlimited"):
+        r = CliRunner().invoke(cli, [*submit[:1], "--cluster", name, *submit[1:]])
+        assert r.exit_code == 1 and "max_copy" not in r.stderr, r.output
+        assert f"cannot log in to cluster {name!r} (ssh 127.0.0.1): the host does not answer" in r.stderr
+        assert "check that `ssh -p 1 127.0.0.1` works" in r.stderr  # what to type by hand, port included
 
 
 @pytest.mark.parametrize("remote_dir, expected", [("clusterddp", "{home}/clusterddp/.lib/{h}"),

@@ -26,6 +26,12 @@ SECOND = {"CLUSTERDDP_CLUSTER_DIR": "/tmp/clusterddp-cluster-second", "CLUSTERDD
           "CLUSTERDDP_CLUSTER_LOGIN": "", "CLUSTERDDP_CLUSTER_PORT": "16917", "CLUSTERDDP_CLUSTER_TAG": "-second"}
 
 
+def machine_slurm_path(path: str) -> str:
+    """PATH with this machine's own Slurm clients (Debian 12's, 22.05), whichever release the test cluster runs:
+    without the wrappers of a release that runs in its own root."""
+    return os.pathsep.join(p for p in path.split(os.pathsep) if p != f"{CLUSTER_DIR}/bin")
+
+
 @pytest.fixture(scope="module")
 def login(slurm_cluster, tmp_path_factory):
     """sshd on the login node with a throwaway host key and user key; yields the ssh config file."""
@@ -56,8 +62,7 @@ def laptop(login, slurm_cluster, tmp_path):
                                                                    ("closed", "cddp-closed"))))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CLUSTERDDP_"))}
     env.update(XDG_STATE_HOME=str(tmp_path / "state"), SLURM_CONF=str(tmp_path / "no-slurm-here.conf"))
-    # This machine's own Slurm clients (Debian 12's), whichever release the test cluster runs.
-    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != f"{CLUSTER_DIR}/bin")
+    env["PATH"] = machine_slurm_path(env["PATH"])
     env.pop("XDG_RUNTIME_DIR", None)
     return proj, env, remote_home / "clusterddp" / "proj"
 
@@ -117,6 +122,8 @@ def test_copies_only_what_changed(laptop):
     first = run_cli(*argv, cwd=proj, env=env)
     files1, bytes1, _ = _copied(first.stderr)
     assert not (remote / ".git").exists() and not (remote / "clusterddp-runs" / "old.out").exists()
+    (remote / "checkpoints").mkdir()  # what a job wrote into the copy: never deleted or overwritten by a copy
+    (remote / "checkpoints" / "epoch1.pt").write_text("weights\n")
     again = run_cli(*argv, cwd=proj, env=env)
     files2, bytes2, _ = _copied(again.stderr)
     assert files2 == 0 and bytes2 < bytes1, (first.stderr, again.stderr)
@@ -125,6 +132,7 @@ def test_copies_only_what_changed(laptop):
     files3, bytes3, _ = _copied(changed.stderr)
     assert files3 == 1 and bytes2 < bytes3 < bytes1, (first.stderr, changed.stderr)
     assert "print('changed')" in (remote / "probe.py").read_text()
+    assert (remote / "checkpoints" / "epoch1.pt").read_text() == "weights\n"
     for proc in (first, again, changed):
         assert run_cli("cancel", "--cluster", "tc", _job_id(proc), cwd=proj, env=env).returncode == 0
 
@@ -136,8 +144,7 @@ def second_cluster(slurm_cluster):
     config = subprocess.run(["scontrol", "show", "config"], env=main, capture_output=True, text=True).stdout
     next_id = re.search(r"NEXT_JOB_ID\s*=\s*(\d+)", config).group(1)
     env = {**os.environ, **SECOND, "CLUSTERDDP_CLUSTER_FIRST_JOB_ID": next_id}
-    # This machine's own Slurm (22.05), whichever release the test cluster runs: not that release's clients.
-    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != f"{CLUSTER_DIR}/bin")
+    env["PATH"] = machine_slurm_path(env["PATH"])
     subprocess.run([str(CLUSTER_SH), "down"], env=env, check=False, capture_output=True)
     try:
         subprocess.run([str(CLUSTER_SH), "up"], env=env, check=True)
@@ -231,7 +238,7 @@ def test_refused_key_unreachable_host_missing_python(laptop):
     proj, env, _ = laptop
     refused = run_cli("submit", "--cluster", "stranger", "--gpus", "0", "probe.py", cwd=proj, env=env)
     _one_line(refused, 1, "cannot log in to cluster 'stranger' (ssh cddp-stranger): the key was refused",
-              "ssh-copy-id cddp-stranger")
+              "(ssh-copy-id -F /", " cddp-stranger) or name it")  # the cluster's ssh_config: what works by hand
     closed = run_cli("status", "--cluster", "closed", "123", cwd=proj, env=env)
     _one_line(closed, 1, "cannot log in to cluster 'closed' (ssh cddp-closed): the host does not answer",
               "Connection refused")
