@@ -9,6 +9,7 @@ any other name is a ``[clusters.NAME]`` table of the user or project configurati
     setup = ["module load slurm"]  # shell lines run before every remote command (and so seen by sbatch)
     ssh_config = "~/.ssh/config"   # optional: a config file for ssh -F
     max_copy = "1G"                # refuse to copy a code directory larger than this (0: no limit)
+    shell = "bash -l"              # only where the login shell is not sh-like (tcsh, fish): run commands in this
 
 The cluster is chosen with ``--cluster NAME``, else ``CLUSTERDDP_CLUSTER``, else ``cluster = "NAME"`` in
 ``[defaults]`` or the chosen ``[profiles.NAME]``, else ``here``. Values are data: a host or user that could read
@@ -26,7 +27,7 @@ from .errors import SpecError
 from .quoting import shown
 
 HERE = "here"
-KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config", "max_copy")
+KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config", "max_copy", "shell")
 #: A code directory is copied to the cluster on every submit: one larger than this is most likely data that
 #: belongs in .gitignore (and on the cluster's own file system), not code.
 DEFAULT_MAX_COPY = 1 << 30
@@ -35,6 +36,8 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # A host as ssh takes it: a name from ~/.ssh/config, a DNS name, an IPv4 address or a bracket-less IPv6 one.
 _HOST = re.compile(r"[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]{0,252}")
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+# Words every login shell (sh, csh, fish) reads as themselves: the shell command is parsed by the login shell.
+_SHELL = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./+=-]*( [A-Za-z0-9_./+=-]+)*")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Cluster:
     setup: Tuple[str, ...] = ()
     ssh_config: Optional[str] = None
     max_copy: int = DEFAULT_MAX_COPY  # bytes; 0: no limit
+    shell: Tuple[str, ...] = ()  # run remote commands in this shell (the login shell is not sh-like); (): as is
 
     @property
     def remote(self) -> bool:
@@ -122,8 +126,11 @@ def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
     ssh_config = text("ssh_config", None, "the path of an ssh configuration file")
     if ssh_config is not None:
         ssh_config = os.path.expanduser(ssh_config)
+    shell = text("shell", _SHELL, "a shell and its options, such as \"bash -l\" (letters, digits, '/', '.', "
+                                  "'-', '_'; words separated by one space)")
     return Cluster(name, host, user, port, remote_dir or "clusterddp", tuple(setup), ssh_config,
-                   _size(table.get("max_copy", DEFAULT_MAX_COPY), f"{where}: clusters.{name}.max_copy"))
+                   _size(table.get("max_copy", DEFAULT_MAX_COPY), f"{where}: clusters.{name}.max_copy"),
+                   tuple(shell.split(" ")) if shell else ())
 
 
 def _size(value: Any, what: str) -> int:

@@ -8,6 +8,7 @@ then ``cd`` and the command, every word shell-quoted. The login shell there is a
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
@@ -76,11 +77,17 @@ def ssh_argv(cluster: Cluster, shared: bool = True) -> List[str]:
 def remote_line(cluster: Cluster, argv: Sequence[str], cwd: Optional[str] = None,
                 exports: Optional[Dict[str, str]] = None) -> str:
     """The command line the login shell runs: setup lines verbatim, then exports (values are shell expressions
-    we build), cd, and the command (every word quoted)."""
+    we build), cd, and the command (every word quoted). Those are sh lines: with ``shell`` set (a login shell that
+    is not sh-like, such as tcsh or fish), they reach that shell base64-encoded inside one single-quoted word,
+    which every login shell passes on unchanged."""
     lines = list(cluster.setup)
     lines += [f"export {name}={value}" for name, value in (exports or {}).items()]
     lines.append((f"cd -- {shlex.quote(cwd)} && " if cwd else "") + "exec " + " ".join(shlex.quote(a) for a in argv))
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    if not cluster.shell:
+        return text
+    encoded = base64.b64encode(text.encode("utf-8", "surrogateescape")).decode("ascii")
+    return f"""{' '.join(cluster.shell)} -c 'eval "$(echo {encoded} | base64 -d)"'"""
 
 
 def where(cluster: Cluster) -> str:
@@ -105,6 +112,23 @@ _ADVICE = {
     "the host key is unknown or changed": "run `{ssh}` once and check the host key it shows (ssh-keygen -R "
                                           "removes an outdated one)",
 }
+
+
+# What csh/tcsh and fish say when handed the sh lines of remote_line: such a login shell may even run the next
+# line after one it could not read (tcsh), so this is checked after every remote command.
+_NOT_SH = re.compile(r"^(\S+: )?(Command not found\.|Undefined variable\.|Unmatched ['\"`]|Bad : modifier|"
+                     r"Illegal variable name\.|Missing }\.)|^fish: ", re.MULTILINE)
+
+
+def not_sh(cluster: Cluster, stderr: str) -> Optional[ClusterUnreachable]:
+    """The one-line error for a login shell that is not sh-like (when no ``shell`` is set for the cluster)."""
+    m = None if cluster.shell else _NOT_SH.search(stderr)
+    if m is None:
+        return None
+    said = stderr[m.start():].splitlines()[0].strip()
+    return ClusterUnreachable(f"the login shell of {where(cluster)} is not sh-like (it said {said!r}); clusterddp "
+                              f"sends sh lines: add shell = \"bash -l\" to [clusters.{cluster.name}] (commands and "
+                              "setup lines then run in bash), or make bash your login shell there")
 
 
 def ssh_failure(cluster: Cluster, stderr: str) -> Optional[ClusterUnreachable]:
@@ -132,10 +156,9 @@ def run(cluster: Cluster, argv: Sequence[str], cwd: Optional[str] = None, timeou
     except subprocess.TimeoutExpired:
         raise ClusterUnreachable(f"{where(cluster)} did not answer within {timeout:.0f} s "
                                  f"(`{' '.join(argv[:2])}`); check that `{cluster.by_hand()}` works") from None
-    if proc.returncode == 255:
-        failure = ssh_failure(cluster, proc.stderr)
-        if failure is not None:
-            raise failure
+    failure = (ssh_failure(cluster, proc.stderr) if proc.returncode == 255 else None) or not_sh(cluster, proc.stderr)
+    if failure is not None:
+        raise failure
     return proc
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,6 +33,10 @@ from clusterddp.spec import JobSpec
     ({"host": "login", "setup": "module load slurm", "hots": 1}, "unknown key 'hots' (did you mean 'host'?)"),
     ({"user": "alice"}, "clusters.c has no host"),
     ({"host": "login\n-oProxyCommand=x"}, "host must be a host name"),
+    ({"host": "login", "shell": "bash -l; rm -rf ~"}, "shell must be a shell and its options"),
+    ({"host": "login", "shell": "-x"}, "shell must be a shell"),
+    ({"host": "login", "shell": "bash $(id)"}, "shell must be a shell"),
+    ({"host": "login", "shell": ["bash", "-l"]}, "shell must be a shell"),
     ({"host": "login", "max_copy": "1.5G"}, "max_copy must be a size such as \"500M\""),
     ({"host": "login", "max_copy": -1}, "max_copy must be a size"),
     ({"host": "login", "max_copy": "2P"}, "max_copy must be a size"),
@@ -46,7 +51,8 @@ def test_cluster_table_values():
                            "setup": "module load slurm", "ssh_config": "~/.ssh/cfg"}, "cfg")
     assert c.destination == "alice@login.example.org" and c.port == 2222 and c.remote_dir == "runs"
     assert c.setup == ("module load slurm",) and c.ssh_config == os.path.expanduser("~/.ssh/cfg")
-    assert c.max_copy == 1 << 30  # the default
+    assert c.max_copy == 1 << 30 and c.shell == ()  # the defaults
+    assert from_table("c", {"host": "h", "shell": "/bin/bash --login"}, "cfg").shell == ("/bin/bash", "--login")
     sizes = {v: from_table("c", {"host": "h", "max_copy": v}, "cfg").max_copy for v in ("500M", "2GiB", "3k", 0, "0")}
     assert sizes == {"500M": 500 << 20, "2GiB": 2 << 30, "3k": 3 << 10, 0: 0, "0": 0}
     with pytest.raises(SpecError, match="reserved for this machine's own Slurm"):
@@ -162,6 +168,55 @@ def test_remote_command_lines_keep_every_word(tmp_path, argv, cwd):
     out = subprocess.run(["sh", "-c", line], capture_output=True)
     assert out.returncode == 0, line
     assert out.stdout.split(b"\0")[:-1] == [w.encode("utf-8", "surrogateescape") for w in argv] + [b"$X"]
+
+
+LOGIN_SHELLS = ["sh", "bash", "tcsh", "fish"]
+
+
+def _login_shell(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:  # make install-test installs them (as root)
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
+@pytest.mark.parametrize("login_shell", LOGIN_SHELLS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(argv=words)
+def test_with_shell_set_every_login_shell_passes_the_lines_on(tmp_path, login_shell, argv):
+    """sshd runs the command as `LOGIN_SHELL -c LINE`: with shell = "bash" set, csh and fish hand the sh lines on
+    unchanged (the setup line and the export run in bash, each word of the command arrives as given)."""
+    cluster = Cluster("c", "h", setup=("X=from-setup; export X",), shell=("bash",))
+    line = remote.remote_line(cluster, ["printf", r"%s\0", *argv, "$X"], cwd=str(tmp_path),
+                              exports={"Y": '"$X"-y'})
+    out = subprocess.run([_login_shell(login_shell), "-c", line], capture_output=True,
+                         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    assert out.returncode == 0 and out.stderr == b"", (line, out.stderr)
+    assert out.stdout.split(b"\0")[:-1] == [w.encode("utf-8", "surrogateescape") for w in argv] + [b"$X"]
+    env = remote.remote_line(cluster, ["sh", "-c", 'printf "%s %s %s" "$X" "$Y" "$PWD"'], cwd=str(tmp_path),
+                             exports={"Y": '"$X"-y'})
+    out = subprocess.run([_login_shell(login_shell), "-c", env], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    assert out.stdout == f"from-setup from-setup-y {tmp_path}", out
+
+
+@pytest.mark.parametrize("login_shell", ["tcsh", "fish"])
+def test_a_login_shell_that_is_not_sh_is_named(login_shell, tmp_path):
+    """Without shell set, what tcsh and fish say about the sh lines becomes one line that says what to add."""
+    cluster = Cluster("hpc", "login", setup=("export SLURM_CONF=/etc/slurm/slurm.conf",))
+    line = remote.remote_line(cluster, ["true"], exports={"PYTHONPATH": '/lib"${PYTHONPATH:+:$PYTHONPATH}"'})
+    out = subprocess.run([_login_shell(login_shell), "-c", line], capture_output=True, text=True,
+                         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    error = remote.not_sh(cluster, out.stderr)
+    assert error is not None, out.stderr
+    assert str(error).startswith("the login shell of cluster 'hpc' (ssh login) is not sh-like (it said ")
+    assert 'add shell = "bash -l" to [clusters.hpc]' in str(error) and "\n" not in str(error)
+    assert remote.not_sh(Cluster("hpc", "login", shell=("bash", "-l")), out.stderr) is None  # set: not checked
+
+
+def test_what_sh_says_is_not_taken_for_another_shell(tmp_path):
+    out = subprocess.run(["sh", "-c", "export A=1\nnosuchcommand-x\nfalse"], capture_output=True, text=True)
+    assert "not found" in out.stderr and remote.not_sh(Cluster("hpc", "login"), out.stderr) is None
 
 
 def test_ssh_goes_to_the_host_after_the_options():
