@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 LOGIN_ADDR = "10.200.0.10"
+TCSH_PORT = 2222
 NAMESPACE = "cddp-login"
 CLUSTER_DIR = os.environ.get("CLUSTERDDP_CLUSTER_DIR", "/tmp/clusterddp-cluster")
 
@@ -21,8 +22,8 @@ def _keygen(path: Path) -> None:
 
 def start(d: Path) -> Path:
     """Start sshd with keys and configs in ``d``; returns the client's ssh config file, whose hosts are
-    cddp-login (the user key), cddp-stranger (a key sshd does not know) and cddp-closed (a port nobody
-    listens on)."""
+    cddp-login (the user key), cddp-stranger (a key sshd does not know), cddp-closed (a port nobody
+    listens on) and cddp-tcsh (a second sshd, on port 2222, whose root has tcsh as login shell)."""
     d.mkdir(parents=True, exist_ok=True)
     for name in ("host_key", "id", "stranger"):
         if not (d / name).exists():
@@ -30,7 +31,8 @@ def start(d: Path) -> Path:
     (d / "authorized_keys").write_text((d / "id.pub").read_text())
     (d / "authorized_keys").chmod(0o600)
     host_pub = (d / "host_key.pub").read_text().split()
-    (d / "known_hosts").write_text(f"{LOGIN_ADDR} {host_pub[0]} {host_pub[1]}\n")
+    (d / "known_hosts").write_text(f"{LOGIN_ADDR} {host_pub[0]} {host_pub[1]}\n"
+                                   f"[{LOGIN_ADDR}]:{TCSH_PORT} {host_pub[0]} {host_pub[1]}\n")
     (d / "sshd_config").write_text(f"""ListenAddress {LOGIN_ADDR}
 Port 22
 HostKey {d}/host_key
@@ -62,15 +64,33 @@ Host cddp-closed
   Port 2
   IdentityFile {d}/id
 {common}
+Host cddp-tcsh
+  HostName {LOGIN_ADDR}
+  Port {TCSH_PORT}
+  IdentityFile {d}/id
+{common}
 """)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
     subprocess.run(["nsenter", f"--net=/run/netns/{NAMESPACE}", "/usr/sbin/sshd", "-f", str(d / "sshd_config"),
                     "-E", str(d / "sshd.log")], check=True)
+    # The tcsh login node: the same sshd on another port, in a private mount namespace whose /etc/passwd gives
+    # root /usr/bin/tcsh (sshd runs commands with the user's passwd shell); this machine's own file is untouched.
+    (d / "passwd-tcsh").write_text("".join(
+        ":".join(f.split(":")[:6] + ["/usr/bin/tcsh"]) + "\n" if f.startswith("root:") else f + "\n"
+        for f in Path("/etc/passwd").read_text().splitlines()))
+    (d / "sshd_config_tcsh").write_text((d / "sshd_config").read_text().replace("Port 22\n", f"Port {TCSH_PORT}\n")
+                                        .replace("sshd.pid", "sshd-tcsh.pid"))
+    subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    'mount --bind "$1" /etc/passwd && exec nsenter --net="$2" /usr/sbin/sshd -f "$3" -E "$4"',
+                    "login-tcsh", str(d / "passwd-tcsh"), f"/run/netns/{NAMESPACE}", str(d / "sshd_config_tcsh"),
+                    str(d / "sshd-tcsh.log")], check=True)
     deadline = time.monotonic() + 20
-    while subprocess.run(["ssh", "-F", str(config), "cddp-login", "true"], capture_output=True).returncode != 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError("sshd on the login node did not answer: " + (d / "sshd.log").read_text()[-2000:])
-        time.sleep(0.2)
+    for host, log in (("cddp-login", "sshd.log"), ("cddp-tcsh", "sshd-tcsh.log")):
+        while subprocess.run(["ssh", "-F", str(config), host, "true"], capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on the login node ({host}) did not answer: "
+                                   + (d / log).read_text()[-2000:])
+            time.sleep(0.2)
     return config
 
 

@@ -225,6 +225,26 @@ def test_stacks_and_follow_over_ssh(laptop):
     assert follow.returncode == 0 and "joined rank 1 of 4" in out, out + err
 
 
+def test_a_tcsh_login_shell(login, laptop):
+    """root's login shell is tcsh on cddp-tcsh (sshd runs commands with it): without shell set, one line says what
+    to add, before anything is submitted; with shell = "bash -l", copy, pre-flight, sbatch, --wait and logs work."""
+    proj, env, remote = laptop
+    home = remote.parent.parent
+    toml = proj / "clusterddp.toml"
+    toml.write_text(toml.read_text() + login_node.cluster_table("tsh", "cddp-tcsh", login, home)
+                    + login_node.cluster_table("tshb", "cddp-tcsh", login, home) + 'shell = "bash -l"\n')
+    said = subprocess.run(["ssh", "-F", str(login), "cddp-tcsh", "echo $shell"], capture_output=True, text=True)
+    assert said.stdout.strip() == "/usr/bin/tcsh", said  # the login shell really is tcsh
+    for argv in (("status", "--cluster", "tsh", "123"), ("submit", "--cluster", "tsh", "--gpus", "0", "probe.py")):
+        _one_line(run_cli(*argv, cwd=proj, env=env), 1, "the login shell of cluster 'tsh' (ssh cddp-tcsh) is not "
+                  "sh-like (it said ", 'add shell = "bash -l" to [clusters.tsh]')
+    job = run_cli("submit", "--cluster", "tshb", "--launcher", "srun", "--gpus", "0", "probe.py", "--wait",
+                  cwd=proj, env=env, timeout=200)
+    out = run_cli("logs", "--cluster", "tshb", _job_id(job), "--rank", "0", cwd=proj, env=env)
+    assert out.returncode == 0 and out.stdout.split()[:3] == ["probe", "0", "node1"], out.stdout + out.stderr
+    assert run_cli("status", "--cluster", "tshb", _job_id(job), cwd=proj, env=env).returncode == 0
+
+
 def _one_line(proc, code: int, *needles: str) -> str:
     assert proc.returncode == code, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
