@@ -4,13 +4,17 @@ tests/test_remote.py and bench item 11. Root only (network namespaces)."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Dict
 
 LOGIN_ADDR = "10.200.0.10"
 TCSH_PORT = 2222
+PASSWORD_PORT = 2223
+PASSWORD = "cddp-test-only"  # root's password on cddp-password only (a file in that sshd's own mount namespace)
 NAMESPACE = "cddp-login"
 CLUSTER_DIR = os.environ.get("CLUSTERDDP_CLUSTER_DIR", "/tmp/clusterddp-cluster")
 
@@ -23,7 +27,9 @@ def _keygen(path: Path) -> None:
 def start(d: Path) -> Path:
     """Start sshd with keys and configs in ``d``; returns the client's ssh config file, whose hosts are
     cddp-login (the user key), cddp-stranger (a key sshd does not know), cddp-closed (a port nobody
-    listens on) and cddp-tcsh (a second sshd, on port 2222, whose root has tcsh as login shell)."""
+    listens on), cddp-tcsh (root's login shell is tcsh) and cddp-password (root logs in with PASSWORD at a
+    prompt). The last two are sshd's of their own, each in a private mount namespace with its own /etc/passwd or
+    /etc/shadow: this machine's files are never changed."""
     d.mkdir(parents=True, exist_ok=True)
     for name in ("host_key", "id", "stranger"):
         if not (d / name).exists():
@@ -32,7 +38,8 @@ def start(d: Path) -> Path:
     (d / "authorized_keys").chmod(0o600)
     host_pub = (d / "host_key.pub").read_text().split()
     (d / "known_hosts").write_text(f"{LOGIN_ADDR} {host_pub[0]} {host_pub[1]}\n"
-                                   f"[{LOGIN_ADDR}]:{TCSH_PORT} {host_pub[0]} {host_pub[1]}\n")
+                                   f"[{LOGIN_ADDR}]:{TCSH_PORT} {host_pub[0]} {host_pub[1]}\n"
+                                   f"[{LOGIN_ADDR}]:{PASSWORD_PORT} {host_pub[0]} {host_pub[1]}\n")
     (d / "sshd_config").write_text(f"""ListenAddress {LOGIN_ADDR}
 Port 22
 HostKey {d}/host_key
@@ -69,29 +76,72 @@ Host cddp-tcsh
   Port {TCSH_PORT}
   IdentityFile {d}/id
 {common}
+Host cddp-password
+  HostName {LOGIN_ADDR}
+  Port {PASSWORD_PORT}
+  User root
+  UserKnownHostsFile {d}/known_hosts
+  StrictHostKeyChecking yes
+  PubkeyAuthentication no
+  PreferredAuthentications password
+  NumberOfPasswordPrompts 1
 """)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
     subprocess.run(["nsenter", f"--net=/run/netns/{NAMESPACE}", "/usr/sbin/sshd", "-f", str(d / "sshd_config"),
                     "-E", str(d / "sshd.log")], check=True)
-    # The tcsh login node: the same sshd on another port, in a private mount namespace whose /etc/passwd gives
-    # root /usr/bin/tcsh (sshd runs commands with the user's passwd shell); this machine's own file is untouched.
-    (d / "passwd-tcsh").write_text("".join(
-        ":".join(f.split(":")[:6] + ["/usr/bin/tcsh"]) + "\n" if f.startswith("root:") else f + "\n"
-        for f in Path("/etc/passwd").read_text().splitlines()))
-    (d / "sshd_config_tcsh").write_text((d / "sshd_config").read_text().replace("Port 22\n", f"Port {TCSH_PORT}\n")
-                                        .replace("sshd.pid", "sshd-tcsh.pid"))
-    subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                    'mount --bind "$1" /etc/passwd && exec nsenter --net="$2" /usr/sbin/sshd -f "$3" -E "$4"',
-                    "login-tcsh", str(d / "passwd-tcsh"), f"/run/netns/{NAMESPACE}", str(d / "sshd_config_tcsh"),
-                    str(d / "sshd-tcsh.log")], check=True)
+    # root's login shell is tcsh there (sshd runs commands with the user's passwd shell).
+    _variant(d, "tcsh", TCSH_PORT, {"/etc/passwd": _root_field(Path("/etc/passwd"), 6, "/usr/bin/tcsh")}, {})
+    # root logs in with a password there, typed at a prompt (keys off).
+    hashed = subprocess.run(["openssl", "passwd", "-6", PASSWORD], capture_output=True, text=True, check=True)
+    _variant(d, "password", PASSWORD_PORT, {"/etc/shadow": _root_field(Path("/etc/shadow"), 1, hashed.stdout.strip())},
+             {"PasswordAuthentication no": "PasswordAuthentication yes", "PermitRootLogin prohibit-password":
+              "PermitRootLogin yes", "AuthorizedKeysFile {d}/authorized_keys".format(d=d): "AuthorizedKeysFile none"})
     deadline = time.monotonic() + 20
-    for host, log in (("cddp-login", "sshd.log"), ("cddp-tcsh", "sshd-tcsh.log")):
-        while subprocess.run(["ssh", "-F", str(config), host, "true"], capture_output=True).returncode != 0:
+    for host, log, ready in (("cddp-login", "sshd.log", ""), ("cddp-tcsh", "sshd-tcsh.log", ""),
+                             ("cddp-password", "sshd-password.log", "Permission denied")):
+        while True:
+            proc = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", host, "true"],
+                                  capture_output=True, text=True)
+            if (proc.returncode == 0) if not ready else ready in proc.stderr:
+                break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"sshd on the login node ({host}) did not answer: "
                                    + (d / log).read_text()[-2000:])
             time.sleep(0.2)
     return config
+
+
+def _root_field(path: Path, index: int, value: str) -> str:
+    """``path`` (passwd or shadow) with field ``index`` of root's line set to ``value``."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if line.startswith("root:"):
+            fields = line.split(":")
+            fields[index] = value
+            line = ":".join(fields)
+        lines.append(line + "\n")
+    return "".join(lines)
+
+
+def _variant(d: Path, name: str, port: int, files: Dict[str, str], config: Dict[str, str]) -> None:
+    """Another sshd of the login node on ``port``, in a private mount namespace where ``files`` (path -> text)
+    replace the machine's own (which stay untouched), with ``config`` replacements in its sshd_config."""
+    text = (d / "sshd_config").read_text().replace("Port 22\n", f"Port {port}\n").replace("sshd.pid",
+                                                                                         f"sshd-{name}.pid")
+    for old, new in config.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    (d / f"sshd_config_{name}").write_text(text)
+    mounts = []
+    for target, content in files.items():
+        source = d / f"{name}-{Path(target).name}"
+        source.write_text(content)
+        source.chmod(0o600)
+        mounts.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}")
+    start = shlex.join(["nsenter", f"--net=/run/netns/{NAMESPACE}", "/usr/sbin/sshd", "-f",
+                        str(d / f"sshd_config_{name}"), "-E", str(d / f"sshd-{name}.log")])
+    subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    " && ".join(mounts + [f"exec {start}"])], check=True)
 
 
 def stop() -> None:

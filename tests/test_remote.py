@@ -5,7 +5,9 @@ second, independent Slurm cluster (its own controller and job ids) so that the s
 from __future__ import annotations
 
 import os
+import pty
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -243,6 +245,59 @@ def test_a_tcsh_login_shell(login, laptop):
     out = run_cli("logs", "--cluster", "tshb", _job_id(job), "--rank", "0", cwd=proj, env=env)
     assert out.returncode == 0 and out.stdout.split()[:3] == ["probe", "0", "node1"], out.stdout + out.stderr
     assert run_cli("status", "--cluster", "tshb", _job_id(job), cwd=proj, env=env).returncode == 0
+
+
+def _on_a_terminal(argv, cwd: Path, env: dict, answer: str = "", timeout: float = 90):
+    """``argv`` in a session of its own whose controlling terminal is a pty, as from a user's terminal; ``answer``
+    is typed after a password prompt. Returns (exit code, everything the terminal showed)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.chdir(cwd)
+            os.execve(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    shown, typed, deadline, status = b"", False, time.monotonic() + timeout, None
+    try:
+        while True:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # EIO: nobody holds the terminal any more
+                    chunk = b""
+                shown += chunk
+                if answer and not typed and b"password:" in shown.lower():
+                    os.write(fd, answer.encode() + b"\n")
+                    typed = True
+                if not chunk and status is not None:
+                    break
+            elif status is not None:
+                break  # ended, and all it showed was read
+            if status is None:
+                done, raw = os.waitpid(pid, os.WNOHANG)
+                status = os.waitstatus_to_exitcode(raw) if done else None
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                raise AssertionError(f"{argv} did not end within {timeout} s; the terminal showed {shown!r}")
+    finally:
+        os.close(fd)
+    return status, shown.decode(errors="replace")
+
+
+def test_a_password_is_asked_on_the_terminal_once_per_connection(login, laptop):
+    """ssh asks on the user's terminal (not through clusterddp, which captures ssh's output); the shared
+    connection then serves the next command without a prompt; the password is in no file clusterddp wrote."""
+    proj, env, remote = laptop
+    toml = proj / "clusterddp.toml"
+    toml.write_text(toml.read_text() + login_node.cluster_table("pw", "cddp-password", login, remote.parent.parent))
+    argv = [sys.executable, "-m", "clusterddp", "status", "--cluster", "pw", "999999"]
+    code, shown = _on_a_terminal(argv, proj, env, answer=login_node.PASSWORD)
+    assert "root@10.200.0.10's password:" in shown, shown
+    assert code == 1 and "job 999999 is unknown to Slurm" in shown, shown  # Slurm there answered
+    code, shown = _on_a_terminal(argv, proj, env)  # nothing typed: a prompt would time out the test
+    assert code == 1 and "job 999999 is unknown to Slurm" in shown and "password" not in shown, shown
+    written = [p for p in Path(env["XDG_STATE_HOME"]).rglob("*") if p.is_file()] + [toml]
+    assert not [p for p in written if login_node.PASSWORD.encode() in p.read_bytes()]
 
 
 def _one_line(proc, code: int, *needles: str) -> str:
