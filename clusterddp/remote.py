@@ -16,9 +16,10 @@ import shlex
 import stat
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence
 
 from .clusters import Cluster, human_size
 from .errors import ClusterUnreachable, PreflightError
@@ -262,24 +263,49 @@ def remote_code_dir(cluster: Cluster, local_dir: Path) -> str:
     return f"{cluster.remote_dir.rstrip('/')}/{local_dir.resolve().name or 'root'}"
 
 
-def _code_filters(spec: "JobSpec") -> List[str]:
-    """What stays here when the code is copied: .gitignore'd files, .git, caches, the local runs' outputs."""
-    excludes = ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"]
+def _git_files(local_dir: Path) -> Optional[List[str]]:
+    """The files of ``local_dir`` git counts as the work tree's (tracked, or untracked and not ignored), relative
+    to it; None outside a git work tree or without git."""
+    try:
+        proc = subprocess.run(["git", "-C", str(local_dir), "ls-files", "-z", "--cached", "--others",
+                               "--exclude-standard", "--", "."], capture_output=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None  # not a work tree (or one git will not read, such as another user's)
+    return list(dict.fromkeys(os.fsdecode(n) for n in proc.stdout.split(b"\0") if n))
+
+
+@contextmanager
+def code_selection(spec: "JobSpec", local_dir: Path) -> Iterator[List[str]]:
+    """rsync arguments that choose what of ``local_dir`` is copied. In a git work tree, the files git lists (so
+    every rule git applies counts: .gitignore files up to the top of the repository, .git/info/exclude, the global
+    excludes file), given as a --files-from list; elsewhere, the directory's .gitignore files, read by rsync.
+    Never copied: .git, __pycache__, the local runs' output directory."""
     out = Path(spec.output_dir)
-    if not out.is_absolute() and out.parts and out.parts[0] not in ("..", "."):
-        excludes.append(f"--exclude=/{out.parts[0]}/")
-    return excludes
-
-
-def check_size(cluster: Cluster, spec: "JobSpec", local_dir: Path) -> None:
-    """Refuse, before connecting, to copy a directory larger than the cluster's max_copy (a dataset that is not
-    in .gitignore would otherwise be sent on every change, over what may be a laptop's link). The files are
-    listed by rsync itself, with the same filters, so what is counted is what would be copied."""
-    if not cluster.max_copy:
+    out_top = out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
+    names = _git_files(local_dir)
+    if names is None:
+        yield ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"] + \
+            ([f"--exclude=/{out_top}/"] if out_top else [])
         return
-    with tempfile.TemporaryDirectory(prefix="clusterddp-size-") as empty:
+    keep = [n for n in names if not {".git", "__pycache__"} & set(n.split("/")) and n.split("/")[0] != out_top
+            and os.path.lexists(local_dir / n)]  # (a tracked file deleted here is not asked for)
+    with tempfile.NamedTemporaryFile(prefix="clusterddp-files-") as listing:
+        listing.write(b"\0".join(os.fsencode(n) for n in keep))
+        listing.flush()
+        yield ["--from0", f"--files-from={listing.name}"]
+
+
+def check_copy(cluster: Cluster, spec: "JobSpec", local_dir: Path) -> None:
+    """Before connecting: the job's script is among what will be copied (not ignored), and the copy is not larger
+    than the cluster's max_copy (a dataset that is not in .gitignore would otherwise be sent on every change, over
+    what may be a laptop's link). The files are listed by rsync itself with the same selection, so what is
+    checked is what would be copied."""
+    with tempfile.TemporaryDirectory(prefix="clusterddp-size-") as empty, code_selection(spec, local_dir) as chosen:
         try:
-            proc = subprocess.run(["rsync", "-rl", "--dry-run", "--out-format=%l %n", *_code_filters(spec), "--",
+            proc = subprocess.run(["rsync", "-rl", "--dry-run", "--out-format=%l %n", *chosen, "--",
                                    f"{local_dir.resolve()}/", f"{empty}/"], capture_output=True, text=True,
                                   timeout=600, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
@@ -289,8 +315,12 @@ def check_size(cluster: Cluster, spec: "JobSpec", local_dir: Path) -> None:
         length, _, name = line.partition(" ")
         if length.isdigit() and name and not name.endswith("/"):
             sizes.append((int(length), name))
+    if proc.returncode == 0 and not spec.module and os.path.normpath(spec.script) not in {n for _, n in sizes}:
+        raise PreflightError(f"training script {spec.script!r} would not be copied to cluster {cluster.name!r}: "
+                             f"it is ignored (.gitignore, .git/info/exclude or git's global excludes) or lies in "
+                             f"{spec.output_dir!r}; take it out of the ignore rules, or move it")
     total = sum(n for n, _ in sizes)
-    if total <= cluster.max_copy:
+    if not cluster.max_copy or total <= cluster.max_copy:
         return
     largest = ", ".join(f"{shown(name)} ({human_size(n)})" for n, name in sorted(sizes, reverse=True)[:3])
     raise PreflightError(
@@ -327,8 +357,9 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
         raise PreflightError(f"{where(cluster)} has no {' and no '.join(shown(m) for m in missing)} on PATH "
                              f"(after its setup lines): the job needs the Python environment with torch there; "
                              f"{fix}{maybe}")
-    sent = _rsync(cluster, ["-rlptz", "--stats", "--out-format=cddp> %n", *_code_filters(spec),
-                            "--", f"{local_dir.resolve()}/", _host_path(cluster, path + "/")], "the code")
+    with code_selection(spec, local_dir) as chosen:
+        sent = _rsync(cluster, ["-rlptz", "--stats", "--out-format=cddp> %n", *chosen,
+                                "--", f"{local_dir.resolve()}/", _host_path(cluster, path + "/")], "the code")
     _push_lib(cluster)
     return CodeDir(path, _parse_transfer(sent.stdout))
 

@@ -348,7 +348,7 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
     if check:
         check_local(spec, here=not cluster.remote)
     if cluster.remote:
-        remote.check_size(cluster, spec, Path.cwd())  # counted here, before any connection
+        remote.check_copy(cluster, spec, Path.cwd())  # counted here, before any connection
     if check:
         for line in check_cluster(spec, partitions()):
             note(line)

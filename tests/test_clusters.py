@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from clusterddp import remote
 from clusterddp.cli import cli
 from clusterddp.clusters import Cluster, choose, from_table
-from clusterddp.errors import ClusterUnreachable, SpecError
+from clusterddp.errors import ClusterUnreachable, PreflightError, SpecError
 from clusterddp.spec import JobSpec
 
 
@@ -135,6 +135,53 @@ def test_a_large_code_directory_is_refused_before_connecting(project):
         assert r.exit_code == 1 and "max_copy" not in r.stderr, r.output
         assert f"cannot log in to cluster {name!r} (ssh 127.0.0.1): the host does not answer" in r.stderr
         assert "check that `ssh -p 1 127.0.0.1` works" in r.stderr  # what to type by hand, port included
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+                   check=True, capture_output=True)
+
+
+def test_in_a_git_work_tree_git_chooses_what_is_copied(tmp_path, monkeypatch):
+    """Every rule git applies: a .gitignore above the directory submitted from, .git/info/exclude, the global
+    excludes file; a tracked file deleted here is not asked for; caches and the output directory never go.
+    Checked with the real rsync, copying locally with the same arguments."""
+    repo = tmp_path / "repo"
+    proj = repo / "proj"
+    for f in ("train.py", "lib/util.py", "data/x.bin", "run.log", "secret.txt", ".venv/lib.py", "gone.py",
+              "lib/__pycache__/util.pyc", "clusterddp-runs/out.txt", "notes/.gitignore", "notes/a.md", "notes/b.tmp"):
+        (proj / f).parent.mkdir(parents=True, exist_ok=True)
+        (proj / f).write_text(f)
+    _git(repo, "init", "-q")
+    (repo / ".gitignore").write_text("data/\n*.log\n")
+    (proj / "notes" / ".gitignore").write_text("*.tmp\n")
+    (repo / ".git" / "info" / "exclude").write_text("secret.txt\n")
+    (tmp_path / "global-ignore").write_text(".venv/\n")
+    (tmp_path / "gitconfig").write_text(f"[core]\n\texcludesFile = {tmp_path / 'global-ignore'}\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    _git(repo, "add", "proj/gone.py", "proj/train.py")
+    _git(repo, "commit", "-q", "-m", "x")
+    (proj / "gone.py").unlink()
+    dest = tmp_path / "dest"
+    with remote.code_selection(JobSpec(script="train.py"), proj) as chosen:
+        subprocess.run(["rsync", "-rlpt", *chosen, "--", f"{proj}/", f"{dest}/"], check=True)
+    copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert copied == ["lib/util.py", "notes/.gitignore", "notes/a.md", "train.py"]
+    cluster = Cluster("near", "127.0.0.1", port=1)
+    remote.check_copy(cluster, JobSpec(script="train.py"), proj)  # among what is copied: no error
+    (proj / "secret.txt").rename(proj / "secret.py")
+    (repo / ".git" / "info" / "exclude").write_text("secret.*\n")
+    with pytest.raises(PreflightError, match=r"^training script 'secret.py' would not be copied to cluster 'near': "
+                                             r"it is ignored \(.gitignore"):
+        remote.check_copy(cluster, JobSpec(script="secret.py"), proj)
+
+
+def test_an_ignored_script_is_named_before_connecting(project):
+    (project / "clusterddp.toml").write_text('[clusters.near]\nhost = "127.0.0.1"\nport = 1\n')
+    (project / "scratch_train.py").write_text("print(1)\n")
+    (project / ".gitignore").write_text("scratch_*\n")
+    r = CliRunner().invoke(cli, ["submit", "--cluster", "near", "--gpus", "0", "scratch_train.py"])
+    assert r.exit_code == 2 and "training script 'scratch_train.py' would not be copied" in r.stderr, r.output
 
 
 @pytest.mark.parametrize("remote_dir, expected", [("clusterddp", "{home}/clusterddp/.lib/{h}"),
