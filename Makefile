@@ -24,7 +24,7 @@ demo: install
 
 # Lint first (seconds), then every test, the real-Slurm ones included.
 test: install-test lint
-	$(PYTHON) -m pytest -ra
+	$(PYTHON) -m pytest -ra --durations=25
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -82,9 +82,12 @@ def _copied(stderr: str):
 
 @pytest.mark.slurm_releases("22.05", "24.11")
 def test_submit_wait_logs_over_ssh(laptop):
-    """The example, submitted from the laptop: code copied (ignored files stay), run on 2 nodes there, --wait
-    follows it, per-rank logs come back; the job imports the clusterddp modules copied with it."""
+    """The example, submitted from the laptop (a git work tree: git lists what is copied; ignored files stay), run
+    on 2 nodes there, --wait follows it, per-rank logs come back; the job imports the clusterddp modules copied
+    with it."""
     proj, env, remote = laptop
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    (proj / ".git" / "info" / "exclude").write_text("hang.py\n")
     proc = run_cli("submit", "--cluster", "tc", "--nodes", "2", "--gpus", "0", "--procs-per-node", "2", "-t", "5",
                    "train_ddp.py", "--wait", "--", "--epochs", "1", cwd=proj, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -93,6 +96,7 @@ def test_submit_wait_logs_over_ssh(laptop):
     assert path == str(remote) and files >= 4
     assert (remote / "train_ddp.py").read_text() == (proj / "train_ddp.py").read_text()
     assert not (remote / "data").exists() and not (remote / "old.ckpt").exists()  # .gitignore'd: not copied
+    assert not (remote / "hang.py").exists() and (remote / "probe.py").exists()  # git's own exclude file too
     assert not (proj / "clusterddp-runs").exists()  # nothing of the job is written on the laptop's side
     assert f"job {job} ended COMPLETED, exit code 0" in proc.stderr
     batch = run_cli("logs", "--cluster", "tc", job, cwd=proj, env=env)
