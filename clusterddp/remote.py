@@ -4,7 +4,8 @@ not a login), ``rsync`` for code going out and logs coming back. Login side; slu
 
 No password is stored or passed on a command line: ssh asks on your terminal, once per shared connection.
 Remote command lines are built in one place (``remote_line``): the cluster's ``setup`` lines (your code, verbatim),
-then ``cd`` and the command, every word shell-quoted. The login shell there is assumed to be POSIX-like.
+then ``cd`` and the command, every word shell-quoted: sh lines, which a csh or fish login shell gets wrapped for the
+cluster's ``shell`` (and, without one, is recognised and named).
 """
 from __future__ import annotations
 
