@@ -95,8 +95,9 @@ cmd_install() {
 cmd_install_host() {
     local missing=()
     # sshd and rsync: the remote-cluster tests log in to the login node and copy code there; tcsh and fish: login
-    # shells that are not sh-like, which remote command lines must pass through (tests/test_clusters.py).
-    for bin in munged slurmctld slurmd sbatch ip nsenter unshare /usr/sbin/sshd rsync ssh tcsh fish; do
+    # shells that are not sh-like, which remote command lines must pass through (tests/test_clusters.py); openssl:
+    # the password login node's test password (tests/login_node.py).
+    for bin in munged slurmctld slurmd sbatch ip nsenter unshare /usr/sbin/sshd rsync ssh tcsh fish openssl; do
         command -v "$bin" >/dev/null 2>&1 || missing+=("$bin")
     done
     if [ ${#missing[@]} -eq 0 ]; then
@@ -107,7 +108,7 @@ cmd_install_host() {
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends munge slurmctld slurmd slurm-client iproute2 util-linux \
-        openssh-server openssh-client rsync tcsh fish >/dev/null
+        openssh-server openssh-client rsync tcsh fish openssl >/dev/null
     # The packages' own services would fight ours for the default ports and key; we never use them.
     for svc in munge slurmctld slurmd ssh; do
         if command -v systemctl >/dev/null 2>&1; then systemctl stop "$svc" >/dev/null 2>&1 || true; fi
