@@ -2,29 +2,60 @@
 #   make demo   install clusterddp with what the example needs, run a 2-node x 2-rank DDP job on this machine
 #   make test   install what the tests need (Slurm 22.05 + 24.11 and munge when root, torch CPU build, pytest) and
 #               run them all
-PYTHON ?= python3
+#
+# Where it installs: the virtual environment that is active (VIRTUAL_ENV or CONDA_PREFIX), else .venv here, made
+# from the bare interpreter with `python3 -m venv` (no system site packages: what the project needs, it installs;
+# nothing is inherited from the machine's Python). PYTHON=... chooses an interpreter outright.
+BASE_PYTHON ?= python3
+ifeq ($(origin PYTHON),undefined)
+  ifneq ($(VIRTUAL_ENV)$(CONDA_PREFIX),)
+    PYTHON := python3
+  else
+    VENV := .venv
+    PYTHON := $(VENV)/bin/python
+    # The venv's bin first, for every recipe: jobs run `python3` and `clusterddp` from PATH, as a user's would.
+    export VIRTUAL_ENV := $(abspath $(VENV))
+    export PATH := $(abspath $(VENV))/bin:$(PATH)
+  endif
+endif
 PIP = $(PYTHON) -m pip
 # torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test lint install install-test cluster-up cluster-down bench gpu-check
+.PHONY: demo test test-fast lint install install-test cluster-up cluster-down bench gpu-check
 
-install:
-	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e .
+ifdef VENV
+$(VENV)/bin/python:
+	$(BASE_PYTHON) -m venv $(VENV)
+endif
+
+# clusterddp[torch]: torch (pinned here only when missing: an installed CUDA build is kept) and numpy, which torch's
+# wheels do not declare but import at start-up.
+install: $(if $(VENV),$(VENV)/bin/python)
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then $(PIP) install -q -e ".[torch]"; \
+	else $(PIP) install -q "$(TORCH)" -e ".[torch]"; fi
 
 install-test: install
-	$(PIP) install -q -e ".[test]"
+	$(PIP) install -q -e ".[torch,test]"
 	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then tests/slurm/cluster.sh install && \
 		CLUSTERDDP_SLURM_RELEASE=24.11 tests/slurm/cluster.sh install; \
 	else echo "not root on Linux: the Slurm tests will be skipped"; fi
 
 demo: install
 	$(PYTHON) -m clusterddp submit --local --nodes 2 --gpus 2 examples/train_ddp.py -- --epochs 2
+	@echo
+	@echo "Next: the same job on a Slurm cluster, 2 nodes x 8 GPUs:  clusterddp submit --nodes 2 --gpus 8 examples/train_ddp.py"
+	@echo "      read the sbatch script first:                      clusterddp submit --dry-run --nodes 2 --gpus 8 examples/train_ddp.py"
+	@echo "      what the job will be (ranks, environment):          clusterddp explain --nodes 2 --gpus 8 examples/train_ddp.py"
+	@$(if $(VENV),echo "      (clusterddp is installed in $(VENV): . $(VENV)/bin/activate)",true)
 
 # Lint first (seconds), then every test, the real-Slurm ones included.
 test: install-test lint
 	$(PYTHON) -m pytest -ra --durations=25
+
+# The edit loop: no cluster, no multi-rank training.
+test-fast: install-test lint
+	$(PYTHON) -m pytest -ra -m "not slurm and not slow" -q
 
 lint:
 	$(PYTHON) -m ruff check .
@@ -33,13 +64,15 @@ lint:
 # Benchmarks (not tests): hyperfine from Debian, torchx in its own venv for the comparison; results in bench/RESULTS.md.
 bench: install
 	@command -v hyperfine >/dev/null || { apt-get update -qq && apt-get install -y -qq hyperfine; }
-	@[ -x bench/.venv-torchx/bin/torchx ] || { $(PYTHON) -m venv bench/.venv-torchx && bench/.venv-torchx/bin/pip install -q torchx; }
+	@[ -x bench/.venv-torchx/bin/torchx ] || { $(BASE_PYTHON) -m venv bench/.venv-torchx && bench/.venv-torchx/bin/pip install -q torchx; }
 	$(PYTHON) -m bench
 
 # On a machine with CUDA GPUs (and a CUDA build of torch): the NCCL path end to end; results in bench/RESULTS-gpu.md.
+# The machine's own python3 (its CUDA build of torch) unless a venv is active: a fresh .venv would fetch torch.
+GPU_PYTHON := $(if $(VENV),$(BASE_PYTHON),$(PYTHON))
 gpu-check:
-	$(PIP) install -q -e ".[stacks]"
-	$(PYTHON) bench/gpu_check.py
+	$(GPU_PYTHON) -m pip install -q --no-deps -e . && { $(GPU_PYTHON) -m pip install -q "py-spy==0.4.3" || true; }
+	$(GPU_PYTHON) bench/gpu_check.py
 
 cluster-up:
 	tests/slurm/cluster.sh up

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import click
 
-from .cli import cli
+from .cli_base import CLUSTER_OPTION, cli
 from .contract import PORT_SCHEME
 from .errors import SpecError
 from .quoting import shown
@@ -35,12 +35,6 @@ Everything after -- goes to the training script unchanged (quoted for the shell)
 
 
 D = field_default
-CLUSTER_OPTION = click.option(
-    "--cluster", metavar="NAME",
-    help="The Slurm cluster: [clusters.NAME] of the config, reached over SSH from here ('here': this machine's "
-         "Slurm) [default: $CLUSTERDDP_CLUSTER, else cluster = ... in the config, else here].")
-
-
 def spec_options(f: Callable) -> Callable:
     """The job spec options shared by render and submit (spelled like sbatch's); defaults come from JobSpec."""
     options = [

@@ -8,8 +8,7 @@ from typing import Any, List, Optional, Sequence
 
 import click
 
-from .cli import cli
-from .cli_job import CLUSTER_OPTION
+from .cli_base import CLUSTER_OPTION, cli
 from .errors import SpecError
 from .spec import JobSpec, field_default, parse_env
 

@@ -2,28 +2,58 @@
 position and every rank's random number states, written atomically by rank 0."""
 from __future__ import annotations
 
+import base64
 import os
 import re
 from typing import Any, Dict, List, Mapping, Optional
 
-from .group import distributed, is_main, print0, rank, save_on_main, unwrap, world_size
+from .collect import broadcast_json, gather_json
+from .group import is_main, print0, rank, save_on_main, unwrap, world_size
 
 
 def _rng_state() -> Dict[str, Any]:
+    """This rank's random number states as JSON-able data (exact: ints, byte strings as base64, repr floats)."""
     import random
 
     import torch
 
-    state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    version, internal, gauss = random.getstate()
+    state: Dict[str, Any] = {"python": [version, list(internal), gauss], "torch": _b64(torch.get_rng_state())}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    numpy = _numpy()
+    if numpy is not None:
+        name, keys, pos, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    return state
+
+
+def _b64(tensor: Any) -> str:
+    return base64.b64encode(bytes(tensor.tolist())).decode()
+
+
+def _numpy() -> Any:
     try:
         import numpy
-
-        state["numpy"] = numpy.random.get_state()
     except ImportError:
-        pass
-    return state
+        return None
+    return numpy
+
+
+def _saved(state: Mapping[str, Any]) -> Dict[str, Any]:
+    """The gathered JSON form as the checkpoint keeps it: tuples, ints, floats, strings and uint8 tensors."""
+    import torch
+
+    def tensor(text: str) -> Any:
+        return torch.tensor(list(base64.b64decode(text)), dtype=torch.uint8)
+
+    out: Dict[str, Any] = {"python": (state["python"][0], tuple(state["python"][1]), state["python"][2]),
+                           "torch": tensor(state["torch"])}
+    if "cuda" in state:
+        out["cuda"] = [tensor(s) for s in state["cuda"]]
+    if "numpy" in state:
+        out["numpy"] = tuple(state["numpy"])
+    return out
 
 
 def _set_rng_state(state: Mapping[str, Any]) -> None:
@@ -35,10 +65,10 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy
-
-        numpy.random.set_state(state["numpy"])
+    numpy = _numpy() if "numpy" in state else None
+    if numpy is not None:
+        name, keys, *rest = state["numpy"]
+        numpy.random.set_state((name, numpy.asarray(keys, dtype=numpy.uint32), *rest))
 
 
 class Checkpointer:
@@ -69,12 +99,7 @@ class Checkpointer:
 
     def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
         """Write checkpoint ``step`` (collective: call it on every rank); returns its path."""
-        import torch.distributed as dist
-
-        states: List[Any] = [_rng_state()]
-        if distributed():
-            states = [None] * world_size()
-            dist.all_gather_object(states, _rng_state())
+        states = [_saved(state) for state in gather_json(_rng_state())]
         path = os.path.join(self.directory, f"ckpt-{int(step):010d}.pt")
         payload = {"step": int(step), "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
@@ -88,12 +113,8 @@ class Checkpointer:
 
     def latest(self) -> Optional[str]:
         """The newest checkpoint's path, as rank 0 sees it (every rank gets the same answer)."""
-        import torch.distributed as dist
-
-        found = [self._paths()[-1] if self._paths() else None]
-        if distributed():
-            dist.broadcast_object_list(found, src=0)
-        return found[0]
+        paths = self._paths() if is_main() else []
+        return broadcast_json(paths[-1] if paths else None)
 
     def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None) -> Optional[Dict[str, Any]]:
         """Restore the newest checkpoint into the given objects; returns it (step, extra, ...) or None."""

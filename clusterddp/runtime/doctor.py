@@ -71,6 +71,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
+    from .collect import gather_json
     from .group import device, init, shutdown
 
     env = init(timeout=120)
@@ -83,8 +84,7 @@ def main() -> None:
     me = {"rank": env.rank, "host": socket.gethostname(), "local_rank": env.local_rank, "route_ip": ip,
           "interface": iface, "hostname_ip": host_ip, "device": str(dev),
           "socket_ifname": os.environ.get("NCCL_SOCKET_IFNAME" if dev.type == "cuda" else "GLOO_SOCKET_IFNAME")}
-    ranks: List[Any] = [None] * env.world_size
-    dist.all_gather_object(ranks, me)
+    ranks = gather_json(me)
     check = torch.ones(1, device=dev)
     dist.all_reduce(check)
     timings = [_time_allreduce(n, dev, env.world_size) for n in SIZES]

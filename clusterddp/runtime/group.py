@@ -172,6 +172,12 @@ def device() -> Any:
     return _STATE["device"]
 
 
+def channel() -> Any:
+    """The CPU (gloo) group beside the training group, for control traffic (after init())."""
+    _env()
+    return _STATE["channel"]
+
+
 def rank() -> int:
     """This process's global rank (0 before init())."""
     return _STATE["env"].rank if "env" in _STATE else 0

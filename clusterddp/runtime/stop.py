@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 from .. import contract
 from .control import heartbeat
-from .group import _STATE, distributed
+from .group import _STATE, channel, distributed
 
 
 def _stop() -> Dict[str, Any]:
@@ -62,6 +62,6 @@ def should_stop() -> bool:
         # On the CPU control channel (a gloo group beside the training group): with NCCL, a flag on the GPU
         # read back with .item() would synchronise the CUDA stream at every call.
         flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_STATE["channel"])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=channel())
         return bool(flag.item())
     return local
