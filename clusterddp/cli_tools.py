@@ -15,6 +15,10 @@ from .spec import JobSpec, field_default, parse_env
 D = field_default
 
 
+def _note(line: str) -> None:
+    click.echo(f"clusterddp: {line}", err=True)
+
+
 @cli.command("status")
 @click.argument("job_ids", nargs=-1)
 @CLUSTER_OPTION
@@ -22,13 +26,14 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     """State, elapsed time, nodes and exit code of JOBID... (default: the last 10 jobs submitted from here, on
     every cluster; a CLUSTER column then says where each ran)."""
     from . import slurm
-    from .clusters import by_name, choose
+    from .clusters import by_name, for_job
     from .errors import SlurmUnreachable
     from .record import recent
     from .watch import reason
 
     if job_ids:
-        targets = [(choose(cluster).name, slurm.check_job_id(j)) for j in job_ids]
+        ids = [slurm.check_job_id(j) for j in job_ids]
+        targets = [(for_job(j, cluster, note=_note).name, j) for j in ids]
     else:
         targets = [(r.cluster, r.job_id) for r in recent(10)]
         if not targets:
@@ -108,13 +113,13 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, clu
     import re
 
     from . import hostlist, slurm
-    from .clusters import choose
+    from .clusters import for_job
     from .errors import ClusterDDPError
     from .record import JobRecord
     from .stacks import Target, collect, report
 
     if re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
-        chosen = choose(cluster)
+        chosen = for_job(job, cluster, note=_note)
         record = JobRecord.load(job, chosen.name)
         if record is None:
             raise SpecError(f"job {job} was not submitted with clusterddp here, so its run directory is unknown; "
@@ -175,9 +180,9 @@ def _remote_stacks(cluster: Any, python: str, target: Any, timeout: float, no_py
 def cancel_command(job_id: str, cluster: Optional[str]) -> None:
     """Cancel JOBID (scancel)."""
     from . import slurm
-    from .clusters import choose
+    from .clusters import for_job
 
-    chosen = choose(cluster)
+    chosen = for_job(job_id, cluster, note=_note)
     with slurm.on(chosen):
         slurm.cancel(job_id)
     where = f" on cluster {chosen.name}" if chosen.remote else ""
@@ -193,12 +198,12 @@ def logs_command(job_id: str, rank: Optional[int], follow: bool, cluster: Option
     """Print the batch log of JOBID, or one rank's log with --rank N. (For a remote cluster the logs are copied
     here first, only what is new, into ~/.local/state/clusterddp/mirror/.)"""
     from . import remote, slurm
-    from .clusters import choose
+    from .clusters import for_job
     from .errors import LogNotFound
     from .record import JobRecord
     from .watch import print_log
 
-    chosen = choose(cluster)
+    chosen = for_job(job_id, cluster, note=_note)
     record = JobRecord.load(job_id, chosen.name)
     prefix = None
     with slurm.on(chosen):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .errors import SpecError
 from .quoting import shown
@@ -170,6 +170,27 @@ def choose(option: Optional[str], profile: Optional[str] = None,
         name = configured[0] if configured else HERE
     assert name is not None
     return by_name(name, environ)
+
+
+def for_job(job_id: str, option: Optional[str], environ: Optional[Mapping[str, str]] = None,
+            note: Optional[Callable[[str], None]] = None) -> Cluster:
+    """The cluster of a job id: --cluster when given; else the one cluster whose records hold the id (``note`` is
+    told when it is not this machine's Slurm); several -> refused, naming them; none -> the configured default.
+    A job submitted to a remote cluster is never looked up in this machine's own Slurm (another job there may
+    have the same id)."""
+    from .record import clusters_of
+
+    if option:
+        return choose(option, environ=environ)
+    found = clusters_of(job_id)
+    if len(found) > 1:
+        raise SpecError(f"job {job_id} is recorded on several clusters ({', '.join(found)}): choose one with "
+                        f"--cluster NAME, e.g. --cluster {found[0]}")
+    if not found:
+        return choose(None, environ=environ)
+    if found[0] != HERE and note is not None:
+        note(f"job {job_id} is on cluster {found[0]} (from clusterddp's record of it; --cluster chooses another)")
+    return by_name(found[0], environ)
 
 
 def by_name(name: str, environ: Optional[Mapping[str, str]] = None) -> Cluster:

@@ -77,6 +77,18 @@ class JobRecord:
         return sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
 
 
+def clusters_of(job_id: str) -> List[str]:
+    """The clusters whose records here hold ``job_id`` (sorted; records from before clusters existed: ``here``)."""
+    from .slurm import check_job_id
+
+    names = {f"{check_job_id(job_id)}.json", f"{job_id.split('_')[0]}.json"}  # an array task: its job's record
+    base = state_dir()
+    found = {d.name for d in (base.iterdir() if base.is_dir() else ()) for n in names if (d / n).is_file()}
+    if any((base / n).is_file() for n in names):
+        found.add("here")
+    return sorted(found)
+
+
 def recent(limit: int = 10) -> List[JobRecord]:
     """The last ``limit`` jobs recorded here, of every cluster, oldest first."""
     paths = list(state_dir().glob("*/*.json")) + list(state_dir().glob("*.json"))

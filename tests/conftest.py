@@ -109,3 +109,32 @@ def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.sh from the current code")
     parser.addoption("--slurm-release", default="", help="Slurm releases for the cluster tests, e.g. 24.11 or "
                      "22.05,24.11 (default: all; also CLUSTERDDP_TEST_RELEASES)")
+
+
+def _separate_stderr_on_old_click() -> None:
+    """click < 8.2 mixes stderr into ``Result.output`` and has no ``Result.stderr`` unless CliRunner is told
+    ``mix_stderr=False``; the tests read both, as click 8.2+ gives them (output: both streams; stderr: its own).
+    The lowest click setup.cfg admits is tested (test_newcomer.py), so the runner is made to give both there too."""
+    import inspect
+
+    import click.testing
+
+    if "mix_stderr" not in inspect.signature(click.testing.CliRunner.__init__).parameters:
+        return
+    invoke = click.testing.CliRunner.invoke
+
+    class Both(click.testing.Result):
+        @property
+        def output(self) -> str:  # both streams, as click 8.2+ (not interleaved: stdout first)
+            return (self.stdout_bytes + (self.stderr_bytes or b"")).decode(self.runner.charset, "replace")
+
+    def both(self, *args, **kwargs):
+        self.mix_stderr = False
+        result = invoke(self, *args, **kwargs)
+        result.__class__ = Both
+        return result
+
+    click.testing.CliRunner.invoke = both
+
+
+_separate_stderr_on_old_click()

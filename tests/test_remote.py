@@ -231,6 +231,36 @@ def test_stacks_and_follow_over_ssh(laptop):
     assert follow.returncode == 0 and "joined rank 1 of 4" in out, out + err
 
 
+def test_a_job_id_finds_its_cluster(laptop, tmp_path):
+    """Issue 22: after `submit --cluster tc`, status/stacks/logs/cancel with the job id alone go to tc (one line
+    says so), and no Slurm command of this machine runs (recording stand-ins first on PATH prove it)."""
+    from .test_routing import recording_standins
+
+    proj, env, _ = laptop
+    job = _job_id(run_cli("submit", "--cluster", "tc", "--launcher", "srun", "--gpus", "0", "--procs-per-node", "2",
+                          "--hang-timeout", "0", "hang.py", "--", "--where", "before-allreduce", "--rank", "1",
+                          cwd=proj, env=env))
+    log = tmp_path / "local-slurm.log"
+    env = {**env, "PATH": f"{recording_standins(tmp_path / 'standins', log)}{os.pathsep}{env['PATH']}"}
+    said = f"clusterddp: job {job} is on cluster tc (from clusterddp's record of it; --cluster chooses another)"
+    deadline = time.monotonic() + 90
+    while True:
+        status = run_cli("status", job, cwd=proj, env=env)
+        assert status.returncode == 0 and said in status.stderr.splitlines(), status.stdout + status.stderr
+        if "RUNNING" in status.stdout:
+            break
+        assert time.monotonic() < deadline, status.stdout
+        time.sleep(1)
+    time.sleep(8)  # the ranks start and join
+    stacks = run_cli("stacks", job, cwd=proj, env=env, timeout=200)
+    assert stacks.returncode == 0 and "hang.py" in stacks.stdout and said in stacks.stderr, stacks.stdout + stacks.stderr
+    logs = run_cli("logs", job, cwd=proj, env=env)
+    assert logs.returncode == 0 and "world size 2" in logs.stdout and said in logs.stderr, logs.stdout + logs.stderr
+    cancel = run_cli("cancel", job, cwd=proj, env=env)
+    assert cancel.returncode == 0 and f"cancel requested for job {job} on cluster tc" in cancel.stderr, cancel.stderr
+    assert not log.exists(), log.read_text()
+
+
 def test_a_tcsh_login_shell(login, laptop):
     """root's login shell is tcsh on cddp-tcsh (sshd runs commands with it): without shell set, one line says what
     to add, before anything is submitted; with shell = "bash -l", copy, pre-flight, sbatch, --wait and logs work."""

@@ -85,9 +85,11 @@ echo "clusterddp: per-rank logs in $RUN_DIR"
 
 # One Slurm task per rank. The rank variables are set inside each task (single quotes: expanded per task,
 # not once here, where SLURM_NODEID would be 0 for everyone).
+# (bash --norc: Debian's bash reads ~/.bashrc in a `bash -c` whose environment came over SSH, as a job's does
+# after a submit from the login node; a conda or pyenv init there would put another python3 first on PATH.)
 srun --nodes=2 --ntasks-per-node=4 --kill-on-bad-exit=1 \
     --output="${RUN_DIR//%/%%}/rank-%t.out" \
-    bash -c 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=4 NODE_RANK="$SLURM_NODEID"; exec "$@"' \
+    bash --norc -c 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=4 NODE_RANK="$SLURM_NODEID"; exec "$@"' \
     clusterddp-rank python3 train.py &
 CLUSTERDDP_SRUN_PID=$!
 

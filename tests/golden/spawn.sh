@@ -87,9 +87,11 @@ echo "clusterddp: per-node logs in $RUN_DIR"
 # (torch.multiprocessing.spawn). Placeholders in the script's arguments ({master_addr}, {master_port},
 # {node_rank}, {nnodes}, {gpus_per_node}, {world_size}) are replaced per node; the first 2 words (the
 # command itself) are never touched, and the replacement never re-evaluates user text.
+# (bash --norc: Debian's bash reads ~/.bashrc in a `bash -c` whose environment came over SSH, as a job's does
+# after a submit from the login node; a conda or pyenv init there would put another python3 first on PATH.)
 srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 \
     --output="${RUN_DIR//%/%%}/node-%n.out" \
-    bash -c 'cmd=("${@:2:$1}")
+    bash --norc -c 'cmd=("${@:2:$1}")
 shift "$(( $1 + 1 ))"
 args=()
 for a in "$@"; do

@@ -1,0 +1,113 @@
+"""Issue 22: a newcomer's first hour in a clean environment. The README's first command, exactly as written, in a
+copy of this tree with no virtual environment active (the Makefile makes its own from the bare interpreter); the
+declared lower bounds of the login side, installed in a venv of their own, lint clean and pass the CLI tests;
+every module imports on its own."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT
+
+# The lowest versions setup.cfg admits for the login side (install_requires): kept in step with it by a test.
+LOWEST = {"click": "8.0.0", "jinja2": "3.0.0", "submitit": "1.4.0"}
+
+
+def bare_environment(tmp_path: Path) -> dict:
+    """This process's environment without any virtual environment: no VIRTUAL_ENV/CONDA_PREFIX, none of their
+    bin directories on PATH, no PYTHONPATH; python3 is then the machine's own interpreter."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME", "PYTHON") and
+           not k.startswith(("SLURM_", "CLUSTERDDP_"))}
+    venvs = {sys.prefix, os.environ.get("VIRTUAL_ENV", sys.prefix)} - {sys.base_prefix}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                  if not any(p.startswith(v) for v in venvs))
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    return env
+
+
+def copy_of_this_tree(dest: Path) -> Path:
+    """What a clone of this work tree would hold (tracked files and new ones git does not ignore)."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, names):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def readme_first_command() -> str:
+    quick = (ROOT / "README.md").read_text().split("## Quickstart", 1)[1]
+    return re.search(r"^    (make \w+)\s+#", quick, re.MULTILINE).group(1)
+
+
+@pytest.mark.slow
+def test_the_readme_demo_in_a_fresh_environment(tmp_path):
+    """`make demo` with nothing but the bare interpreter: it installs what it needs (numpy included: no warning
+    from torch, no failing object collective) and ends with the final loss and what to do next."""
+    command = readme_first_command()
+    assert command == "make demo"
+    tree = copy_of_this_tree(tmp_path / "clone")
+    proc = subprocess.run(command.split(), cwd=tree, env=bare_environment(tmp_path), capture_output=True,
+                          text=True, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert (tree / ".venv" / "bin" / "python").exists(), "the Makefile made no venv of its own"
+    assert "NumPy" not in out and "Traceback" not in out, out[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    final = next(i for i, line in enumerate(lines) if re.search(r"final loss \d+\.\d+", line))
+    assert lines[final + 1].startswith("Next: the same job on a Slurm cluster"), lines[final:]
+    assert "clusterddp submit --dry-run" in proc.stdout and "clusterddp explain" in proc.stdout
+    assert ". .venv/bin/activate" in proc.stdout
+
+
+def test_the_lowest_versions_are_the_declared_bounds():
+    cfg = (ROOT / "setup.cfg").read_text()
+    for name, version in LOWEST.items():
+        assert re.search(rf"^\s+{name}>={re.escape(version.removesuffix('.0'))}(\.0)?\s*$", cfg, re.MULTILINE), name
+
+
+@pytest.mark.slow
+def test_the_lowest_declared_versions_lint_clean_and_work(tmp_path):
+    """A venv with the lowest click, jinja2 and submitit that setup.cfg admits: mypy clean, the CLI tests pass."""
+    venv = tmp_path / "lowest"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    test_tools = re.findall(r"^\s+((?:pytest|hypothesis|mypy)[=<>!~].*)$", (ROOT / "setup.cfg").read_text(),
+                            re.MULTILINE)
+    pins = [f"{name}=={version}" for name, version in LOWEST.items()]
+    subprocess.run([py, "-m", "pip", "install", "-q", *pins, *test_tools], check=True, timeout=600)
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)],
+                   check=True, timeout=300)
+    versions = subprocess.run([py, "-c", "import importlib.metadata as m; print(*(m.version(n) for n in "
+                               f"{list(LOWEST)!r}))"], capture_output=True, text=True, check=True).stdout.split()
+    assert versions == list(LOWEST.values())
+    mypy = subprocess.run([py, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy-cache")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert mypy.returncode == 0, mypy.stdout + mypy.stderr
+    tests = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cli.py",
+                            "tests/test_render.py", "tests/test_spec.py", "tests/test_routing.py",
+                            "tests/test_config.py", "tests/test_input_edges.py", "tests/test_clusters.py",
+                            "tests/test_explain.py", "tests/test_security.py"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
+
+
+def _modules():
+    pkg = ROOT / "clusterddp"
+    for path in sorted(pkg.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@pytest.mark.parametrize("module", list(_modules()))
+def test_every_module_imports_on_its_own(module):
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
