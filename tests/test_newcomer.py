@@ -89,7 +89,8 @@ def test_the_lowest_declared_versions_lint_clean_and_work(tmp_path):
     versions = subprocess.run([py, "-c", "import importlib.metadata as m; print(*(m.version(n) for n in "
                                f"{list(LOWEST)!r}))"], capture_output=True, text=True, check=True).stdout.split()
     assert versions == list(LOWEST.values())
-    mypy = subprocess.run([py, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy-cache")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    mypy = subprocess.run([py, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy-cache")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert mypy.returncode == 0, mypy.stdout + mypy.stderr
     tests = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cli.py",
                             "tests/test_render.py", "tests/test_spec.py", "tests/test_routing.py",
