@@ -6,7 +6,7 @@ them equal to the names here. Imports nothing from clusterddp: both sides may us
 """
 from __future__ import annotations
 
-from typing import Dict, Iterator, Mapping
+from typing import Dict, Iterator, List, Mapping, Sequence, Tuple
 
 # --- variables the script exports to every rank -------------------------------------------------------------
 LAUNCHER = "CLUSTERDDP_LAUNCHER"                # torchrun | srun | spawn
@@ -36,6 +36,17 @@ DUMP_DIR = "stacks/{name}"                   # rank-N.json (for tools) and rank-
 HANG_DIR = "stacks/hang-{restarts}"          # the watchdog's dumps and roll call (rollcall.txt, rollcall.json)
 RENDEZVOUS_REPORT = "stacks/rendezvous-{restarts}.txt"  # who never arrived, when the rendezvous timed out
 NCCL_TRACE_DIR = "nccl-trace"                # PyTorch's NCCL flight recorder dumps (TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
+#: What NCCL jobs get, from the batch script and the local backend alike (--no-flight-recorder: none of it): the
+#: flight recorder keeps each rank's last collectives and dumps them to ``{trace}`` (RUN_DIR/nccl-trace/rank_) on a
+#: timeout or hang; a failed collective aborts the job instead of hanging it.
+FLIGHT_RECORDER = (("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                   ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "{trace}"), ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"))
+
+
+def flight_recorder(trace: str, user_env: Sequence[Tuple[str, str]]) -> List[Tuple[str, str]]:
+    """FLIGHT_RECORDER with the dump prefix filled in, less what the user set with ``-e`` (the user's value wins)."""
+    given = {name for name, _ in user_env}
+    return [(name, value.format(trace=trace)) for name, value in FLIGHT_RECORDER if name not in given]
 #: Exit codes of a job that the runtime ended (the batch script and the local backend return them).
 RENDEZVOUS_EXIT = 78
 HANG_EXIT = 79

@@ -108,9 +108,7 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
     if not use_gpus:
         common.append(("CUDA_VISIBLE_DEVICES", ""))
     elif spec.flight_recorder:  # as the batch script does for NCCL jobs
-        common += [("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"), ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
-                   ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(Path(run_dir) / contract.NCCL_TRACE_DIR / "rank_")),
-                   ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")]
+        common += contract.flight_recorder(str(Path(run_dir) / contract.NCCL_TRACE_DIR / "rank_"), spec.env)
     common += list(spec.env)
     program = spec.program_argv()
     nodelist = ",".join(["localhost"] * n)

@@ -119,6 +119,9 @@ def run_plan(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = prin
              note: Callable[[str], None] = print) -> int:
     """Run the plan to its end; returns the job's exit code (130 after Ctrl-C)."""
     Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+    trace = dict(plan.common).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if trace:  # torch opens its dump file without making the directory: no directory, no dump
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
     note(plan.note)
     runner = _Runner(plan, quiet, echo)
     previous = signal.getsignal(signal.SIGTERM)

@@ -161,6 +161,9 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         "command_words": len(container) + 1 + len(entry),
         "script_args": _words(spec.args),
         "env": [(name, q(value)) for name, value in spec.env],
+        # NCCL jobs: the flight recorder's variables, less those the user set with -e (the user's value wins).
+        "flight_recorder": contract.flight_recorder(f'"$RUN_DIR/{contract.NCCL_TRACE_DIR}/rank_"', spec.env)
+        if spec.gpus_per_node and spec.flight_recorder else [],
         "setup": list(spec.setup),
         "run_dir": f"{q(spec.output_dir)}/{q(contract.run_dir(spec.file_stem, ''))}\"$SLURM_JOB_ID\"",
         "srun_cpus": spec.cpus_per_task is not None,

@@ -7,6 +7,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..errors import RuntimeEnvError
 from .collect import broadcast_json, gather_json
 from .group import is_main, print0, rank, save_on_main, unwrap, world_size
 
@@ -19,13 +20,27 @@ def _rng_state() -> Dict[str, Any]:
 
     version, internal, gauss = random.getstate()
     state: Dict[str, Any] = {"python": [version, list(internal), gauss], "torch": _b64(torch.get_rng_state())}
-    if torch.cuda.is_available():
-        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    dev = _rank_device()
+    if dev is not None:
+        # This rank's own GPU only: the visible GPUs differ between layouts (gpus-per-task shows one, gpus-per-node
+        # all of the node's), so a list restored by position would miss or cross devices on resume.
+        state["cuda"] = _b64(torch.cuda.get_rng_state(dev))
     numpy = _numpy()
     if numpy is not None:
         name, keys, pos, has_gauss, cached = numpy.random.get_state()
         state["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
     return state
+
+
+def _rank_device() -> Any:
+    """This rank's CUDA device, or None (CPU ranks, or no process group yet)."""
+    from .group import device
+
+    try:
+        dev = device()
+    except RuntimeEnvError:
+        return None
+    return dev if dev.type == "cuda" else None
 
 
 def _b64(tensor: Any) -> str:
@@ -50,7 +65,7 @@ def _saved(state: Mapping[str, Any]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"python": (state["python"][0], tuple(state["python"][1]), state["python"][2]),
                            "torch": tensor(state["torch"])}
     if "cuda" in state:
-        out["cuda"] = [tensor(s) for s in state["cuda"]]
+        out["cuda"] = tensor(state["cuda"])
     if "numpy" in state:
         out["numpy"] = tuple(state["numpy"])
     return out
@@ -63,8 +78,13 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
 
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    dev = _rank_device()
+    if "cuda" in state and dev is not None:
+        if isinstance(state["cuda"], (list, tuple)):  # written before clusterddp kept one state per rank
+            print0("clusterddp: this checkpoint keeps the CUDA random states of every visible GPU by position, not "
+                   "of each rank's own: CUDA random states not restored")
+        else:
+            torch.cuda.set_rng_state(state["cuda"], dev)
     numpy = _numpy() if "numpy" in state else None
     if numpy is not None:
         name, keys, *rest = state["numpy"]

@@ -20,6 +20,9 @@ from .control import heartbeat
 from .env import DistEnv
 
 DEFAULT_TIMEOUT_S = 300.0
+#: torch's own default timeout for NCCL collectives (kProcessGroupNCCLDefaultTimeout): with the watchdog off, long
+#: stalls (rank 0 writing a checkpoint while the others wait, a first torch.compile) get at least this much.
+TORCH_NCCL_DEFAULT_TIMEOUT_S = 600.0
 
 # env, device, backend, wrapped (DDP modules made by wrap(), released by shutdown), stop (see stop.py),
 # control (the control thread, control.py), channel (the CPU gloo group for control traffic)
@@ -62,6 +65,24 @@ def select_device(env: DistEnv) -> Any:
     return torch.device("cuda", index)
 
 
+def _job_device(env: DistEnv, environ: Mapping[str, str]) -> Any:
+    """A job that asked for no GPUs (CLUSTERDDP_GPUS_PER_NODE=0) trains on the CPU with gloo, CUDA untouched, even
+    on a GPU node whose GPUs Slurm did not mask (ConstrainDevices=no): they are another job's. A job that asked for
+    GPUs where torch sees none is told so once (a CPU build of torch, a driver too old), then runs on the CPU."""
+    import torch
+
+    asked = environ.get(contract.GPUS_PER_NODE, "")
+    if asked == "0":
+        return torch.device("cpu")
+    device = select_device(env)
+    if device.type == "cpu" and asked.isdigit() and int(asked) > 0 and env.rank == 0 \
+            and not environ.get(contract.LOCAL):
+        print(f"clusterddp: this job asked for {asked} GPU(s) per node, but torch sees no usable CUDA device "
+              f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}): training on the CPU with gloo",
+              flush=True)
+    return device
+
+
 def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_single: bool = False,
          environ: Optional[Mapping[str, str]] = None) -> Joined:
     """Initialise the process group from the launcher's variables; returns the DistEnv.
@@ -86,7 +107,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     seconds = timeout if timeout is not None else _seconds(environ.get(contract.TIMEOUT), DEFAULT_TIMEOUT_S)
     control = Control(env, environ.get(contract.RUN_DIR), seconds, environ)
     torch_seconds = collective_timeout(seconds, control.hang_timeout)
-    device = select_device(env)
+    device = _job_device(env, environ)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if env.source == "single" and env.master_port == 0:
         env = DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", _free_port(), "single")
@@ -143,9 +164,13 @@ def shutdown() -> None:
 
 
 def collective_timeout(rendezvous_s: float, hang_s: float) -> float:
-    """torch's own timeout for collectives: after the hang watchdog's (by 2 minutes), so that the report naming the
-    stuck rank is what users see; the rendezvous timeout when the watchdog is off."""
-    return max(rendezvous_s, hang_s + 120) if hang_s > 0 else rendezvous_s
+    """torch's own timeout for collectives (and the store's): 2 minutes after the hang watchdog's longest limit,
+    the start-up window (``HANG_STARTUP_FACTOR`` x the timeout, before any progress: NCCL's lazy communicator set-up
+    in wrap(), the first batch), so that the report naming the stuck rank is what users see, never torch's abort.
+    With the watchdog off: never below torch's own NCCL default (10 min) nor the rendezvous bound."""
+    if hang_s > 0:
+        return max(rendezvous_s, hang_s * contract.HANG_STARTUP_FACTOR + 120)
+    return max(rendezvous_s, TORCH_NCCL_DEFAULT_TIMEOUT_S)
 
 
 def _seconds(text: Optional[str], default: float) -> float:
@@ -247,15 +272,44 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
 
     dev = device()
     model = model.to(dev)
-    if dev.type == "cuda":
-        ddp_kwargs.setdefault("device_ids", [dev.index])
-        ddp_kwargs.setdefault("output_device", dev.index)
+    ddp_kwargs = ddp_arguments(dev, ddp_kwargs)
     wrapped = DDP(model, **ddp_kwargs)
     _STATE["wrapped"].add(wrapped)
     wrapped.register_forward_pre_hook(_beat_hook)  # every forward pass is progress for the hang watchdog
-    if not ddp_kwargs.get("find_unused_parameters") and not ddp_kwargs.get("static_graph"):
-        _fix_bucket_layout(wrapped)
+    if ddp_kwargs.get("find_unused_parameters") or ddp_kwargs.get("static_graph"):
+        return wrapped
+    if any(_sparse_gradient(m) for m in wrapped.module.modules()):
+        # A zero backward would give these parameters dense gradients, which DDP's reducer refuses.
+        print0("clusterddp: this model has sparse gradients (nn.Embedding(sparse=True)): DDP lays out its gradient "
+               "buckets after the first step, so with 3 or more ranks a resumed run can differ from an "
+               "uninterrupted one in the last bits")
+        return wrapped
+    _fix_bucket_layout(wrapped)
+    wrapped._set_static_graph = _static_graph_too_late  # the zero iteration above already counts as a step
     return wrapped
+
+
+def ddp_arguments(dev: Any, given: Mapping[str, Any]) -> Dict[str, Any]:
+    """DDP's keyword arguments for a model on ``dev``: the rank's own GPU unless the caller chose ``device_ids``
+    (``device_ids=None``: no output_device either, since DDP refuses one without device ids; a default of the
+    device index would pass on cuda:0 only, a failure on some ranks and a hang on the others)."""
+    out = dict(given)
+    if dev.type == "cuda" and "device_ids" not in out:
+        out["device_ids"] = [dev.index]
+        out.setdefault("output_device", dev.index)
+    return out
+
+
+def _sparse_gradient(module: Any) -> bool:
+    """DDP's own test (torch/nn/parallel/distributed.py, produces_sparse_gradient)."""
+    import torch
+
+    return isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and bool(module.sparse)
+
+
+def _static_graph_too_late() -> None:
+    raise RuntimeEnvError("_set_static_graph() after runtime.wrap(): wrap lays out DDP's buckets with a first "
+                          "(zero) step, after which DDP refuses it; use runtime.wrap(model, static_graph=True)")
 
 
 def _fix_bucket_layout(ddp: Any) -> None:

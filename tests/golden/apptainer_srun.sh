@@ -73,7 +73,7 @@ mkdir -p -- "$RUN_DIR"
 export CLUSTERDDP_RUN_DIR="$RUN_DIR"
 # NCCL: PyTorch's flight recorder keeps every rank's last collectives and writes them here when one times out
 # (or the hang watchdog ends the job); a failed collective aborts the job instead of hanging it.
-# (--no-flight-recorder leaves these out.)
+# (--no-flight-recorder leaves these out; a value given with -e is kept.)
 export TORCH_NCCL_TRACE_BUFFER_SIZE=2000
 export TORCH_NCCL_DUMP_ON_TIMEOUT=1
 export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$RUN_DIR/nccl-trace/rank_"

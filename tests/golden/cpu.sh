@@ -22,6 +22,8 @@ export CLUSTERDDP_PROCS_PER_NODE=4
 export CLUSTERDDP_WORLD_SIZE=8
 export CLUSTERDDP_HANG_TIMEOUT=900
 export OMP_NUM_THREADS=2
+# A CPU job: no GPU of this node is its own (where Slurm does not mask devices, they belong to other jobs).
+export CUDA_VISIBLE_DEVICES=
 
 # Slurm's variables are data: bash evaluates a variable's text as arithmetic inside $(( )) and [ -ge ], so
 # anything but digits could run code there, and a '/' would move the run directory. Check before use.
