@@ -28,8 +28,22 @@ def batches(batch: int, patch: int, steps: int, device: torch.device):
     return [((clean + 0.2 * torch.randn(clean.shape, generator=g)).to(device), clean.to(device)) for _ in range(steps)]
 
 
-def timed(model: nn.Module, data, warmup: int, amp: bool, device: torch.device) -> float:
-    """images/s of `model` over `data` (after `warmup` untimed steps)."""
+class Autocast(nn.Module):
+    """bf16 autocast entered inside forward. nn.DataParallel runs each replica's forward in a thread of its own,
+    and autocast's dtype is per thread: an autocast around the step would reach the replicas as CUDA's default
+    (fp16, without a GradScaler) while one GPU and DDP ran bf16. Inside forward, all three run the same."""
+
+    def __init__(self, model: nn.Module, device_type: str, enabled: bool) -> None:
+        super().__init__()
+        self.model, self.device_type, self.enabled = model, device_type, enabled
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=self.device_type, dtype=torch.bfloat16, enabled=self.enabled):
+            return self.model(x)
+
+
+def timed(model: nn.Module, data, warmup: int, device: torch.device) -> float:
+    """images/s of `model` over `data` (after `warmup` untimed steps); AMP, if any, is inside the model."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     start, images = 0.0, 0
     for i, (noisy, clean) in enumerate(data):
@@ -37,8 +51,7 @@ def timed(model: nn.Module, data, warmup: int, amp: bool, device: torch.device) 
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
-            loss = F.mse_loss(model(noisy), clean)
+        loss = F.mse_loss(model(noisy).float(), clean)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -58,8 +71,8 @@ def ddp_worker(rank: int, world: int, port: int, args: argparse.Namespace, resul
     runtime.init()
     dev = runtime.device()
     torch.manual_seed(0)
-    model = runtime.wrap(Denoiser(args.width, args.depth))
-    rate = timed(model, batches(args.batch_size, args.patch, args.steps, dev), args.warmup, args.amp, dev)
+    model = runtime.wrap(Autocast(Denoiser(args.width, args.depth), dev.type, args.amp))
+    rate = timed(model, batches(args.batch_size, args.patch, args.steps, dev), args.warmup, dev)
     total = runtime.all_reduce_mean(rate) * world
     if rank == 0:
         results.put(total)
@@ -98,7 +111,7 @@ def main() -> None:
         dev = torch.device("cpu")
         torch.manual_seed(0)
         single = timed(Denoiser(args.width, args.depth), batches(args.batch_size, args.patch, args.steps, dev),
-                       args.warmup, False, dev)
+                       args.warmup, dev)
         ddp = ddp_throughput(n, args)
         print(f"single process: {single:8.1f} images/s")
         print(f"DDP, {n} ranks:  {ddp:8.1f} images/s   scaling efficiency {ddp / (n * single):.2f}")
@@ -106,12 +119,13 @@ def main() -> None:
     n = args.ranks or gpus
     dev = torch.device("cuda", 0)
     torch.manual_seed(0)
-    single = timed(Denoiser(args.width, args.depth).to(dev), batches(args.batch_size, args.patch, args.steps, dev),
-                   args.warmup, args.amp, dev)
-    dp_model = nn.DataParallel(Denoiser(args.width, args.depth).to(dev), device_ids=list(range(n)))
-    dp = timed(dp_model, batches(args.batch_size * n, args.patch, args.steps, dev), args.warmup, args.amp, dev)
+    single = timed(Autocast(Denoiser(args.width, args.depth), "cuda", args.amp).to(dev),
+                   batches(args.batch_size, args.patch, args.steps, dev), args.warmup, dev)
+    dp_model = nn.DataParallel(Autocast(Denoiser(args.width, args.depth), "cuda", args.amp).to(dev),
+                               device_ids=list(range(n)))
+    dp = timed(dp_model, batches(args.batch_size * n, args.patch, args.steps, dev), args.warmup, dev)
     ddp = ddp_throughput(n, args)
-    print(f"one GPU:                {single:8.1f} images/s (amp {'on' if args.amp else 'off'})")
+    print(f"one GPU:                {single:8.1f} images/s (amp {'bf16, all three' if args.amp else 'off'})")
     print(f"nn.DataParallel, {n} GPU: {dp:8.1f} images/s   scaling efficiency {dp / (n * single):.2f}")
     print(f"DDP, {n} GPU:             {ddp:8.1f} images/s   scaling efficiency {ddp / (n * single):.2f}")
 

@@ -140,11 +140,17 @@ def test_hang_options_on_the_command_line(tmp_path):
 
 
 def test_torchs_collective_timeout_comes_after_the_watchdog():
+    """After the watchdog's longest limit (its start-up window, before the first progress: NCCL's communicator
+    set-up, the first batch), so the roll call and exit 79 come before torch's abort (issue 28, desk check 1)."""
+    from clusterddp.contract import HANG_STARTUP_FACTOR
     from clusterddp.runtime.group import collective_timeout
 
-    assert collective_timeout(300, 900) == 1020
-    assert collective_timeout(300, 60) == 300  # a short watchdog never shortens the rendezvous bound
-    assert collective_timeout(300, 0) == 300   # watchdog off: the rendezvous timeout bounds collectives too
+    for rendezvous, hang in ((300, 900), (300, 60), (1000, 30), (300, 7200)):
+        assert collective_timeout(rendezvous, hang) > hang * HANG_STARTUP_FACTOR
+        assert collective_timeout(rendezvous, hang) >= rendezvous  # a short watchdog never shortens the rendezvous
+    assert collective_timeout(300, 900) == 1920
+    # watchdog off: the rendezvous bound, never below torch's own NCCL default of 10 minutes (desk check P6)
+    assert collective_timeout(300, 0) == 600 and collective_timeout(900, 0) == 900
 
 
 # --- local runs: real processes, 4 ranks -----------------------------------------------------------------------
