@@ -4,8 +4,26 @@
 2. device selection when every rank sees only its own GPU (the --gpus-per-task mask, CUDA_VISIBLE_DEVICES=i);
 3. should_stop() and heartbeats inside torch.cuda.set_sync_debug_mode("error"): nothing synchronises the stream;
 4. a hung rank found by clusterddp stacks on an NCCL job;
-5. images/s of clusterddp.runtime against raw DDP (bench/train_raw.py), interleaved, in the same run.
-Writes bench/RESULTS-gpu.md; exit code 1 when a check failed, 2 without a GPU.
+5. images/s of clusterddp.runtime against raw DDP (bench/train_raw.py), interleaved, in the same run;
+6. the desk check's GPU-only items (bench/gpu_desk.py): sparse gradients and device_ids=None in wrap(), the CUDA
+   random state per device across GPU layouts, the watchdog before torch's timeout at NCCL set-up, the dump
+   directory of --local runs, --gpus 0 on an unmasked node, native bf16, distinct GPUs per rank.
+Only the GPUs the environment gives (CUDA_VISIBLE_DEVICES) are used. Writes bench/RESULTS-gpu.md; exit code 1 when
+a check failed, 2 without a GPU.
+
+What the first GPU run must answer (the desk check's "possible" items that no CPU test can settle; issue 28):
+- P1  the gloo control channel across nodes where the hostname resolves to 127.0.1.1 (multi-node: not here);
+- P2  the watchdog's flight-recorder dump from the control thread: bounded in time, on the rank's own device;
+- P3  which flight recorder `_dump_fr_trace` dumps in a CUDA build (gloo's or NCCL's), TORCH_FR_* names;
+- P4  bf16 AMP on pre-Ampere GPUs (row "native bf16": train_ddp.py still turns AMP on where it is emulated);
+- P5  should_stop()'s per-step gloo all-reduce at 64+ ranks (multi-node: not here);
+- P7  TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 and the gloo side channel (needs torchcomms);
+- P8  dp_vs_ddp's parent holding CUDA contexts on EXCLUSIVE_PROCESS GPUs;
+- P10 whether images/s here is CPU-bound (row 5's ratio);
+- P11 GPU sharing (shard/MPS) where ranks see one and the same GPU (row "distinct GPUs");
+- P13 --gpu-request gpus-per-task and NCCL's intra-node P2P (compare with gpus-per-node);
+- P14 the gloo mesh at ~1k ranks (file descriptors, the rendezvous window);
+- P15 eager NCCL init (init_process_group(device_id=...)) and the gloo channel's eager connect.
 """
 from __future__ import annotations
 
@@ -20,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import List, Tuple
+
+import gpu_desk  # bench/ is this script's directory
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -77,10 +97,10 @@ def check_mask(rows: List[Row], n: int, work: Path) -> None:
     """Every rank sees one GPU (CUDA_VISIBLE_DEVICES=i, as --gpus-per-task gives) and must pick its own."""
     script = work / "per_rank.py"
     script.write_text(PER_RANK)
-    procs = []
-    for r in range(n):
+    procs, port = [], gpu_desk.free_port()
+    for r, gpu in enumerate(gpu_desk.visible(n)):  # the GPUs we were given, never physical 0..n-1 (desk check 9)
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT="29731", CUDA_VISIBLE_DEVICES=str(r))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES=gpu)
         procs.append(subprocess.Popen([PY, str(script)], env=env, cwd=work, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -158,14 +178,18 @@ def main() -> int:
     rows: List[Row] = []
     with tempfile.TemporaryDirectory(prefix="clusterddp-gpu-") as tmp:
         work = Path(tmp)
-        for check in (check_train, check_mask, check_stacks, check_throughput):
+        for check in (check_train, check_mask, check_stacks, check_throughput, *gpu_desk.CHECKS):
             print(f"gpu-check: {check.__name__} ...", file=sys.stderr, flush=True)
             try:
                 check(rows, n, work)
             except Exception as exc:  # a script, not a test: record and go on to the next check
                 rows.append((check.__name__, f"{type(exc).__name__}: {str(exc)[:300]}", "FAILED"))
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().splitlines()
+    except OSError:  # no nvidia-smi (some containers): the results are written all the same (desk check P9)
+        smi = subprocess.run([PY, "-c", "import torch; print(torch.cuda.get_device_name(0))"], capture_output=True,
+                             text=True).stdout.strip().splitlines()
     table = ["| check | result | verdict |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
     torch_version = subprocess.run([PY, "-c", "import torch; print(torch.__version__)"], capture_output=True,
                                    text=True).stdout.strip()
