@@ -110,7 +110,10 @@ def main(argv=None) -> float:
     data = ProceduralPatches(args.images, args.image_size, args.patch, args.noise, args.seed)
     batches = runtime.loader(data, batch_size=args.batch_size, seed=args.seed,   # DDP: each rank its share
                              num_workers=args.workers, pin_memory=dev.type == "cuda")
-    amp = dev.type == "cuda" and not args.no_amp
+    # bf16 autocast only where the GPU has it natively: is_bf16_supported() alone also counts emulation (pre-Ampere
+    # GPUs: V100, T4), where bf16 convolutions run far below fp32 speed.
+    native_bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    amp = native_bf16 and not args.no_amp
     # Checkpoints: in the job's run directory, which a requeued Slurm job keeps (same job id).
     ckpt = runtime.Checkpointer(args.ckpt_dir or os.path.join(os.environ.get("CLUSTERDDP_RUN_DIR", "."),
                                                               "checkpoints"), keep=args.keep)
@@ -119,6 +122,7 @@ def main(argv=None) -> float:
     runtime.print0(f"train_ddp: world size {env.world_size} ({env.num_nodes} node(s) x {env.local_world_size}), "
                    f"device {dev.type}, {len(data)} patches of {args.patch}x{args.patch}, "
                    f"{len(batches)} steps per epoch per rank, amp {'on' if amp else 'off'}"
+                   + (" (this GPU has no native bf16: fp32)" if dev.type == "cuda" and not native_bf16 else "")
                    + (f"; resuming at step {step} from {state['path']}" if state else ""))
     loss_value, total_images, total_time = float("nan"), 0, 0.0
     for epoch in range(batches.next_epoch, args.epochs):

@@ -188,3 +188,16 @@ def test_dp_vs_ddp_runs_autocast_inside_each_replicas_thread():
         in_a_thread("around the step", linear)
     in_a_thread("inside forward", Autocast(linear, "cpu", True))
     assert seen == {"around the step": torch.float32, "inside forward": torch.bfloat16}
+
+
+def test_gpu_check_uses_only_the_gpus_it_was_given(monkeypatch):
+    """Desk check 9: the mask check ran on physical GPUs 0..n-1, whatever CUDA_VISIBLE_DEVICES said."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_desk
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5, 6,7")
+    assert gpu_desk.visible(4) == ["4", "5", "6", "7"] and gpu_desk.visible(2) == ["4", "5"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpu_desk.visible(3) == ["0", "1", "2"]
