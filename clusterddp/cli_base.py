@@ -68,6 +68,7 @@ def cli() -> None:
       clusterddp explain ...            world size, rank table, environment, warnings
       clusterddp new train.py           write a DDP training skeleton
       clusterddp doctor --nodes 2 ...   check the process group, interfaces and all-reduce speed
+      clusterddp trust clusterddp.toml  let a project file choose clusters (where code goes)
     """
 
 

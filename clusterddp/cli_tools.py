@@ -318,6 +318,34 @@ def config_show(profile: Optional[str]) -> None:
                    f"{len(c.setup)} setup line(s); max_copy {limit}  # {where}")
 
 
+@cli.command("trust")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("--revoke", is_flag=True, help="Forget FILE: its clusters and cluster = no longer apply.")
+def trust_command(file: Optional[str], revoke: bool) -> None:
+    """Let a project file (clusterddp.toml, [tool.clusterddp] in pyproject.toml) decide where code goes.
+
+    A project's [clusters.NAME] tables and cluster = ... choose the host your code is copied to and what ssh runs
+    on this machine (an ssh_config with a ProxyCommand, for example), so a repository you cloned gets them only
+    once you trust it. This records FILE's path and content hash (default: the project file found from here);
+    any later change to the file needs trusting again. CLUSTERDDP_TRUST=FILE also counts. Even then, a project's
+    cluster never replaces one of your own of the same name.
+    """
+    from .config import project_file, trust, trust_file
+
+    if file is None:
+        found, _ = project_file(skipped=[])
+        if found is None:
+            raise SpecError("no project file here (clusterddp.toml or [tool.clusterddp] in pyproject.toml, from this "
+                            "directory up to the project root): name the file, e.g. clusterddp trust clusterddp.toml")
+        file = str(found)
+    digest = trust(Path(file), revoke=revoke)
+    if revoke:
+        click.echo(f"clusterddp: no longer trusted: {Path(file).resolve()} ({trust_file()})", err=True)
+    else:
+        click.echo(f"clusterddp: trusted {Path(file).resolve()} (sha256 {digest[:12]}...): its [clusters.*] and "
+                   f"cluster = now apply; a change to it needs `clusterddp trust` again ({trust_file()})", err=True)
+
+
 @cli.command("new")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")

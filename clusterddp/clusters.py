@@ -144,16 +144,25 @@ def _size(value: Any, what: str) -> int:
 
 
 def defined(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Tuple[Cluster, str]]:
-    """Every cluster of the trusted configuration files: name -> (Cluster, the file that defines it). A project
-    file's table replaces the user file's of the same name."""
-    from .config import config_files
+    """Every cluster of the configuration: name -> (Cluster, the file that defines it). The user file's, then a
+    project file's where the user trusted it explicitly (config.py: a cloned repository's ssh_config could run a
+    ProxyCommand here); a project's table never replaces one of the user's."""
+    from .config import config_files, untrusted_note, warn_once, why_not_trusted
 
     out: Dict[str, Tuple[Cluster, str]] = {}
     for path, data in config_files(environ):
         tables = data.get("clusters", {})
         if not isinstance(tables, dict):
             raise SpecError(f"{path}: clusters must be tables ([clusters.NAME]), got {tables!r}")
+        why = why_not_trusted(path, environ)
+        if why and tables:
+            warn_once(untrusted_note(path, ", ".join(f"[clusters.{n}]" for n in tables), why))
+            continue
         for name, table in tables.items():
+            if name in out:
+                warn_once(f"{path}: [clusters.{name}] ignored: your own {out[name][1]} defines cluster {name!r}, "
+                          "and a project file never replaces a cluster of yours")
+                continue
             out[name] = (from_table(name, table, str(path)), str(path))
     return out
 

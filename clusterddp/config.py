@@ -9,6 +9,12 @@ Trust (cluster file systems are shared): the project search stops at the project
 .git, pyproject.toml or clusterddp.toml) or at $HOME, and a file owned by another user (root excepted), or
 writable by group or others, is skipped with a warning, as git's safe.directory does: its ``setup`` lines are
 shell code, its ``python`` and ``env`` decide what runs. ``CLUSTERDDP_TRUST=PATH[:PATH...]`` (or ``*``) opts in.
+
+What decides where your code goes and what ssh runs on your own machine (``[clusters.NAME]`` and ``cluster =``)
+is taken from the user file, and from a project file only once you trusted that file explicitly: a repository you
+cloned is owned by you, yet written by someone else. ``clusterddp trust FILE`` records its path and content hash
+(a change needs trusting again, as direnv does); ``CLUSTERDDP_TRUST`` naming it also counts. Even then, a project's
+cluster never replaces one of the user's of the same name.
 """
 from __future__ import annotations
 
@@ -77,6 +83,89 @@ def distrust(path: Path, environ: Optional[Mapping[str, str]] = None) -> str:
         who = "group and others" if st.st_mode & 0o022 == 0o022 else "group" if st.st_mode & 0o020 else "others"
         return f"it is writable by {who} (chmod go-w {path})"
     return ""
+
+
+#: Keys of [defaults] and [profiles.NAME] that decide where code goes: a project file sets them only when trusted.
+WHERE_KEYS = ("cluster",)
+
+
+def trust_file() -> Path:
+    """The user's list of trusted project files: one ``<sha256>  <absolute path>`` per line."""
+    return user_file().parent / "trusted"
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _trusted_entries(environ: Mapping[str, str]) -> Dict[str, str]:
+    """path -> hash from the trust file (which is ignored when others could have written it)."""
+    path = trust_file()
+    if not path.is_file() or distrust(path, {}):
+        return {}
+    out = {}
+    for line in path.read_text(errors="replace").splitlines()[:10000]:
+        digest, _, name = line.partition("  ")
+        if re.fullmatch(r"[0-9a-f]{64}", digest) and name:
+            out[name] = digest
+    return out
+
+
+def why_not_trusted(path: Path, environ: Optional[Mapping[str, str]] = None) -> str:
+    """'' when ``path`` may decide where code goes (the user file, or a project file trusted explicitly);
+    else why not."""
+    environ = os.environ if environ is None else environ
+    if path == user_file():
+        return ""
+    listed = [t for t in environ.get(TRUST_VARIABLE, "").split(os.pathsep) if t]
+    if "*" in listed or any(os.path.abspath(t) == os.path.abspath(path) for t in listed):
+        return ""
+    recorded = _trusted_entries(environ).get(str(Path(path).resolve()))
+    if recorded is None:
+        return "it is not trusted"
+    try:
+        return "" if recorded == _digest(path) else "it changed since you trusted it"
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+
+
+def trust(path: Path, revoke: bool = False) -> str:
+    """Record (or with ``revoke`` remove) ``path`` in the trust file, written privately and atomically; returns
+    the recorded hash ('' when revoked)."""
+    import tempfile
+
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise SpecError(f"{path}: no such file (give a clusterddp.toml or pyproject.toml)")
+    entries = _trusted_entries({})
+    entries.pop(str(path), None)
+    digest = "" if revoke else _digest(path)
+    if digest:
+        entries[str(path)] = digest
+    target = trust_file()
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(prefix=".trusted-", dir=target.parent)
+    with os.fdopen(fd, "w") as fh:  # mkstemp: mode 0600, a new file of our own
+        fh.write("".join(f"{d}  {p}\n" for p, d in sorted(entries.items())))
+    os.replace(tmp, target)
+    return digest
+
+
+_WARNED: set = set()
+
+
+def warn_once(text: str) -> None:
+    """A warning on stderr, once per process (configuration is read several times per command)."""
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(f"clusterddp: warning: {text}", file=sys.stderr)
+
+
+def untrusted_note(path: Path, what: str, why: str) -> str:
+    return (f"{path}: {what} ignored: {why}, and a project file decides where your code goes and what ssh runs "
+            f"only once you trust it (clusterddp trust {path})")
 
 
 def _user_name(uid: int) -> str:
@@ -211,11 +300,17 @@ def layers(profile: Optional[str] = None, environ: Optional[Mapping[str, str]] =
         for pname, value in profiles.items():
             if not isinstance(value, dict):
                 raise SpecError(f"{path}: profiles.{pname} must be a table ([profiles.{pname}]), got {value!r}")
-        out.append((f"{path} [defaults]", _table(defaults, f"{path} [defaults]")))
+        why = why_not_trusted(path, environ)
+        chosen = [("defaults", defaults)] + ([(f"profiles.{profile}", profiles[profile])]
+                                              if profile and profile in profiles else [])
+        for table, values in chosen:
+            where = f"{path} [{table}]"
+            values = _table(values, where)
+            for key in WHERE_KEYS:
+                if why and key in values:
+                    warn_once(untrusted_note(path, f"{key} = {values.pop(key)!r} in [{table}]", why))
+            out.append((where, values))
         profiles_seen += list(profiles)
-        if profile and profile in profiles:
-            where = f"{path} [profiles.{profile}]"
-            out.append((where, _table(profiles[profile], where)))
     if profile and profile not in profiles_seen:
         places = ", ".join(str(p) for p, _ in files) or "no configuration file found"
         raise SpecError(f"unknown profile {profile!r}{suggest(profile, profiles_seen)}; profiles defined: "

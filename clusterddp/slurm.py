@@ -356,7 +356,7 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
     if cluster.remote:
         code = remote.prepare(cluster, spec, Path.cwd(), check)
         note(f"copied {len(code.sent.files)} changed file(s), {code.sent.bytes_sent} bytes, to {cluster.name}:"
-             f"{code.path}")
+             f"{code.path} (ssh {cluster.destination})")
         cwd: Optional[str] = code.path
         out = spec.output_dir if spec.output_dir.startswith("/") else f"{code.path}/{spec.output_dir}"
         out = os.path.normpath(out)

@@ -67,6 +67,7 @@ def project(tmp_path, monkeypatch):
     monkeypatch.delenv("CLUSTERDDP_PROFILE", raising=False)
     proj = tmp_path / "proj"
     proj.mkdir()
+    monkeypatch.setenv("CLUSTERDDP_TRUST", str(proj / "clusterddp.toml"))  # its clusters apply (issue 23)
     (proj / ".git").mkdir()
     (proj / "train.py").write_text("print('hi')\n")
     (proj / "clusterddp.toml").write_text('[defaults]\ncluster = "a"\n[profiles.b]\ncluster = "b"\n'

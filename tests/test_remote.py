@@ -64,6 +64,7 @@ def laptop(login, slurm_cluster, tmp_path):
                                                                    ("closed", "cddp-closed"))))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CLUSTERDDP_"))}
     env.update(XDG_STATE_HOME=str(tmp_path / "state"), SLURM_CONF=str(tmp_path / "no-slurm-here.conf"))
+    env["CLUSTERDDP_TRUST"] = str(proj / "clusterddp.toml")  # its [clusters.*] decide where code goes (issue 23)
     env["PATH"] = machine_slurm_path(env["PATH"])
     env.pop("XDG_RUNTIME_DIR", None)
     return proj, env, remote_home / "clusterddp" / "proj"

@@ -106,7 +106,8 @@ def test_a_job_recorded_here_and_an_unknown_one_ask_this_machines_slurm(laptop):
 
 def test_an_unknown_id_goes_to_the_configured_default(laptop):
     proj, env, log, _ = laptop
-    (proj / "clusterddp.toml").write_text('[defaults]\ncluster = "hpc"\n')
+    user = Path(env["XDG_CONFIG_HOME"]) / "clusterddp" / "config.toml"
+    user.write_text('[defaults]\ncluster = "hpc"\n' + user.read_text())
     proc = cli("status", "99", cwd=proj, env=env)
     assert proc.returncode == 1 and "cannot log in to cluster 'hpc'" in proc.stderr, proc.stderr
     assert "is on cluster" not in proc.stderr and ran_here(log) == ""

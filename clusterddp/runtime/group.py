@@ -285,7 +285,7 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
                "uninterrupted one in the last bits")
         return wrapped
     _fix_bucket_layout(wrapped)
-    setattr(wrapped, "_set_static_graph", _static_graph_too_late)  # the zero step above already counted
+    wrapped._set_static_graph = _static_graph_too_late  # the zero step above already counted
     return wrapped
 
 
