@@ -285,7 +285,8 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
                "uninterrupted one in the last bits")
         return wrapped
     _fix_bucket_layout(wrapped)
-    wrapped._set_static_graph = _static_graph_too_late  # the zero step above already counted
+    # (the zero step above already counted: DDP would refuse it with a message about the training loop)
+    wrapped._set_static_graph = _static_graph_too_late  # type: ignore[method-assign]
     return wrapped
 
 
