@@ -29,6 +29,9 @@ DEFAULT_HANG_TIMEOUT_S = 900
 #: Until any rank first shows progress after init() (compilation, first data loading) the limit is this many
 #: timeouts.
 HANG_STARTUP_FACTOR = 2
+#: A secret per run of the job (the batch script and the local backend make it): the name of the watchdog's progress
+#: counter in the rendezvous store, which anyone who reaches MASTER_PORT could otherwise write.
+WATCH_KEY = "CLUSTERDDP_WATCH_KEY"
 STACKS_DIR = "stacks"                        # everything below lives here
 HELLO_FILE = "stacks/ranks/rank-{rank}.json"  # written by each rank at init(): node, pid, state, restart count
 REQUEST_FILE = "stacks/request"              # `clusterddp stacks` writes a dump name here; every rank answers

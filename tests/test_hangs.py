@@ -507,3 +507,47 @@ def test_a_rank_that_never_starts_on_the_cluster_is_named_with_its_node(work, la
     job_id = proc.stdout.split()[0]
     batch_log = (d / "clusterddp-runs" / f"hang-{job_id}.out").read_text()
     assert "missing rank 3 (node2): never started" in batch_log
+
+
+def test_an_outsider_on_master_port_cannot_keep_a_hung_job_alive(tmp_path):
+    """Issue 23, class 9: the progress counter lives in the rendezvous store, which any process that reaches
+    MASTER_PORT can write. Under its old fixed name an outsider adding to it kept a hung job alive, and a
+    non-number there switched the watchdog off for good. The name is now a per-run secret: the same outsider,
+    writing both, changes nothing, and the job still ends with the roll call."""
+    import socket as sockets
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    with sockets.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0:08", "--master-port", str(port),
+                   str(HANG), "--", "--where", "loader", "--rank", "2")
+    try:
+        job.wait_joined({0, 1, 2, 3})
+        outsider = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        stop, wrote = threading.Event(), []
+
+        def meddle():
+            while not stop.wait(0.5):
+                try:
+                    # the counter's old, fixed name, as the job's default group prefixes it (PrefixStores)
+                    outsider.add("default_pg/0//clusterddp/progress", 1)
+                    outsider.set("default_pg/0//clusterddp/progress/", "not a number")  # a guess at the new one
+                    wrote.append(1)
+                except Exception:  # the job ended and took the store with it
+                    return
+        t = threading.Thread(target=meddle, daemon=True)
+        t.start()
+        try:
+            code, _, err = job.finish(timeout=120)
+        except subprocess.TimeoutExpired:
+            code, err = None, "the job was kept alive"
+        stop.set()
+    finally:
+        job.kill()
+    assert wrote, "the outsider never reached the store"
+    assert code == contract.HANG_EXIT, err
+    assert "the hang watchdog ended the job (hung since " in err and "Traceback" not in err

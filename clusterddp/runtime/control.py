@@ -133,6 +133,9 @@ class Control:
         self.restart = _restarts(self.environ)
         self.rendezvous_timeout = rendezvous_timeout
         self.hang_timeout = hang_timeout(self.environ)
+        # Unguessable where the job made a secret (contract.WATCH_KEY); the fixed name only for scripts run by hand.
+        secret = self.environ.get(contract.WATCH_KEY, "")
+        self.key = f"{_STORE_KEY}/{secret}" if re.fullmatch(r"[0-9a-f]{32}", secret) else _STORE_KEY
         self.store: Any = None
         self.stopping = threading.Event()
         self.started = time.monotonic()
@@ -182,8 +185,15 @@ class Control:
                     continue
                 last_beat = now
                 beats = _BEATS[0]
-                seen = int(self.store.add(_STORE_KEY, beats - sent))
-                sent = beats
+                try:
+                    seen = int(self.store.add(self.key, beats - sent))
+                    sent = beats
+                except Exception as exc:  # a store that fails (or holds a non-number) is no progress: the deadline
+                    seen = total          # still applies, so a broken counter never switches the watchdog off
+                    if not complained:
+                        complained = True
+                        print(f"clusterddp: control thread: progress counter: {type(exc).__name__}: {exc} "
+                              "(counted as no progress)", file=sys.stderr, flush=True)
                 if seen != total:  # the first reading only starts the clock
                     progressed = progressed or total >= 0
                     total, last_progress = seen, now

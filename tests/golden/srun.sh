@@ -36,6 +36,9 @@ case "${SLURM_JOB_ID:-}" in
     ''|*[!0-9]*) echo "clusterddp: SLURM_JOB_ID='${SLURM_JOB_ID:-}' is not a job id; submit this script with sbatch" >&2; exit 1 ;;
 esac
 export CLUSTERDDP_RESTARTS="${SLURM_RESTART_COUNT:-0}"
+# The hang watchdog's progress counter lives in the rendezvous store under this secret name, so that a process
+# that can reach MASTER_PORT (anyone on the network) can neither keep a hung job alive nor switch the watchdog off.
+export CLUSTERDDP_WATCH_KEY="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 case "$CLUSTERDDP_RESTARTS" in
     ''|*[!0-9]*) echo "clusterddp: SLURM_RESTART_COUNT='$CLUSTERDDP_RESTARTS' is not a number" >&2; exit 1 ;;
 esac
