@@ -136,14 +136,29 @@ class Checkpointer:
         paths = self._paths() if is_main() else []
         return broadcast_json(paths[-1] if paths else None)
 
-    def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None) -> Optional[Dict[str, Any]]:
-        """Restore the newest checkpoint into the given objects; returns it (step, extra, ...) or None."""
+    def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None,
+                    weights_only: bool = True) -> Optional[Dict[str, Any]]:
+        """Restore the newest checkpoint into the given objects; returns it (step, extra, ...) or None.
+
+        Loaded with ``weights_only=True``: tensors and plain data only, since a run directory may be shared and a
+        planted checkpoint would otherwise run code at load. What ``save`` writes is all of that kind (random
+        states included); ``weights_only=False`` for a checkpoint of your own that holds other objects in
+        ``extra``."""
+        import pickle
+
         import torch
 
         path = self.latest()
         if path is None:
             return None
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=weights_only)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RuntimeEnvError(f"checkpoint {path} holds more than tensors and plain data, so it was not loaded "
+                                  f"(unpickling it could run code: {first[:200]}); if you wrote it yourself (an "
+                                  "object in extra=, or a checkpoint of an older clusterddp), load it with "
+                                  "load_latest(..., weights_only=False)") from None
         if model is not None:
             unwrap(model).load_state_dict(payload["model"])
         if optimizer is not None and payload["optimizer"] is not None:

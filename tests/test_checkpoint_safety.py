@@ -1,0 +1,77 @@
+"""Issue 23, class 3 (checkpoints): a run directory may be shared, so checkpoints load with weights_only=True. What
+Checkpointer.save writes (model, optimizer, loader position, every rank's random states) loads that way and
+restores exactly; a planted checkpoint that would run code at load is refused in one line, and runs nothing."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+ROUNDTRIP = r'''
+import random, sys, numpy, torch
+from clusterddp import runtime
+from clusterddp.errors import RuntimeEnvError
+runtime.init(allow_single=True)
+ck = runtime.Checkpointer(sys.argv[1])
+if sys.argv[2] == "save":
+    random.seed(1); torch.manual_seed(2); numpy.random.seed(3)
+    random.random(); torch.rand(3); numpy.random.rand(2)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward(); opt.step()
+    ck.save(7, model, opt, note="plain data", sizes=[1, 2])
+    print("after", random.random(), torch.rand(1).item(), numpy.random.rand())
+else:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    try:
+        state = ck.load_latest(model, opt)
+    except RuntimeEnvError as exc:
+        print("refused:", exc)
+        sys.exit(3)
+    print("step", state["step"], state["extra"])
+    print("after", random.random(), torch.rand(1).item(), numpy.random.rand())
+runtime.shutdown()
+'''
+
+
+class Evil:
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {MARKER}",))
+
+
+MARKER = ""
+
+
+def _run(tmp_path, *args):
+    script = tmp_path / "ck.py"
+    script.write_text(ROUNDTRIP)
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+
+
+def test_what_save_writes_loads_safely_and_exactly(tmp_path):
+    saved = _run(tmp_path, str(tmp_path / "ck"), "save")
+    assert saved.returncode == 0, saved.stderr
+    loaded = _run(tmp_path, str(tmp_path / "ck"), "load")
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    assert "step 7 {'note': 'plain data', 'sizes': [1, 2]}" in loaded.stdout
+    after = lambda out: next(line for line in out.splitlines() if line.startswith("after"))  # noqa: E731
+    assert after(loaded.stdout) == after(saved.stdout)  # python, torch and numpy generators continue exactly
+
+
+def test_a_planted_checkpoint_runs_nothing(tmp_path):
+    import torch
+
+    global MARKER
+    MARKER = str(tmp_path / "PWNED")
+    (tmp_path / "ck").mkdir()
+    torch.save({"step": 9, "model": Evil()}, tmp_path / "ck" / "ckpt-0000000009.pt")
+    loaded = _run(tmp_path, str(tmp_path / "ck"), "load")
+    assert loaded.returncode == 3, loaded.stdout + loaded.stderr
+    assert not (tmp_path / "PWNED").exists()
+    line = next(x for x in loaded.stdout.splitlines() if x.startswith("refused:"))
+    assert "ckpt-0000000009.pt holds more than tensors and plain data, so it was not loaded" in line
+    assert "load_latest(..., weights_only=False)" in line and "Traceback" not in loaded.stderr
