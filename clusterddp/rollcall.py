@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -23,6 +24,51 @@ from . import contract
 Dump = Mapping[str, Any]
 #: How many of a rank's own frames (innermost first) the roll call shows.
 USER_FRAMES = 3
+#: Bounds on what is read back from a run directory (which others may be able to write): a hello, a dump or a roll
+#: call is a few kB; ranks and world sizes beyond MAX_WORLD are not a job's.
+MAX_FILE = 1 << 20
+MAX_WORLD = 1 << 17
+_MAX_ITEMS = 2000   # threads of a dump, frames of a thread
+_MAX_TEXT = 1000    # characters of one string field
+
+
+def read_bounded(path: Path, limit: int = MAX_FILE) -> Optional[bytes]:
+    """The bytes of a regular file of at most ``limit`` bytes, never through a symlink; None otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
+
+
+def read_json(path: Path, limit: int = MAX_FILE) -> Any:
+    """JSON from a run-directory file, as data with bounds (read_bounded; nesting too deep to parse): or None."""
+    data = read_bounded(path, limit)
+    try:
+        return None if data is None else json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def is_rank(value: Any, world: int = MAX_WORLD) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < min(world, MAX_WORLD)
+
+
+def _count(value: Any) -> Optional[int]:
+    """A world size or ranks per node from a file: 1..MAX_WORLD, else None."""
+    return value if is_rank(value) and value > 0 else None
+
+
+def _text(value: Any, default: str = "?") -> str:
+    return (value if isinstance(value, str) else default)[:_MAX_TEXT]
 
 
 def printable(text: str) -> str:
@@ -162,21 +208,22 @@ def format_dump(dump: Dump) -> str:
 
 
 def parse_dump(data: Any) -> Optional[Dict[str, Any]]:
-    """A dump read from a file someone may have written by hand: the shape checked, or None."""
-    if not isinstance(data, dict) or not isinstance(data.get("rank"), int) or not isinstance(
-            data.get("threads"), list):
+    """A dump read from a file someone may have written by hand: the shape checked and bounded, or None."""
+    if not isinstance(data, dict) or not is_rank(data.get("rank")) or not isinstance(data.get("threads"), list):
         return None
     threads = []
-    for t in data["threads"]:
+    for t in data["threads"][:_MAX_ITEMS]:
         if not isinstance(t, dict) or not isinstance(t.get("frames"), list):
             return None
-        frames = [{"file": str(f.get("file", "?")), "line": f.get("line") if isinstance(f.get("line"), int) else 0,
-                   "func": str(f.get("func", "?")), "lib": bool(f.get("lib")), "text": str(f.get("text") or "")}
-                  for f in t["frames"] if isinstance(f, dict)]
-        threads.append({"name": str(t.get("name", "?")), "main": bool(t.get("main")), "frames": frames})
-    return {"rank": data["rank"], "node": str(data.get("node", "?")), "pid": data.get("pid"),
-            "time": data.get("time", 0) if isinstance(data.get("time"), (int, float)) else 0,
-            "source": str(data.get("source", "?")), "threads": threads}
+        frames = [{"file": _text(f.get("file")), "line": f["line"] if is_rank(f.get("line"), 1 << 31) else 0,
+                   "func": _text(f.get("func")), "lib": bool(f.get("lib")), "text": _text(f.get("text"), "")}
+                  for f in t["frames"][:_MAX_ITEMS] if isinstance(f, dict)]
+        threads.append({"name": _text(t.get("name")), "main": bool(t.get("main")), "frames": frames})
+    when = data.get("time")
+    return {"rank": data["rank"], "node": _text(data.get("node")),
+            "pid": data["pid"] if is_rank(data.get("pid"), 1 << 31) else None,
+            "time": when if isinstance(when, (int, float)) and not isinstance(when, bool) and when == when else 0,
+            "source": _text(data.get("source")), "threads": threads}
 
 
 # --- the files (contract.py names them) ------------------------------------------------------------------
@@ -193,27 +240,30 @@ def write_dump(directory: Path, dump: Mapping[str, Any]) -> None:
 
 
 def read_dumps(directory: Path) -> List[Dict[str, Any]]:
-    out = []
-    for path in directory.glob("rank-*.json"):
-        try:
-            dump = parse_dump(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-        if dump is not None:
-            out.append(dump)
-    return out
+    out: Dict[int, Dict[str, Any]] = {}
+    for path in sorted(directory.glob("rank-*.json"))[:MAX_WORLD]:
+        dump = parse_dump(read_json(path))
+        if dump is not None and path.name == f"rank-{dump['rank']}.json":  # one per rank, filed under its own
+            out[dump["rank"]] = dump
+    return list(out.values())
 
 
 def read_hellos(run_dir: Path, restart: Optional[int] = None) -> Dict[int, Dict[str, Any]]:
     """The ranks that started (of this restart; the latest one when ``restart`` is None): rank -> hello."""
     found: Dict[int, Dict[str, Any]] = {}
-    for path in (run_dir / contract.HELLO_FILE).parent.glob("rank-*.json"):
-        try:
-            hello = json.loads(path.read_text())
-        except (OSError, ValueError):
+    for path in sorted((run_dir / contract.HELLO_FILE).parent.glob("rank-*.json"))[:MAX_WORLD]:
+        hello = read_json(path, 1 << 16)
+        if not isinstance(hello, dict) or not is_rank(hello.get("rank")) or not is_rank(hello.get("restart"), 1 << 20) \
+                or path.name != f"rank-{hello['rank']}.json":
             continue
-        if isinstance(hello, dict) and isinstance(hello.get("rank"), int) and isinstance(hello.get("restart"), int):
-            found[hello["rank"]] = hello
+        # Only the fields readers use, each of its type and within bounds (the file is data).
+        clean = {"rank": hello["rank"], "restart": hello["restart"], "node": _text(hello.get("node")),
+                 "state": _text(hello.get("state"), ""), "launcher": _text(hello.get("launcher"), ""),
+                 "pid": hello["pid"] if is_rank(hello.get("pid"), 1 << 31) else None}
+        for key in ("world_size", "local_world_size"):
+            if _count(hello.get(key)) is not None:
+                clean[key] = hello[key]
+        found[hello["rank"]] = clean
     if restart is None and found:
         restart = max(h["restart"] for h in found.values())
     return {r: h for r, h in found.items() if h["restart"] == restart}
@@ -229,15 +279,12 @@ def hang_report(run_dir: Path) -> Optional[Dict[str, Any]]:
     if not found:
         return None
     path = max(found)[1]
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
+    raw = read_bounded(path)
+    if raw is None:
         return None
-    try:
-        data = json.loads((path.parent / "rollcall.json").read_text())
-        line = str(data.get("summary", "")) if isinstance(data, dict) else ""
-    except (OSError, ValueError):
-        line = ""
+    text = raw.decode("utf-8", "replace")
+    data = read_json(path.parent / "rollcall.json")
+    line = _text(data.get("summary"), "") if isinstance(data, dict) else ""
     line = printable(line).replace("\n", "?")
     return {"text": printable(text), "summary": line or "hung (see the roll call)", "dir": str(path.parent)}
 
@@ -245,8 +292,5 @@ def hang_report(run_dir: Path) -> Optional[Dict[str, Any]]:
 def rendezvous_failure(run_dir: Path) -> Optional[str]:
     """What the ranks reported when their rendezvous timed out (latest restart), or None."""
     found = sorted(Path(run_dir).glob(contract.RENDEZVOUS_REPORT.format(restarts="*")))
-    try:
-        text = found[-1].read_text(errors="replace").strip() if found else None
-    except OSError:
-        return None
-    return None if text is None else printable(text).replace("\n", "?")
+    raw = read_bounded(found[-1], 1 << 16) if found else None
+    return None if raw is None else printable(raw.decode("utf-8", "replace").strip()).replace("\n", "?")

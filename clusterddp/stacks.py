@@ -82,21 +82,23 @@ def collect(target: Target, timeout: float = 10.0, note: Callable[[str], None] =
     except OSError as exc:
         raise ClusterDDPError(f"cannot write the stack request into {run_dir}: {exc.strerror}") from None
     hellos = rollcall.read_hellos(run_dir)
-    world = target.world_size or max((int(h.get("world_size", 0)) for h in hellos.values()), default=0)
+    if target.world_size:  # the job's record says how many ranks there are: files claiming others are not its own
+        hellos = {r: h for r, h in hellos.items() if r < target.world_size}
+    world = target.world_size or max((h.get("world_size", 0) for h in hellos.values()), default=0)
     alive = {r for r, h in hellos.items() if h.get("state") != "left"}
     if alive:
         note(f"asked {len(alive)} rank(s) through the run directory; waiting up to {timeout:.0f} s")
         while time.monotonic() - started < timeout:
-            answered = {int(p.stem.split("-")[1]) for p in directory.glob("rank-*.json")}
+            answered = {int(n) for p in directory.glob("rank-*.json") if (n := p.stem[5:]).isdigit() and len(n) < 7}
             if alive <= answered:
                 break
             time.sleep(0.2)
-    dumps = rollcall.read_dumps(directory)
+    dumps = [d for d in rollcall.read_dumps(directory) if not target.world_size or d["rank"] < target.world_size]
     reason = ""
     if fallback and len(dumps) < max(world, 1):
         note("ranks without an answer: trying py-spy on their nodes")
         reason = _fallback(target, directory, timeout)
-        dumps = rollcall.read_dumps(directory)
+        dumps = [d for d in rollcall.read_dumps(directory) if not target.world_size or d["rank"] < target.world_size]
     world = world or max((d["rank"] + 1 for d in dumps), default=0)
     answered = {d["rank"] for d in dumps}
     missing = {}

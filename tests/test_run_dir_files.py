@@ -1,0 +1,81 @@
+"""Issue 23, class 10: files in a run directory are data with bounds. Hostile hello, dump and roll-call files (deep
+nesting, huge or wrong-typed numbers, symlinks, files too large) are ignored or bounded: `clusterddp stacks` ends
+at once with its roll call, never in a traceback or an endless loop."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterddp import contract, rollcall
+
+from .conftest import ROOT
+
+
+def hello(rank, **extra):
+    return json.dumps({"rank": rank, "restart": 0, "state": "left", "node": "n1", "world_size": 2,
+                       "local_world_size": 2, "launcher": "srun", **extra})
+
+
+def plant(run_dir: Path, name: str, text: str) -> Path:
+    path = run_dir / contract.HELLO_FILE.format(rank=0).replace("rank-0.json", name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text", [
+    hello(0, world_size=10 ** 12),                   # a world of 10^12 ranks: once an endless loop
+    hello(0, world_size="x", local_world_size=[1]),  # ValueError / TypeError
+    hello(0, world_size=True),
+    "[" * 100000 + "]" * 100000,                     # RecursionError
+    json.dumps({"rank": 10 ** 30, "restart": 0}),
+    hello(0) + " " * (2 << 20),                      # larger than any hello
+])
+def test_stacks_survives_a_hostile_hello_file(tmp_path, text):
+    run_dir = tmp_path / "run"
+    plant(run_dir, "rank-0.json", text)
+    plant(run_dir, "rank-1.json", hello(1))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "clusterddp", "stacks", str(run_dir), "--no-py-spy", "--timeout",
+                           "1"], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert time.monotonic() - start < 30
+    assert "Traceback" not in proc.stderr and proc.returncode in (0, 1), proc.stderr
+    assert "rank 1" in proc.stdout or "ranks 0-1" in proc.stdout or "1 (" in proc.stdout, proc.stdout
+
+
+def test_hellos_are_read_with_bounds_and_types(tmp_path):
+    plant(tmp_path, "rank-0.json", hello(0, world_size=10 ** 12, pid="x", node=["a"]))
+    plant(tmp_path, "rank-1.json", hello(2))         # filed under another rank's name
+    plant(tmp_path, "rank-3.json", hello(3, node="n" * 5000))
+    secret = tmp_path / "secret.json"
+    secret.write_text(hello(4))
+    os.symlink(secret, tmp_path / "stacks" / "ranks" / "rank-4.json")  # never followed
+    found = rollcall.read_hellos(tmp_path)
+    assert sorted(found) == [0, 3]
+    assert "world_size" not in found[0] and found[0]["pid"] is None and found[0]["node"] == "?"
+    assert len(found[3]["node"]) == 1000
+
+
+def test_dumps_and_roll_calls_are_read_with_bounds(tmp_path):
+    d = tmp_path / "dump"
+    d.mkdir()
+    (d / "rank-0.json").write_text(json.dumps({"rank": 0, "threads": [{"frames": [{"line": 2 ** 70}]}] * 5000}))
+    (d / "rank-1.json").write_text(json.dumps({"rank": 7, "threads": []}))  # not rank 1's
+    (d / "rank-2.json").write_text(json.dumps({"rank": True, "threads": []}))
+    dumps = rollcall.read_dumps(d)
+    assert [x["rank"] for x in dumps] == [0]
+    assert len(dumps[0]["threads"]) == 2000 and dumps[0]["threads"][0]["frames"][0]["line"] == 0
+    hang = tmp_path / "stacks" / "hang-0"
+    hang.mkdir(parents=True)
+    (tmp_path / "elsewhere.txt").write_text("someone else's file\n")
+    os.symlink(tmp_path / "elsewhere.txt", hang / "rollcall.txt")
+    assert rollcall.hang_report(tmp_path) is None  # a link is not followed
+    (hang / "rollcall.txt").unlink()
+    (hang / "rollcall.txt").write_text("x" * (2 << 20))
+    assert rollcall.hang_report(tmp_path) is None  # too large to be a roll call
