@@ -261,6 +261,7 @@ def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **op
     from . import doctor as doc
     from . import remote, slurm
     from .clusters import choose
+    from .rollcall import printable, read_bounded
 
     chosen = choose(None if local else cluster)
     spec = JobSpec(doc.JOB_MODULE, module=True, launcher="srun", job_name="clusterddp-doctor", requeue=False,
@@ -283,11 +284,12 @@ def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **op
             click.echo(f"clusterddp: doctor job {record.job_id} submitted{where}; waiting", err=True)
             code = slurm.wait(record.job_id).return_code
         log = remote.fetch(record).rank_log(0)[0]
-        text = log.read_text(errors="replace") if log.exists() else ""
+        raw = read_bounded(log, 16 << 20)  # the report is one line of a short log; never a link, never huge
+        text = raw.decode("utf-8", "replace") if raw is not None else ""
     report = doc.parse(text)
     if report is None:
         raise slurm.SlurmError(f"the doctor job ended (exit code {code}) without a report; its output:\n"
-                               + text[-3000:])
+                               + printable(text[-3000:]))
     click.echo(doc.format_report(report, local), nl=False)
     sys.exit(0 if doc.verdict(report, local)[0] and code == 0 else 1)
 

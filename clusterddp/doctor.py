@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
+from .rollcall import printable
+
 #: What the doctor job runs on every rank.
 JOB_MODULE = "clusterddp.runtime.doctor"
 
@@ -36,7 +38,7 @@ def format_report(report: Dict[str, Any], local: bool = False) -> str:
                      f"{r['socket_ifname'] or 'unset'}")
     lines += ["", f"{'all-reduce':<12}{'latency':>12}{'bus bandwidth':>16}"]
     for t in report["allreduce"]:
-        size = f"{t['bytes'] >> 20} MiB" if t["bytes"] >= 1 << 20 else f"{t['bytes'] >> 10} KiB"
+        size = f"{int(t['bytes']) >> 20} MiB" if t["bytes"] >= 1 << 20 else f"{int(t['bytes']) >> 10} KiB"
         lines.append(f"{size:<12}{t['latency_s'] * 1e3:>9.2f} ms{t['busbw_gbs']:>12.3f} GB/s")
     ok, problems = verdict(report, local)
     lines += ["", "verdict: OK: every rank joined, the all-reduce is correct" if ok else "verdict: PROBLEMS"]
@@ -45,7 +47,40 @@ def format_report(report: Dict[str, Any], local: bool = False) -> str:
 
 
 def parse(text: str) -> Optional[Dict[str, Any]]:
+    """The report of a ``DOCTOR {json}`` line of the job's log, its shape checked (a log is data: another shape is
+    no report, never a KeyError), every string made printable; None when there is none."""
     for line in text.splitlines():
         if "DOCTOR {" in line:
-            return json.JSONDecoder().raw_decode(line.split("DOCTOR ", 1)[1])[0]
+            try:
+                data = json.JSONDecoder().raw_decode(line.split("DOCTOR ", 1)[1])[0]
+            except (ValueError, RecursionError):
+                continue
+            report = _checked(data)
+            if report is not None:
+                return report
     return None
+
+
+def _checked(data: Any) -> Optional[Dict[str, Any]]:
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e18
+
+    def text(value: Any) -> Any:
+        return printable(str(value))[:200] if value is not None else None
+
+    if not isinstance(data, dict) or not all(number(data.get(k)) for k in ("world_size", "nodes")) \
+            or not isinstance(data.get("ranks"), list) or not isinstance(data.get("allreduce"), list):
+        return None
+    ranks = []
+    for r in data["ranks"][:100000]:
+        if not isinstance(r, dict) or not number(r.get("rank")):
+            return None
+        ranks.append({"rank": int(r["rank"]), **{k: text(r.get(k)) or "?" for k in (
+            "host", "device", "interface", "route_ip", "hostname_ip")}, "socket_ifname": text(r.get("socket_ifname"))})
+    timings = [t for t in data["allreduce"][:100] if isinstance(t, dict) and all(
+        number(t.get(k)) for k in ("bytes", "latency_s", "busbw_gbs"))]
+    if len(timings) != len(data["allreduce"][:100]):
+        return None
+    return {"world_size": int(data["world_size"]), "nodes": int(data["nodes"]), "backend": text(data.get("backend")),
+            "sum_ok": data.get("sum_ok") is True, "ranks": ranks,
+            "allreduce": [{k: t[k] for k in ("bytes", "latency_s", "busbw_gbs")} for t in timings]}

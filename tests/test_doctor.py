@@ -1,6 +1,7 @@
 """clusterddp doctor: a tiny job that checks the process group, interfaces and all-reduce speed."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -37,3 +38,26 @@ def test_doctor_on_the_test_cluster(slurm_env, tmp_path):
     assert sorted(rows) == [("0", "node1", "cddp-n1", "10.200.0.1"), ("1", "node1", "cddp-n1", "10.200.0.1"),
                             ("2", "node2", "cddp-n2", "10.200.0.2"), ("3", "node2", "cddp-n2", "10.200.0.2")]
     assert "verdict: OK: every rank joined" in proc.stdout
+
+
+GOOD = {"world_size": 2, "nodes": 1, "backend": "gloo", "sum_ok": True,
+        "ranks": [{"rank": r, "host": "n1", "local_rank": r, "route_ip": "127.0.0.1", "interface": "lo",
+                   "hostname_ip": "127.0.1.1", "device": "cpu", "socket_ifname": None} for r in range(2)],
+        "allreduce": [{"bytes": 4096, "latency_s": 0.001, "busbw_gbs": 1.5}]}
+
+
+@pytest.mark.parametrize("hostile", [
+    {**GOOD, "ranks": "x"},                              # once a KeyError / TypeError
+    {**GOOD, "ranks": [{"host": "n1"}]},
+    {**GOOD, "allreduce": [{"bytes": "big"}]},
+    {**GOOD, "nodes": True},
+    [1, 2],
+])
+def test_a_report_of_another_shape_is_no_report(hostile):
+    """Issue 23, class 14: the report comes from a log (data); another shape is no report, never a traceback."""
+    from clusterddp.doctor import format_report, parse
+
+    assert parse("DOCTOR " + json.dumps(hostile)) is None
+    assert parse("DOCTOR {not json") is None and parse("[" * 50000) is None
+    good = parse("noise\nDOCTOR " + json.dumps({**GOOD, "backend": "gloo\x1b[2J"}) + "\n")
+    assert good is not None and "gloo?[2J" in format_report(good, local=True)
