@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Iterable, Iterator, List, NamedTuple, Tuple
+from typing import Iterable, Iterator, List, NamedTuple
 
 from .rollcall import printable
 

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 from . import contract
+from .rollcall import read_json
 
 
 def state_dir() -> Path:
@@ -55,12 +57,11 @@ class JobRecord:
         if cluster == "here":
             candidates.append(state_dir() / f"{job_id}.json")
         for path in candidates:
-            try:
-                data = json.loads(path.read_text())
-                data["cluster"] = cluster  # where it is filed says which cluster it belongs to
-                return cls(**data)
-            except (OSError, ValueError, TypeError):
+            data = read_json(path, 1 << 16)  # a record is data: no link followed, bounded, typed below
+            if not _well_formed(data):
                 continue
+            data["cluster"] = cluster  # where it is filed says which cluster it belongs to
+            return cls(**data)
         return None
 
     def rank_log(self, rank: int) -> Tuple[Path, Optional[str]]:
@@ -77,6 +78,16 @@ class JobRecord:
         return sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
 
 
+_FIELDS = {"job_id", "script_path", "batch_log", "run_dir", "launcher", "procs_per_node", "nodes", "cluster", "python"}
+
+
+def _well_formed(data: object) -> bool:
+    texts = ("job_id", "script_path", "batch_log", "run_dir", "launcher")
+    return isinstance(data, dict) and not set(data) - _FIELDS and all(isinstance(data.get(k), str) for k in texts) \
+        and all(isinstance(data.get(k), int) and 0 < data[k] < 1 << 20 for k in ("procs_per_node", "nodes")) \
+        and isinstance(data.get("python", ""), str)
+
+
 def clusters_of(job_id: str) -> List[str]:
     """The clusters whose records here hold ``job_id`` (sorted; records from before clusters existed: ``here``)."""
     from .slurm import check_job_id
@@ -91,9 +102,16 @@ def clusters_of(job_id: str) -> List[str]:
 
 def recent(limit: int = 10) -> List[JobRecord]:
     """The last ``limit`` jobs recorded here, of every cluster, oldest first."""
-    paths = list(state_dir().glob("*/*.json")) + list(state_dir().glob("*.json"))
+    paths = []
+    for path in list(state_dir().glob("*/*.json")) + list(state_dir().glob("*.json")):
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):  # a link (dangling or not) is not a record of ours
+            paths.append((st.st_mtime, path))
     out = []
-    for path in sorted(paths, key=lambda p: p.stat().st_mtime)[-limit:]:
+    for _, path in sorted(paths)[-limit:]:
         cluster = path.parent.name if path.parent != state_dir() else "here"
         try:
             record = JobRecord.load(path.stem, cluster)

@@ -80,3 +80,20 @@ def test_dumps_and_roll_calls_are_read_with_bounds(tmp_path):
     (hang / "rollcall.txt").unlink()
     (hang / "rollcall.txt").write_text("x" * (2 << 20))
     assert rollcall.hang_report(tmp_path) is None  # too large to be a roll call
+
+
+def test_a_record_that_is_a_link_or_of_another_shape_is_no_record(tmp_path):
+    """Class 15: a dangling record symlink was a traceback in `status`; links and records of another shape are
+    now not records."""
+    jobs = tmp_path / "state" / "clusterddp" / "jobs" / "here"
+    jobs.mkdir(parents=True)
+    os.symlink(tmp_path / "nowhere", jobs / "5.json")
+    (jobs / "6.json").write_text(json.dumps({"job_id": "6", "nodes": "all"}))
+    (tmp_path / "real.json").write_text(json.dumps({"job_id": "7", "script_path": "s", "batch_log": "b", "run_dir": "r",
+                                                    "launcher": "srun", "procs_per_node": 1, "nodes": 1}))
+    os.symlink(tmp_path / "real.json", jobs / "7.json")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-m", "clusterddp", "status"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no jobs submitted with clusterddp here yet" in proc.stderr
