@@ -10,6 +10,7 @@ import click
 
 from . import __version__
 from .errors import ClusterDDPError
+from .rollcall import printable
 
 
 class CLIError(click.ClickException):
@@ -26,7 +27,8 @@ class CLIError(click.ClickException):
         return cls._by_code[code](str(error))
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"clusterddp: error: {self.format_message()}", err=True)
+        # Errors carry what commands printed (a remote login node's stderr among them): data, shown printable.
+        click.echo(f"clusterddp: error: {printable(self.format_message())}", err=True)
 
 
 class Command(click.Command):

@@ -98,7 +98,7 @@ def _iter_ranges(ranges: _Ranges) -> Iterator[str]:
 
 #: Host names one expression may stand for (the product of its bracket groups): far above any cluster, and low
 #: enough that a typo such as a[1-65536]b[1-65536] is an error instead of hours of work.
-MAX_EXPR_HOSTS = 2**24
+MAX_EXPR_HOSTS = 1 << 20  # the largest clusters have ~10^5 nodes; a list of 2^24 names is gigabytes
 
 
 def _iter_expr(expr: str) -> Iterator[str]:
@@ -124,8 +124,14 @@ def iter_hosts(nodelist: str) -> Iterator[str]:
 
 
 def expand(nodelist: str) -> List[str]:
-    """Every host name of a Slurm host list, in order, duplicates kept; validates the whole list."""
-    return list(iter_hosts(nodelist))
+    """Every host name of a Slurm host list, in order, duplicates kept; validates the whole list. At most
+    MAX_EXPR_HOSTS names in all (a list from a login node is data: a huge one is an error, not a MemoryError)."""
+    out = []
+    for host in iter_hosts(nodelist):
+        out.append(host)
+        if len(out) > MAX_EXPR_HOSTS:
+            raise HostlistError(f"host list {nodelist[:80]!r} names more than {MAX_EXPR_HOSTS} hosts")
+    return out
 
 
 def first(nodelist: str) -> str:

@@ -21,6 +21,7 @@ from .contract import without_parent_job
 from .errors import ClusterDDPError, JobNotFound, PreflightError, SlurmError, SlurmUnreachable, SpecError
 from .quoting import shown
 from .record import JobRecord
+from .rollcall import printable
 
 if TYPE_CHECKING:
     from .spec import JobSpec
@@ -121,7 +122,8 @@ def run(argv: Sequence[str], check: bool = True, timeout: float = 60,
 def check_job_id(job_id: str) -> str:
     """A job id as Slurm writes it; anything else is a usage error (it never reaches a command line)."""
     job_id = str(job_id).strip()
-    if not _JOBID.fullmatch(job_id):
+    # Slurm's job ids and array indexes are uint32: a longer number is not one (and would never come back).
+    if not _JOBID.fullmatch(job_id) or any(len(p) > 10 or int(p) >= 1 << 32 for p in job_id.split("_")):
         raise SpecError(f"invalid job id {shown(job_id)}: expected a number such as 1234 (or 1234_5 for an array "
                         "task)")
     return job_id
@@ -140,8 +142,9 @@ def sbatch(script: str, hold: bool = False, cwd: Optional[str] = None) -> str:
     argv = ["sbatch", "--parsable", *(["--hold"] if hold else []), *_script_argv(script)]
     proc = run(argv, cwd=cwd)
     job_id = proc.stdout.strip().split(";", 1)[0]
-    if not re.fullmatch(r"[0-9]+", job_id):
-        raise SlurmError(f"sbatch printed no job id (got {proc.stdout.strip()!r})", argv, proc.returncode, proc.stderr)
+    if not re.fullmatch(r"[0-9]{1,10}", job_id) or int(job_id) >= 1 << 32:
+        raise SlurmError(f"sbatch printed no job id (got {printable(proc.stdout.strip()[:200])!r})", argv,
+                         proc.returncode, proc.stderr)
     return job_id
 
 
@@ -224,6 +227,15 @@ class JobInfo:
     exit_code: Optional[int] = None
     signal: Optional[int] = None
     stdout_path: str = ""
+
+    def __post_init__(self) -> None:
+        # What squeue/sacct/scontrol printed (on a login node that may not be ours) is data: printable, one line,
+        # bounded; a log path only when it is an absolute file name (scontrol's StdOut=/ is none).
+        for name in ("state", "reason", "elapsed", "nodes", "node_list", "stdout_path"):
+            value = getattr(self, name)
+            setattr(self, name, printable(str(value)).replace("\n", "?")[:4096])
+        if not self.stdout_path.startswith("/") or self.stdout_path.endswith("/"):
+            self.stdout_path = ""
 
     @property
     def done(self) -> bool:
