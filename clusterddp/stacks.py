@@ -51,8 +51,10 @@ def _fallback(target: Target, directory: Path, timeout: float) -> str:
     """py-spy on every node for the ranks that gave no dump; '' or the reason it could not run."""
     argv = [sys.executable, "-m", FALLBACK_MODULE, str(target.run_dir.resolve()), str(directory.resolve())]
     if target.job_id is None:
+        # A local run: not the Slurm job this shell may sit in (the helper matches ranks by SLURM_JOB_ID there).
+        env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "SLURMD_NODENAME")}
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30)
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30, env=env)
         except subprocess.TimeoutExpired:
             return f"py-spy did not finish within {timeout + 30:.0f} s"
         return proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else ""

@@ -38,24 +38,53 @@ def _environ(pid: int) -> Optional[Dict[str, str]]:
     return out
 
 
-def ranks_here(run_dir: str) -> List[Tuple[int, int]]:
-    """(rank, pid) of this node's processes started for the job with this run directory."""
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm)": state, ppid, ...
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+
+
+def claimants(run_dir: str) -> Dict[int, List[int]]:
+    """rank -> pids of this node's processes of the job with this run directory. A process counts only when it is
+    the invoking user's (a process's environment is its owner's to write: another user's process that names our
+    run directory is not our rank, even for root), of this Slurm job where this runs inside one, and not a child
+    of another claimant (a DataLoader worker inherits its rank's environment)."""
     want = os.path.realpath(run_dir)
     # Where nodes share a process table (containers, or the test cluster's namespaces), Slurm's node name tells
     # this node's tasks from the others'.
     here = os.environ.get("SLURMD_NODENAME")
-    found = []
+    job = os.environ.get("SLURM_JOB_ID")
+    found: Dict[int, int] = {}  # pid -> rank
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
         env = _environ(int(entry))
-        if not env or "RANK" not in env or not env.get("RANK", "").isdigit():
+        if not env or not env.get("RANK", "").isdigit() or len(env["RANK"]) > 6:
             continue
         if here and env.get("SLURMD_NODENAME", here) != here:
             continue
+        if job and env.get("SLURM_JOB_ID", job) != job:
+            continue
         if os.path.realpath(env.get(contract.RUN_DIR, "\0")) == want:
-            found.append((int(env["RANK"]), int(entry)))
-    return sorted(found)
+            found[int(entry)] = int(env["RANK"])
+    out: Dict[int, List[int]] = {}
+    for pid, rank in sorted(found.items()):
+        if found.get(_parent(pid)) != rank:
+            out.setdefault(rank, []).append(pid)
+    return out
+
+
+def ranks_here(run_dir: str) -> List[Tuple[int, int]]:
+    """(rank, pid) of this node's ranks of the job: the ranks exactly one process claims."""
+    return sorted((rank, pids[0]) for rank, pids in claimants(run_dir).items() if len(pids) == 1)
 
 
 def _py_spy() -> Optional[str]:
@@ -84,10 +113,16 @@ def main(argv: List[str]) -> int:
         return 2
     run_dir, out_dir = argv
     host = socket.gethostname()
+    claims = claimants(run_dir)
+    for rank, pids in sorted(claims.items()):
+        if len(pids) > 1:
+            print(f"{host}: rank {rank} is claimed by {len(pids)} processes (pids {', '.join(map(str, pids))}): "
+                  "not dumped, since which is the rank cannot be told", file=sys.stderr)
     ranks = ranks_here(run_dir)
     if not ranks:
-        print(f"{host}: no rank process of this job here (no process with RANK and {contract.RUN_DIR}={run_dir}; "
-              "the spawn launcher's workers are not found this way)", file=sys.stderr)
+        if not claims:
+            print(f"{host}: no rank process of this job here (no process with RANK and {contract.RUN_DIR}={run_dir};"
+                  " the spawn launcher's workers are not found this way)", file=sys.stderr)
         return 1
     todo = [(r, p) for r, p in ranks if not (Path(out_dir) / f"rank-{r}.json").exists()]
     if not todo:
