@@ -51,7 +51,8 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
         try:
             with slurm.on(by_name(name)):
                 j = slurm.info(job_id)
-                why = reason(j) if not j.done else _why_it_ended(job_id, name)
+                # A report file explains a failure; it never makes a job that ended well look failed.
+                why = reason(j) if not j.done else _why_it_ended(job_id, name) if j.return_code else ""
         except slurm.JobNotFound as exc:
             if len(targets) == 1:
                 raise

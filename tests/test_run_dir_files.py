@@ -97,3 +97,24 @@ def test_a_record_that_is_a_link_or_of_another_shape_is_no_record(tmp_path):
                           text=True, timeout=60, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "no jobs submitted with clusterddp here yet" in proc.stderr
+
+
+@pytest.mark.parametrize("rank_exit, job_exit", [(0, 0), (3, 79)])
+def test_a_planted_roll_call_never_fails_a_job_that_succeeded(tmp_path, rank_exit, job_exit):
+    """Class 3: the batch script took exit 79 from the presence of stacks/hang-N/rollcall.txt, so a file planted in
+    a shared run directory turned a successful job into a 'hung' one. The ranks' exit status now decides; the
+    file only explains a step that failed. (The rendered script, run by bash with a stand-in srun.)"""
+    from clusterddp.spec import JobSpec
+
+    from .cases import run_rendered
+
+    (tmp_path / "plant.py").write_text(
+        "import os, pathlib, sys\n"
+        "d = pathlib.Path(os.environ['CLUSTERDDP_RUN_DIR']) / 'stacks' / 'hang-0'\n"
+        "d.mkdir(parents=True, exist_ok=True)\n(d / 'rollcall.txt').write_text('rank 0 is elsewhere\\n')\n"
+        f"sys.exit({rank_exit})\n")
+    spec = JobSpec(str(tmp_path / "plant.py"), launcher="srun", gpus_per_node=0, python=sys.executable,
+                   output_dir=str(tmp_path / "runs"), requeue=False)
+    proc = run_rendered(spec, tmp_path, expect_ok=False)
+    assert proc.returncode == job_exit, proc.stdout + proc.stderr
+    assert ("hang watchdog ended the job" in proc.stderr) == (job_exit == 79)

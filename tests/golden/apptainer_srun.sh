@@ -105,7 +105,10 @@ while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
     wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
 done
 # What the ranks' control thread found (clusterddp.runtime): a hang's roll call, or ranks that never arrived.
-if [ -f "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" ]; then
+# Only for a step that failed: the ranks' exit status decides, a file in the run directory only explains it.
+if [ "$CLUSTERDDP_STATUS" -eq 0 ]; then
+    :
+elif [ -f "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" ]; then
     echo "clusterddp: the hang watchdog ended the job: no rank advanced for $CLUSTERDDP_HANG_TIMEOUT s. Roll call:" >&2
     cat -- "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" >&2
     echo "clusterddp: every rank's stacks: $RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/" >&2
