@@ -7,6 +7,7 @@ import os
 import re
 import secrets
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -117,10 +118,20 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+def own_run_dir(path: Path) -> None:
+    """Refuse a run directory that is not the job's own (as the batch script does): a link, another user's, or one
+    that group or others can write (the ranks would write through links planted there)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise LocalRunError(f"the run directory {path} is not this job's own (a link, another user's, or writable by "
+                            "group or others): refusing to use it; choose another --output-dir")
+
+
 def run_plan(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
              note: Callable[[str], None] = print) -> int:
     """Run the plan to its end; returns the job's exit code (130 after Ctrl-C)."""
     Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+    own_run_dir(Path(plan.run_dir))
     trace = dict(plan.common).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     if trace:  # torch opens its dump file without making the directory: no directory, no dump
         Path(trace).parent.mkdir(parents=True, exist_ok=True)

@@ -118,3 +118,40 @@ def test_a_planted_roll_call_never_fails_a_job_that_succeeded(tmp_path, rank_exi
     proc = run_rendered(spec, tmp_path, expect_ok=False)
     assert proc.returncode == job_exit, proc.stdout + proc.stderr
     assert ("hang watchdog ended the job" in proc.stderr) == (job_exit == 79)
+
+
+@pytest.mark.parametrize("plant", ["another user's", "a link", "group-writable"])
+def test_a_run_directory_that_is_not_the_jobs_own_is_refused(tmp_path, plant):
+    """Class 3: `mkdir -p` took a run directory someone else made first (a predictable name in a shared output
+    directory); the batch script and the local backend now refuse one that is a link, another user's, or writable
+    by others, before any rank writes into it."""
+    from clusterddp.errors import LocalRunError
+    from clusterddp.local import make_plan
+    from clusterddp.local_run import run_plan
+    from clusterddp.spec import JobSpec
+
+    from .cases import run_rendered
+
+    if plant == "another user's" and os.geteuid() != 0:
+        pytest.skip("making a directory of another user needs root")
+    (tmp_path / "t.py").write_text("print('ran')\n")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    run_dir = runs / "t-4242"
+    if plant == "a link":
+        (tmp_path / "elsewhere").mkdir()
+        os.symlink(tmp_path / "elsewhere", run_dir)
+    else:
+        run_dir.mkdir()
+        if plant == "another user's":
+            os.chown(run_dir, 65534, 65534)
+        else:
+            run_dir.chmod(0o775)
+    spec = JobSpec(str(tmp_path / "t.py"), launcher="srun", gpus_per_node=0, python=sys.executable,
+                   output_dir=str(runs), requeue=False)
+    proc = run_rendered(spec, tmp_path, expect_ok=False)
+    assert proc.returncode == 1 and "is not this job's own" in proc.stderr, proc.stdout + proc.stderr
+    assert not any(run_dir.iterdir()) and "ran" not in proc.stdout
+    plan = make_plan(spec, str(run_dir), 20011, 1, [])
+    with pytest.raises(LocalRunError, match="is not this job's own"):
+        run_plan(plan, quiet=True, echo=lambda _: None, note=lambda _: None)

@@ -75,6 +75,12 @@ export MASTER_PORT
 
 RUN_DIR=clusterddp-runs/train-"$SLURM_JOB_ID"
 mkdir -p -- "$RUN_DIR"
+# The run directory is the job's own: not a link, this user's, writable by nobody else. (In a directory others can
+# write, the ranks would write through links planted there and read planted reports back.)
+if [ -L "$RUN_DIR" ] || [ "$(stat -c %u -- "$RUN_DIR")" != "$(id -u)" ] || [ -n "$(find "$RUN_DIR" -maxdepth 0 -perm /022)" ]; then
+    echo "clusterddp: the run directory $RUN_DIR is not this job's own (a link, another user's, or writable by group or others): refusing to use it" >&2
+    exit 1
+fi
 export CLUSTERDDP_RUN_DIR="$RUN_DIR"
 # NCCL: PyTorch's flight recorder keeps every rank's last collectives and writes them here when one times out
 # (or the hang watchdog ends the job); a failed collective aborts the job instead of hanging it.
