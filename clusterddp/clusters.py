@@ -115,7 +115,8 @@ def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
     remote_dir = text("remote_dir", None, "a directory on the cluster (relative to your home there, or absolute)")
     if remote_dir is not None:
         remote_dir = remote_dir[2:] if remote_dir.startswith("~/") else remote_dir
-        if remote_dir.startswith("-") or remote_dir in ("~", "") or "\\" in remote_dir:
+        # ~user/...: rsync would expand it and the shell lines (which quote it) would not; give the path itself.
+        if remote_dir.startswith("-") or remote_dir.startswith("~") or remote_dir == "" or "\\" in remote_dir:
             raise SpecError(f"{where}: clusters.{name}.remote_dir {remote_dir!r} cannot be used: give a directory "
                             "such as \"clusterddp\" or \"/scratch/alice/clusterddp\"")
     setup = table.get("setup", [])

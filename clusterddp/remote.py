@@ -10,6 +10,7 @@ cluster's ``shell`` (and, without one, is recognised and named).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import re
@@ -20,7 +21,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .clusters import Cluster, human_size
 from .errors import ClusterUnreachable, PreflightError
@@ -36,6 +37,8 @@ LIB_DIR = ".lib"  # under remote_dir on the cluster: clusterddp's own modules (<
 #: What is copied back from a run directory: logs and reports, never checkpoints or data.
 PULL_FILTER = ["--include=*/", "--include=*.out", "--include=*.txt", "--include=*.json", "--include=*.log",
                "--include=rank_*", "--exclude=*"]
+#: How a run directory comes back: recursive, times kept, symlinks skipped (no -l), empty directories left out.
+PULL_ARGS = ["-rt", "--no-links", "--prune-empty-dirs", *PULL_FILTER]
 
 
 def control_dir() -> Path:
@@ -170,8 +173,32 @@ def sh(cluster: Cluster, script: str, args: Sequence[str] = (), cwd: Optional[st
     return run(cluster, ["sh", "-c", script, "clusterddp", *args], cwd=cwd, timeout=timeout, input=input)
 
 
+@functools.lru_cache(maxsize=None)
+def rsync_version(rsync: str = "rsync") -> Optional[Tuple[int, ...]]:
+    """This machine's rsync version, or None when there is none."""
+    try:
+        out = subprocess.run([rsync, "--version"], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL).stdout
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"version\s+v?(\d+)\.(\d+)(?:\.(\d+))?", out)
+    return tuple(int(x or 0) for x in m.groups()) if m else (0,)
+
+
+def require_protect_args() -> None:
+    """--protect-args: file names reach the other side as data, never through its shell. Without it (rsync before
+    3.0; macOS ships 2.6.9), and before 3.2.4's own escaping, a name with $(...) ran on the login node and one with
+    a space sent the code elsewhere. An rsync without it is refused (before any connection)."""
+    version = rsync_version()
+    if version is not None and version < (3, 0):
+        raise ClusterUnreachable(f"this machine's rsync is version {'.'.join(map(str, version))}, older than 3.0: "
+                                 "it cannot pass file names to the cluster as data (--protect-args); install a "
+                                 "newer one (brew install rsync, apt install rsync)")
+
+
 def _rsync(cluster: Cluster, args: Sequence[str], what: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    argv = ["rsync", "-e", shlex.join(ssh_argv(cluster)), *args]
+    require_protect_args()
+    argv = ["rsync", "--protect-args", "-e", shlex.join(ssh_argv(cluster)), *args]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
@@ -304,6 +331,7 @@ def check_copy(cluster: Cluster, spec: "JobSpec", local_dir: Path) -> None:
     than the cluster's max_copy (a dataset that is not in .gitignore would otherwise be sent on every change, over
     what may be a laptop's link). The files are listed by rsync itself with the same selection, so what is
     checked is what would be copied."""
+    require_protect_args()
     with tempfile.TemporaryDirectory(prefix="clusterddp-size-") as empty, code_selection(spec, local_dir) as chosen:
         try:
             proc = subprocess.run(["rsync", "-rl", "--dry-run", "--out-format=%l %n", *chosen, "--",
@@ -438,7 +466,9 @@ def fetch(record: "JobRecord") -> "JobRecord":
     cluster = by_name(record.cluster)
     local = mirror_dir(record)
     run_name = Path(record.run_dir).name
-    _rsync(cluster, ["-rlt", "--prune-empty-dirs", *PULL_FILTER, "--",
+    # -rt, not -l: links in a remote run directory are not copied (one planted there could name any file of
+    # yours once it is followed here: logs --rank printed ~/.ssh/id_ed25519 that way).
+    _rsync(cluster, [*PULL_ARGS, "--",
                      _host_path(cluster, record.batch_log), _host_path(cluster, record.run_dir),
                      f"{local}/"], f"job {record.job_id}'s logs")
     return replace(record, batch_log=str(local / Path(record.batch_log).name), run_dir=str(local / run_name),
@@ -448,7 +478,7 @@ def fetch(record: "JobRecord") -> "JobRecord":
 def fetch_file(cluster: Cluster, path: str, job_id: str) -> Path:
     """One file from the cluster (a log Slurm names), copied here."""
     local = _mirror(cluster.name, f"{job_id}-log")
-    _rsync(cluster, ["-t", "--", _host_path(cluster, path), f"{local}/"], f"job {job_id}'s log")
+    _rsync(cluster, ["-t", "--no-links", "--", _host_path(cluster, path), f"{local}/"], f"job {job_id}'s log")
     return local / Path(path).name
 
 

@@ -86,6 +86,10 @@ def print_log(job_id: str, path_now: Callable[[], Path], prefix: Optional[str], 
             click.echo("".join(line for line in chunk.splitlines(True) if line.startswith(prefix)), nl=False)
 
     path = path_now()
+    if path.is_symlink():  # a log is a file of the job's; a link (planted in a shared directory) is not followed
+        from .errors import LogNotFound
+
+        raise LogNotFound(f"log {path} is a symbolic link: not followed (logs are read as files of the job)")
     if not path.exists() and not follow:
         from .errors import LogNotFound
 

@@ -1,0 +1,95 @@
+"""Issue 23, classes 7, 8, 12: what crosses to and from a login node. rsync always passes names as data
+(--protect-args; an rsync without it is refused before connecting), remote_dir is a path both rsync and the shell
+read the same way (no ~user), and what comes back from a run directory never includes links (the real rsync, run
+here with the same arguments)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusterddp.clusters import from_table
+from clusterddp.errors import SpecError
+from clusterddp.remote import PULL_ARGS
+
+from .conftest import ROOT
+
+
+def test_an_rsync_without_protect_args_is_refused_before_connecting(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rsync").write_text("#!/bin/sh\necho 'rsync  version 2.6.9  protocol version 29'\n")
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\ntouch {tmp_path}/ssh-ran\nexit 255\n")
+    for name in ("rsync", "ssh"):
+        (bin_dir / name).chmod(0o755)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text("print(1)\n")
+    config = tmp_path / "xdg" / "clusterddp"
+    config.mkdir(parents=True)
+    (config / "config.toml").write_text('[clusters.near]\nhost = "127.0.0.1"\nport = 1\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CLUSTERDDP_"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", PYTHONPATH=str(ROOT), XDG_CONFIG_HOME=str(tmp_path / "xdg"),
+               XDG_STATE_HOME=str(tmp_path / "state"))
+    proc = subprocess.run([sys.executable, "-m", "clusterddp", "submit", "--cluster", "near", "--gpus", "0",
+                           "train.py"], cwd=proj, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == ("clusterddp: error: this machine's rsync is version 2.6.9, older than 3.0: it "
+                                   "cannot pass file names to the cluster as data (--protect-args); install a newer "
+                                   "one (brew install rsync, apt install rsync)")
+    assert not (tmp_path / "ssh-ran").exists()
+
+
+@pytest.mark.parametrize("remote_dir", ["~alice/clusterddp", "~", "~/"])
+def test_remote_dir_with_a_tilde_user_is_refused(remote_dir):
+    with pytest.raises(SpecError, match="cannot be used"):
+        from_table("c", {"host": "h", "remote_dir": remote_dir}, "cfg")
+    assert from_table("c", {"host": "h", "remote_dir": "~/runs"}, "cfg").remote_dir == "runs"
+
+
+def test_links_in_a_remote_run_directory_do_not_come_back(tmp_path):
+    """Class 12: `logs --rank 0` printed this machine's ~/.ssh/id_ed25519 through a link planted in the remote run
+    directory (rsync -l copied the link; reading the mirror followed it here). The pull skips links."""
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("PRIVATE KEY\n")
+    remote = tmp_path / "remote" / "train-7"
+    remote.mkdir(parents=True)
+    (remote / "rank-1.out").write_text("a log\n")
+    os.symlink(secret, remote / "rank-0.out")
+    (remote / "stacks").mkdir()
+    os.symlink("/etc", remote / "stacks" / "ranks")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    proc = subprocess.run(["rsync", "--protect-args", *PULL_ARGS, "--", str(remote), f"{mirror}/"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert (mirror / "train-7" / "rank-1.out").read_text() == "a log\n"
+    assert not os.path.lexists(mirror / "train-7" / "rank-0.out")
+    assert not os.path.lexists(mirror / "train-7" / "stacks" / "ranks")
+
+
+def test_logs_never_follow_a_link(tmp_path):
+    from clusterddp.record import JobRecord
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("SLURM_CONF", None)
+    (tmp_path / "secret").write_text("PRIVATE\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.symlink(tmp_path / "secret", run_dir / "rank-0.out")
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path / "state")
+    try:
+        JobRecord("9", str(tmp_path / "s.sbatch"), str(tmp_path / "b.out"), str(run_dir), "srun", 1, 1).save()
+    finally:
+        if old is None:
+            os.environ.pop("XDG_STATE_HOME")
+        else:
+            os.environ["XDG_STATE_HOME"] = old
+    proc = subprocess.run([sys.executable, "-m", "clusterddp", "logs", "9", "--rank", "0"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "PRIVATE" not in proc.stdout, proc.stdout + proc.stderr
+    assert "is a symbolic link: not followed" in proc.stderr and "Traceback" not in proc.stderr
