@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tupl
 from .clusters import Cluster, human_size
 from .errors import ClusterUnreachable, PreflightError
 from .quoting import shown
+from .rollcall import printable
 
 if TYPE_CHECKING:
     from .record import JobRecord
@@ -277,10 +278,24 @@ class CodeDir:
     sent: Transfer
 
 
+# New directories are private (umask 077). Then every directory from the code directory and the modules' directory
+# up to / must be this user's or root's and writable by nobody else unless sticky (/tmp): another user's directory
+# on the way (a /scratch/alice made by someone else first) could swap train.py or the modules before the job runs.
 _PREPARE = r"""
+umask 077
 mkdir -p -- "$2" || exit 3
 mkdir -p -- "$1" && cd -- "$1" || exit 3
 pwd -P
+me="$(id -u)"
+for top in "$(pwd -P)" "$(cd -- "$2" && pwd -P)"; do
+    d="$top"
+    while :; do
+        bad="$(find "$d" -maxdepth 0 \( \( ! -uid "$me" ! -uid 0 \) -o \( -perm /022 ! -perm -1000 \) \) -print)"
+        [ -z "$bad" ] || echo "unsafe $d"
+        [ "$d" = / ] && break
+        d="$(dirname -- "$d")"
+    done
+done
 shift 2
 for c in "$@"; do command -v -- "$c" >/dev/null 2>&1 || echo "missing $c"; done
 """
@@ -374,6 +389,12 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
                                  f"{where(cluster)}: {proc.stderr.strip()[:300] or 'no answer'}; check remote_dir in "
                                  f"[clusters.{cluster.name}]")
     path = lines[0]
+    unsafe = list(dict.fromkeys(ln[len("unsafe "):] for ln in lines[1:] if ln.startswith("unsafe ")))
+    if unsafe:
+        raise PreflightError(f"the code would go to {path} on {where(cluster)}, but {printable(unsafe[0])} on the way "
+                             "is another user's or writable by others (they could swap your files before the job "
+                             f"starts): choose a remote_dir of your own in [clusters.{cluster.name}] (for example "
+                             "under your home there), or ask the owner to make it yours (chmod go-w)")
     missing = [ln[len("missing "):] for ln in lines[1:] if ln.startswith("missing ")]
     if "rsync" in missing:
         raise ClusterUnreachable(f"rsync is not installed on {where(cluster)}: it copies your code there; ask the "

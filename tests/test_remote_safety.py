@@ -92,3 +92,38 @@ def test_logs_never_follow_a_link(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "PRIVATE" not in proc.stdout, proc.stdout + proc.stderr
     assert "is a symbolic link: not followed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _prepare(code: Path, lib: Path) -> list:
+    from clusterddp.remote import _PREPARE
+
+    proc = subprocess.run(["sh", "-c", _PREPARE, "clusterddp", str(code), str(lib), "sh"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's directory needs root to make")
+def test_a_parent_of_the_code_directory_owned_by_someone_else_is_named(tmp_path):
+    """Class 2: `mkdir -p` took directories as found, so a /scratch/alice made first by another user let that user
+    swap train.py or the modules. The login node's part of submit (this sh script, run here by sh as ssh runs it
+    there) names every such directory on the way up; new directories are private."""
+    os.chmod(tmp_path, 0o755)
+    theirs = tmp_path / "scratch" / "alice"
+    theirs.mkdir(parents=True)
+    os.chown(theirs, 65534, 65534)
+    lines = _prepare(theirs / "clusterddp" / "proj", theirs / "clusterddp" / ".lib" / "abc")
+    assert lines[0] == str(theirs / "clusterddp" / "proj")
+    assert f"unsafe {theirs}" in lines
+    mine = tmp_path / "mine"
+    lines = _prepare(mine / "clusterddp" / "proj", mine / "clusterddp" / ".lib" / "abc")
+    assert not [ln for ln in lines if ln.startswith("unsafe")], lines
+    assert oct((mine / "clusterddp" / "proj").stat().st_mode & 0o777) == "0o700"
+    shared = tmp_path / "group"
+    shared.mkdir(mode=0o775)
+    shared.chmod(0o775)
+    assert f"unsafe {shared}" in _prepare(shared / "p", shared / "l")
+    sticky = tmp_path / "tmpdir"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert not [ln for ln in _prepare(sticky / "me" / "p", sticky / "me" / "l") if ln.startswith("unsafe")]
