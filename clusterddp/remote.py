@@ -306,18 +306,60 @@ def remote_code_dir(cluster: Cluster, local_dir: Path) -> str:
     return f"{cluster.remote_dir.rstrip('/')}/{local_dir.resolve().name or 'root'}"
 
 
-def _git_files(local_dir: Path) -> Optional[List[str]]:
-    """The files of ``local_dir`` git counts as the work tree's (tracked, or untracked and not ignored), relative
-    to it; None outside a git work tree or without git."""
+def _git_out(args: Sequence[str]) -> Optional[bytes]:
     try:
-        proc = subprocess.run(["git", "-C", str(local_dir), "ls-files", "-z", "--cached", "--others",
-                               "--exclude-standard", "--", "."], capture_output=True, timeout=120,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(["git", *args], capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
-    if proc.returncode != 0:
-        return None  # not a work tree (or one git will not read, such as another user's)
-    return list(dict.fromkeys(os.fsdecode(n) for n in proc.stdout.split(b"\0") if n))
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _git_files(local_dir: Path) -> Optional[List[str]]:
+    """The files of ``local_dir`` that git counts as a work tree's (tracked, or untracked and not ignored), relative
+    to it, by every rule git applies; None without git (or for a tree git will not read, such as another user's).
+
+    Outside a git work tree the same rules hold through a throwaway repository whose work tree is the directory
+    (rsync's own reading of .gitignore differs: trailing spaces, backslash escapes, negations). Submodules and
+    nested repositories go by their own rules, file by file, and never with their .git."""
+    listing = ["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."]
+    out = _git_out(["-C", str(local_dir), *listing])
+    stage = _git_out(["-C", str(local_dir), "ls-files", "-z", "--stage", "--", "."]) if out is not None else b""
+    if out is None:
+        if _git_out(["-C", str(local_dir), "rev-parse", "--git-dir"]) is not None:
+            return None  # inside a repository git refuses to read (another user's): not guessed here
+        with tempfile.TemporaryDirectory(prefix="clusterddp-git-") as tmp:
+            if _git_out(["init", "-q", tmp]) is None:
+                return None
+            out = _git_out(["-C", str(local_dir), f"--git-dir={tmp}/.git", f"--work-tree={local_dir}", *listing])
+        if out is None:
+            return None
+    gitlinks = {os.fsdecode(e.split(b"\t", 1)[1]) for e in (stage or b"").split(b"\0") if e.startswith(b"160000 ")}
+    names: List[str] = []
+    for name in dict.fromkeys(os.fsdecode(n) for n in out.split(b"\0") if n):
+        path = local_dir / name.rstrip("/")
+        if name.endswith("/") or name in gitlinks:  # a nested repository or a submodule: its own files and rules
+            inner = _git_files(path) if (path / ".git").exists() else []
+            names += [f"{name.rstrip('/')}/{n}" for n in inner or []]
+        elif path.is_symlink() or not path.is_dir():
+            names.append(name)
+    return names
+
+
+def _rsync_reads_differently(local_dir: Path) -> Optional[str]:
+    """Without git, rsync reads the .gitignore files: the first pattern it reads otherwise than git, or None."""
+    for top, dirs, files in os.walk(local_dir):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        if ".gitignore" not in files:
+            continue
+        path = Path(top) / ".gitignore"
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for number, line in enumerate(lines, 1):
+            if line.startswith(("!", "\\")) or (line.strip() and line != line.rstrip()):
+                return f"{path.relative_to(local_dir)}:{number}: {line!r}"
+    return None
 
 
 @contextmanager
@@ -330,6 +372,11 @@ def code_selection(spec: "JobSpec", local_dir: Path) -> Iterator[List[str]]:
     out_top = out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
     names = _git_files(local_dir)
     if names is None:
+        differs = _rsync_reads_differently(local_dir)
+        if differs:
+            raise PreflightError(f"without git, rsync reads the .gitignore files, and it reads {differs} otherwise "
+                                 "than git (a trailing space, a backslash escape or a negation): install git, which "
+                                 "then decides what is copied, or rewrite that line")
         yield ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"] + \
             ([f"--exclude=/{out_top}/"] if out_top else [])
         return
