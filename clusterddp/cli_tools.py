@@ -78,13 +78,13 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
 def _why_it_ended(job_id: str, cluster: str) -> str:
     """What the runtime reported for a job that ended: a hang's roll call in one line, a failed rendezvous."""
     from .record import JobRecord
-    from .remote import fetch
+    from .remote import fetch_reports
     from .rollcall import hang_report, rendezvous_failure
 
     record = JobRecord.load(job_id, cluster)
     if record is None:
         return ""
-    record = fetch(record)
+    record = fetch_reports(record)
     hang = hang_report(Path(record.run_dir))
     if hang is not None:
         return hang["summary"]
@@ -156,6 +156,7 @@ def _remote_stacks(cluster: Any, python: str, target: Any, timeout: float, no_py
 
     from .errors import ClusterDDPError, SlurmError
     from .remote import python_module
+    from .rollcall import printable
 
     args = [str(target.run_dir), "--world-size", str(target.world_size), "--launcher", target.launcher,
             "--per-node", str(target.per_node), "--job-id", str(target.job_id), "--nodes", ",".join(target.nodes),
@@ -170,9 +171,14 @@ def _remote_stacks(cluster: Any, python: str, target: Any, timeout: float, no_py
     except (ValueError, IndexError):
         raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave no answer", ["python", "-m",
                          "clusterddp.stacks", *args], proc.returncode, proc.stderr) from None
-    if "error" in answer:
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
         raise ClusterDDPError(f"cluster {cluster.name}: {answer['error']}")
-    return answer["call"], answer["report"]
+    call = answer.get("call") if isinstance(answer, dict) else None
+    if not isinstance(call, dict) or not isinstance(call.get("groups"), list) \
+            or not isinstance(answer.get("report"), str):  # a login node's answer is data: its shape is checked
+        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave an answer of another shape", ["python",
+                         "-m", "clusterddp.stacks", *args], proc.returncode, proc.stderr)
+    return call, printable(answer["report"])
 
 
 @cli.command("cancel")

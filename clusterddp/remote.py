@@ -543,6 +543,30 @@ def fetch(record: "JobRecord") -> "JobRecord":
                    script_path=record.script_path)
 
 
+#: What `status` needs of an ended job: the roll call and the rendezvous report, nothing else.
+REPORT_FILTER = ["--include=/*/", "--include=/*/stacks/", "--include=/*/stacks/hang-*/",
+                 "--include=/*/stacks/hang-*/rollcall.*", "--include=/*/stacks/rendezvous-*.txt", "--exclude=*"]
+_FINAL = ".reports-final"
+
+
+def fetch_reports(record: "JobRecord") -> "JobRecord":
+    """Like fetch, for `status` of an ended job: only its report files, copied once (an ended job's reports do not
+    change; a listing of many finished jobs then costs no copy at all)."""
+    from .clusters import by_name
+
+    if record.cluster in ("", "here"):
+        return record
+    local = mirror_dir(record)
+    run_name = Path(record.run_dir).name
+    marker = local / _FINAL
+    if not marker.exists():
+        cluster = by_name(record.cluster)
+        _rsync(cluster, ["-rt", "--no-links", "--prune-empty-dirs", *REPORT_FILTER, "--",
+                         _host_path(cluster, record.run_dir), f"{local}/"], f"job {record.job_id}'s reports")
+        marker.write_text("")
+    return replace(record, batch_log=str(local / Path(record.batch_log).name), run_dir=str(local / run_name))
+
+
 def fetch_file(cluster: Cluster, path: str, job_id: str) -> Path:
     """One file from the cluster (a log Slurm names), copied here."""
     local = _mirror(cluster.name, f"{job_id}-log")

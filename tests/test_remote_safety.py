@@ -199,3 +199,22 @@ def test_without_git_a_pattern_rsync_reads_otherwise_is_refused(tmp_path, monkey
     with pytest.raises(PreflightError, match=r"reads \.gitignore:2: '!config\.json' otherwise than git"):
         with remote.code_selection(JobSpec(script="train.py"), proj):
             pass
+
+
+def test_status_copies_only_an_ended_jobs_reports(tmp_path):
+    """Class 15: status pulled every finished remote job's whole run directory (logs included) on every call; it
+    now takes only the roll call and the rendezvous report (the real rsync, here, with the same filter)."""
+    from clusterddp.remote import REPORT_FILTER
+
+    run = tmp_path / "remote" / "train-7"
+    for name in ("rank-0.out", "stacks/ranks/rank-0.json", "stacks/hang-0/rollcall.txt", "stacks/hang-0/rank-0.txt",
+                 "stacks/hang-0/rollcall.json", "stacks/rendezvous-0.txt", "checkpoints/ckpt-1.pt"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(name)
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    subprocess.run(["rsync", "--protect-args", "-rt", "--no-links", "--prune-empty-dirs", *REPORT_FILTER, "--",
+                    str(run), f"{mirror}/"], check=True)
+    got = sorted(str(p.relative_to(mirror)) for p in mirror.rglob("*") if p.is_file())
+    assert got == ["train-7/stacks/hang-0/rollcall.json", "train-7/stacks/hang-0/rollcall.txt",
+                   "train-7/stacks/rendezvous-0.txt"], got
