@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 import shlex
+import socket
 import stat
 import subprocess
 import tempfile
@@ -38,6 +39,9 @@ LIB_DIR = ".lib"  # under remote_dir on the cluster: clusterddp's own modules (<
 #: What is copied back from a run directory: logs and reports, never checkpoints or data.
 PULL_FILTER = ["--include=*/", "--include=*.out", "--include=*.txt", "--include=*.json", "--include=*.log",
                "--include=rank_*", "--exclude=*"]
+#: How code goes out: recursive, links as links, permissions and times kept, compressed; --checksum, since size and
+#: time alone miss an edit of the same size within the same second.
+COPY_ARGS = ["-rlptz", "--checksum"]
 #: How a run directory comes back: recursive, times kept, symlinks skipped (no -l), empty directories left out.
 PULL_ARGS = ["-rt", "--no-links", "--prune-empty-dirs", *PULL_FILTER]
 
@@ -281,10 +285,15 @@ class CodeDir:
 # New directories are private (umask 077). Then every directory from the code directory and the modules' directory
 # up to / must be this user's or root's and writable by nobody else unless sticky (/tmp): another user's directory
 # on the way (a /scratch/alice made by someone else first) could swap train.py or the modules before the job runs.
+# $1 code directory, $2 modules' directory, $3 where the code comes from (host:absolute path), $4 the code
+# directory to use instead when $1 holds another project's copy (same directory name, another origin).
 _PREPARE = r"""
 umask 077
 mkdir -p -- "$2" || exit 3
-mkdir -p -- "$1" && cd -- "$1" || exit 3
+code="$1"
+if [ -f "$code/.clusterddp-origin" ] && [ "$(cat -- "$code/.clusterddp-origin")" != "$3" ]; then code="$4"; fi
+mkdir -p -- "$code" && cd -- "$code" || exit 3
+[ -f .clusterddp-origin ] || printf '%s\n' "$3" > .clusterddp-origin
 pwd -P
 me="$(id -u)"
 for top in "$(pwd -P)" "$(cd -- "$2" && pwd -P)"; do
@@ -296,7 +305,7 @@ for top in "$(pwd -P)" "$(cd -- "$2" && pwd -P)"; do
         d="$(dirname -- "$d")"
     done
 done
-shift 2
+shift 4
 for c in "$@"; do command -v -- "$c" >/dev/null 2>&1 || echo "missing $c"; done
 """
 
@@ -428,8 +437,10 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
     job-side modules. Returns the absolute code directory there."""
     needed = [spec.python] + (["torchrun"] if spec.launcher == "torchrun" and not spec.apptainer
                               and not spec.container_image else [])
-    proc = sh(cluster, _PREPARE, [remote_code_dir(cluster, local_dir), lib_dir(cluster) + "/clusterddp",
-                                  *(needed if check else []), "rsync"])
+    origin = f"{socket.gethostname()}:{local_dir.resolve()}"
+    alternative = f"{remote_code_dir(cluster, local_dir)}-{hashlib.sha256(origin.encode()).hexdigest()[:8]}"
+    proc = sh(cluster, _PREPARE, [remote_code_dir(cluster, local_dir), lib_dir(cluster) + "/clusterddp", origin,
+                                  alternative, *(needed if check else []), "rsync"])
     lines = proc.stdout.splitlines()
     if proc.returncode != 0 or not lines or not lines[0].startswith("/"):
         raise ClusterUnreachable(f"cannot create the code directory {remote_code_dir(cluster, local_dir)} on "
@@ -455,7 +466,7 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
                              f"(after its setup lines): the job needs the Python environment with torch there; "
                              f"{fix}{maybe}")
     with code_selection(spec, local_dir) as chosen:
-        sent = _rsync(cluster, ["-rlptz", "--stats", "--out-format=cddp> %n", *chosen,
+        sent = _rsync(cluster, [*COPY_ARGS, "--stats", "--out-format=cddp> %n", *chosen,
                                 "--", f"{local_dir.resolve()}/", _host_path(cluster, path + "/")], "the code")
     _push_lib(cluster)
     return CodeDir(path, _parse_transfer(sent.stdout))

@@ -95,11 +95,11 @@ def test_logs_never_follow_a_link(tmp_path):
     assert "is a symbolic link: not followed" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def _prepare(code: Path, lib: Path) -> list:
+def _prepare(code: Path, lib: Path, origin: str = "laptop:/home/me/proj", instead: str = "") -> list:
     from clusterddp.remote import _PREPARE
 
-    proc = subprocess.run(["sh", "-c", _PREPARE, "clusterddp", str(code), str(lib), "sh"], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(["sh", "-c", _PREPARE, "clusterddp", str(code), str(lib), origin,
+                           instead or f"{code}-other", "sh"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
@@ -218,3 +218,29 @@ def test_status_copies_only_an_ended_jobs_reports(tmp_path):
     got = sorted(str(p.relative_to(mirror)) for p in mirror.rglob("*") if p.is_file())
     assert got == ["train-7/stacks/hang-0/rollcall.json", "train-7/stacks/hang-0/rollcall.txt",
                    "train-7/stacks/rendezvous-0.txt"], got
+
+
+def test_two_projects_with_one_directory_name_get_two_copies(tmp_path):
+    """Class 4 (part): REMOTE_DIR/<name> held whichever project of that name was submitted last. The copy now
+    records where it came from; another origin gets its own directory (REMOTE_DIR/<name>-<hash>)."""
+    code, lib = tmp_path / "clusterddp" / "proj", tmp_path / "clusterddp" / ".lib"
+    assert _prepare(code, lib, "laptop:/home/me/proj")[0] == str(code)
+    assert _prepare(code, lib, "laptop:/home/me/proj")[0] == str(code)         # the same project: the same copy
+    other = _prepare(code, lib, "laptop:/home/me/work/proj", f"{code}-1a2b3c4d")
+    assert other[0] == f"{code}-1a2b3c4d"
+    assert (code / ".clusterddp-origin").read_text() == "laptop:/home/me/proj\n"
+
+
+def test_an_edit_of_the_same_size_in_the_same_second_is_sent(tmp_path):
+    """Class 4 (part): rsync's quick check (size and time) skipped such an edit; the copy compares checksums."""
+    from clusterddp.remote import COPY_ARGS
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "train.py").write_text("lr = 0.1\n")
+    subprocess.run(["rsync", *COPY_ARGS, "--", f"{src}/", f"{dest}/"], check=True)
+    st = (src / "train.py").stat()
+    (src / "train.py").write_text("lr = 0.9\n")
+    os.utime(src / "train.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+    subprocess.run(["rsync", *COPY_ARGS, "--", f"{src}/", f"{dest}/"], check=True)
+    assert (dest / "train.py").read_text() == "lr = 0.9\n"
