@@ -186,7 +186,10 @@ def test_same_job_id_on_two_clusters(laptop, second_cluster):
     assert any(r[:3] == ["here", near, "COMPLETED"] for r in rows), status.stdout
     assert any(r[:3] == ["tc", stuck, "CANCELLED"] for r in rows), status.stdout
     far_log = run_cli("logs", "--cluster", "tc", far, "--rank", "0", cwd=proj, env=env).stdout.split()
-    near_log = run_cli("logs", near, "--rank", "0", cwd=proj, env=env).stdout.split()
+    # (the id is recorded on both clusters: without --cluster it is refused, naming both; issue 22)
+    both = run_cli("logs", near, "--rank", "0", cwd=proj, env=env)
+    assert both.returncode == 2 and f"job {near} is recorded on several clusters (here, tc)" in both.stderr
+    near_log = run_cli("logs", "--cluster", "here", near, "--rank", "0", cwd=proj, env=env).stdout.split()
     assert far_log[2].startswith("node") and far_log[2] != "node9"
     assert near_log[2] == "node9" and near_log[3] == str(proj)
     jobs = Path(env["XDG_STATE_HOME"]) / "clusterddp" / "jobs"
