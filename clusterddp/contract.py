@@ -22,7 +22,8 @@ HANG_TIMEOUT = "CLUSTERDDP_HANG_TIMEOUT"        # seconds without progress on an
 #: Read by the runtime, set by the user (not by the script): the rendezvous must complete within it.
 TIMEOUT = "CLUSTERDDP_TIMEOUT"
 #: Exported by the batch script (templates/base.sh.j2) and by the local backend.
-EXPORTED = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR, RESTARTS, HANG_TIMEOUT)
+EXPORTED: Tuple[str, ...] = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR, RESTARTS,
+                            HANG_TIMEOUT)
 
 # --- hangs: the control plane's files in the run directory and its exit codes -------------------------------
 DEFAULT_HANG_TIMEOUT_S = 900
@@ -32,6 +33,7 @@ HANG_STARTUP_FACTOR = 2
 #: A secret per run of the job (the batch script and the local backend make it): the name of the watchdog's progress
 #: counter in the rendezvous store, which anyone who reaches MASTER_PORT could otherwise write.
 WATCH_KEY = "CLUSTERDDP_WATCH_KEY"
+EXPORTED += (WATCH_KEY,)
 STACKS_DIR = "stacks"                        # everything below lives here
 HELLO_FILE = "stacks/ranks/rank-{rank}.json"  # written by each rank at init(): node, pid, state, restart count
 REQUEST_FILE = "stacks/request"              # `clusterddp stacks` writes a dump name here; every rank answers

@@ -9,6 +9,7 @@ What is ours: starting those processes, their logs, and ending all of them when 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -104,6 +105,7 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
         ("OMP_NUM_THREADS", str(threads)),
         (contract.STOP_FILE, str(Path(run_dir) / contract.STOP_FILE_NAME.format(restarts=0))),
         (contract.RESTARTS, "0"), (contract.HANG_TIMEOUT, str(spec.hang_timeout_seconds)),
+        (contract.WATCH_KEY, secrets.token_hex(16)),  # a secret of this run (a new plan for every run)
     ]
     if not use_gpus:
         common.append(("CUDA_VISIBLE_DEVICES", ""))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import signal
 import stat
 import subprocess
@@ -35,7 +34,6 @@ class _Runner:
         # A job started from inside a Slurm allocation must not inherit that job's variables.
         base = without_parent_job(os.environ)
         base.update(self.plan.common)
-        base[contract.WATCH_KEY] = secrets.token_hex(16)  # per run, not in the (printed) plan
         for p in self.plan.procs:
             env = dict(base)
             env.update(p.env)

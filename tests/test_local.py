@@ -96,11 +96,17 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="process tree from /proc (Linux)")
+def _sigint_default() -> None:
+    """Ctrl-C as at a terminal: a shell running the suite in the background makes children ignore SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_ctrl_c_leaves_no_process(tmp_path, launcher):
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
                             "--nodes", "2", "--gpus", "2", "--output-dir", str(tmp_path), str(SCRIPTS / "sleeper.py"),
-                            "--", "300"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            "--", "300"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=_sigint_default)
     deadline = time.monotonic() + 90
     started = 0
     while time.monotonic() < deadline and started < 4:

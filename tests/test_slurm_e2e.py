@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -236,7 +237,9 @@ def test_wait_ctrl_c_can_cancel(work):
     d, env = work
     cli = subprocess.Popen(["python3", "-m", "clusterddp", "submit", "--nodes", "1", "--gpus", "1", "--wait",
                             "--on-interrupt", "cancel", "sleeper.py", "--", "300"], cwd=d, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           # Ctrl-C as at a terminal: a shell running the suite in the background ignores SIGINT
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     logs = d / "clusterddp-runs"
     while time.monotonic() < deadline and not any("started" in p.read_text() for p in logs.glob("sleeper-*/*.out")):
