@@ -53,7 +53,7 @@ demo: install
 test: install-test lint
 	$(PYTHON) -m pytest -ra --durations=25
 
-# The edit loop: no cluster, no multi-rank training.
+# The edit loop: no cluster tests, none marked slow (the local multi-rank tests still run).
 test-fast: install-test lint
 	$(PYTHON) -m pytest -ra -m "not slurm and not slow" -q
 
