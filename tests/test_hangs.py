@@ -250,7 +250,13 @@ def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs, la
     local_jobs.append(job)
     run_dir = job.wait_joined({0, 1, 2, 3})
     time.sleep(4)  # mid-epoch: rank 1's dataset blocks after 40 items
-    proc, took = stacks(str(run_dir), cwd=tmp_path)
+    # On a loaded 2-core machine the other ranks may still be on their way there: ask again (a few times) until
+    # they settle; what is asserted is the settled roll call.
+    for _ in range(5):
+        proc, took = stacks(str(run_dir), cwd=tmp_path)
+        if proc.stdout.startswith("3 of 4 ranks wait at the same place: "):
+            break
+        time.sleep(3)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("3 of 4 ranks wait at the same place: "), proc.stdout
