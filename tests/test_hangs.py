@@ -249,12 +249,17 @@ def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs, la
                    "--where", "loader", "--rank", "1")
     local_jobs.append(job)
     run_dir = job.wait_joined({0, 1, 2, 3})
-    time.sleep(4)  # mid-epoch: rank 1's dataset blocks after 40 items
-    # On a loaded 2-core machine the other ranks may still be on their way there: ask again (a few times) until
-    # they settle; what is asserted is the settled roll call.
-    for _ in range(5):
+    # Rank 1's dataset blocks after 40 items and leaves a marker. Even then the others may still be on their way
+    # (on a loaded 2-core machine one rank spent >15 s importing torch._dynamo inside DDP's constructor): ask
+    # again, a few times, until rank 1 is in its loader; what is asserted is that settled roll call.
+    deadline = time.monotonic() + 90
+    while not (run_dir / "stuck-rank-1").exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert (run_dir / "stuck-rank-1").exists(), "rank 1 never reached its blocking __getitem__"
+    time.sleep(2)
+    for _ in range(10):
         proc, took = stacks(str(run_dir), cwd=tmp_path)
-        if proc.stdout.startswith("3 of 4 ranks wait at the same place: "):
+        if proc.stdout.startswith("3 of 4 ranks wait at the same place: ") and "__getitem__" in proc.stdout:
             break
         time.sleep(3)
     assert proc.returncode == 0, proc.stderr

@@ -28,6 +28,8 @@ class Data(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         if args.where == "loader" and runtime.rank() == args.rank and self.stuck_after <= 0:
+            # (a marker for tests: the other ranks now wait for this one in their next all-reduce)
+            open(os.path.join(os.environ["CLUSTERDDP_RUN_DIR"], f"stuck-rank-{args.rank}"), "w").close()
             time.sleep(3600)  # a wedged file system
         self.stuck_after -= 1
         return torch.full((4,), float(i)), torch.tensor(float(i % 3))
