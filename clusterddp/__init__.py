@@ -6,9 +6,8 @@ and jinja2, never torch; the job side, ``clusterddp.runtime``, imports torch laz
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from .errors import ClusterDDPError, SlurmError, SpecError, TemplateError  # noqa: E402
+from .version import __version__  # noqa: E402
 
 __all__ = ["JobSpec", "ClusterDDPError", "SpecError", "SlurmError", "TemplateError", "__version__",
            "submit_function", "submit_script", "map_array"]

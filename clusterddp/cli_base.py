@@ -8,9 +8,9 @@ from typing import Any, ClassVar, Dict, List, Type
 
 import click
 
-from . import __version__
 from .errors import ClusterDDPError
 from .rollcall import printable
+from .version import __version__
 
 
 class CLIError(click.ClickException):

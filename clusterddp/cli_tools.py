@@ -26,9 +26,9 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     """State, elapsed time, nodes and exit code of JOBID... (default: the last 10 jobs submitted from here, on
     every cluster; a CLUSTER column then says where each ran)."""
     from . import slurm
-    from .clusters import by_name, for_job
+    from .clusters import by_name
     from .errors import SlurmUnreachable
-    from .record import recent
+    from .record import for_job, recent
     from .watch import reason
 
     if job_ids:
@@ -114,9 +114,8 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, clu
     import re
 
     from . import hostlist, slurm
-    from .clusters import for_job
     from .errors import ClusterDDPError
-    from .record import JobRecord
+    from .record import JobRecord, for_job
     from .stacks import Target, collect, report
 
     if re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
@@ -187,7 +186,7 @@ def _remote_stacks(cluster: Any, python: str, target: Any, timeout: float, no_py
 def cancel_command(job_id: str, cluster: Optional[str]) -> None:
     """Cancel JOBID (scancel)."""
     from . import slurm
-    from .clusters import for_job
+    from .record import for_job
 
     chosen = for_job(job_id, cluster, note=_note)
     with slurm.on(chosen):
@@ -205,9 +204,8 @@ def logs_command(job_id: str, rank: Optional[int], follow: bool, cluster: Option
     """Print the batch log of JOBID, or one rank's log with --rank N. (For a remote cluster the logs are copied
     here first, only what is new, into ~/.local/state/clusterddp/mirror/.)"""
     from . import remote, slurm
-    from .clusters import for_job
     from .errors import LogNotFound
-    from .record import JobRecord
+    from .record import JobRecord, for_job
     from .watch import print_log
 
     chosen = for_job(job_id, cluster, note=_note)

@@ -21,18 +21,17 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .errors import SpecError
-from .quoting import shown
+from .ids import HERE
+from .ids import check_cluster_name as check_name
 
-HERE = "here"
 KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config", "max_copy", "shell")
 #: A code directory is copied to the cluster on every submit: one larger than this is most likely data that
 #: belongs in .gitignore (and on the cluster's own file system), not code.
 DEFAULT_MAX_COPY = 1 << 30
 _SIZE = re.compile(r"([0-9]+)\s*(?:([KMGT])(?:i?B)?|B)?", re.IGNORECASE)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # A host as ssh takes it: a name from ~/.ssh/config, a DNS name, an IPv4 address or a bracket-less IPv6 one.
 _HOST = re.compile(r"[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]{0,252}")
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
@@ -71,13 +70,6 @@ class Cluster:
         """What ssh is told to connect to (shown in messages as ``ssh DEST``)."""
         assert self.host is not None
         return f"{self.user}@{self.host}" if self.user else self.host
-
-
-def check_name(name: str) -> str:
-    if not _NAME.fullmatch(name):
-        raise SpecError(f"invalid cluster name {shown(name)}: expected letters, digits, '_', '.' or '-' (at most 64, "
-                        "starting with a letter or digit)")
-    return name
 
 
 def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
@@ -180,27 +172,6 @@ def choose(option: Optional[str], profile: Optional[str] = None,
         name = configured[0] if configured else HERE
     assert name is not None
     return by_name(name, environ)
-
-
-def for_job(job_id: str, option: Optional[str], environ: Optional[Mapping[str, str]] = None,
-            note: Optional[Callable[[str], None]] = None) -> Cluster:
-    """The cluster of a job id: --cluster when given; else the one cluster whose records hold the id (``note`` is
-    told when it is not this machine's Slurm); several -> refused, naming them; none -> the configured default.
-    A job submitted to a remote cluster is never looked up in this machine's own Slurm (another job there may
-    have the same id)."""
-    from .record import clusters_of
-
-    if option:
-        return choose(option, environ=environ)
-    found = clusters_of(job_id)
-    if len(found) > 1:
-        raise SpecError(f"job {job_id} is recorded on several clusters ({', '.join(found)}): choose one with "
-                        f"--cluster NAME, e.g. --cluster {found[0]}")
-    if not found:
-        return choose(None, environ=environ)
-    if found[0] != HERE and note is not None:
-        note(f"job {job_id} is on cluster {found[0]} (from clusterddp's record of it; --cluster chooses another)")
-    return by_name(found[0], environ)
 
 
 def by_name(name: str, environ: Optional[Mapping[str, str]] = None) -> Cluster:

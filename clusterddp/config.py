@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from . import contract
+from . import contract, dirs
 from .errors import SpecError
 from .spec import JobSpec, field_names, suggest
 
@@ -178,8 +178,7 @@ def _user_name(uid: int) -> str:
 
 
 def user_file() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "clusterddp" / "config.toml"
+    return dirs.base("config") / "config.toml"
 
 
 def project_file(start: Optional[Path] = None, skipped: Optional[List[Tuple[Path, str]]] = None,

@@ -25,8 +25,6 @@ from .errors import LocalRunError
 from .quoting import shell_quote
 from .spec import JobSpec
 
-KILL_GRACE_S = 5.0
-
 
 @dataclass(frozen=True)
 class Proc:

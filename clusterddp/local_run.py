@@ -11,20 +11,23 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from . import contract
 from .contract import without_parent_job
 from .errors import LocalRunError
-from .local import KILL_GRACE_S, Plan
 
+if TYPE_CHECKING:
+    from .local import Plan
+
+KILL_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
 _DEFAULT_PREFIX = re.compile(r"^\[default(\d+)\]:")
 
 
 class _Runner:
     """Starts the plan's processes, copies their output to logs and the terminal, ends them together."""
 
-    def __init__(self, plan: Plan, quiet: bool, echo: Callable[[str], None]) -> None:
+    def __init__(self, plan: "Plan", quiet: bool, echo: Callable[[str], None]) -> None:
         self.plan, self.quiet, self.echo = plan, quiet, echo
         self.popens: List[subprocess.Popen] = []
         self.lock = threading.Lock()
@@ -125,7 +128,7 @@ def own_run_dir(path: Path) -> None:
                             "group or others): refusing to use it; choose another --output-dir")
 
 
-def run_plan(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
+def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = print,
              note: Callable[[str], None] = print) -> int:
     """Run the plan to its end; returns the job's exit code (130 after Ctrl-C)."""
     Path(plan.run_dir).mkdir(parents=True, exist_ok=True)

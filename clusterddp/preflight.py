@@ -5,11 +5,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from .errors import PreflightError
-from .slurm import Partition
 from .spec import JobSpec
+
+if TYPE_CHECKING:
+    from .slurm import Partition
 
 
 def _mem_mb(mem: str) -> int:

@@ -1,20 +1,23 @@
-"""The local record of submitted jobs, for ``logs`` and ``status`` after Slurm has forgotten a job."""
+"""The local record of submitted jobs, for ``logs`` and ``status`` after Slurm has forgotten a job, and the
+cluster a job id belongs to (``for_job``)."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Mapping, Optional, Tuple
 
-from . import contract
+from . import contract, dirs
+from .clusters import HERE, Cluster, by_name, choose
+from .errors import SpecError
+from .ids import check_cluster_name as check_name
+from .ids import check_job_id
 from .rollcall import read_json
 
 
 def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "clusterddp" / "jobs"
+    return dirs.jobs()
 
 
 @dataclass
@@ -49,9 +52,6 @@ class JobRecord:
     @classmethod
     def load(cls, job_id: str, cluster: str = "here") -> Optional["JobRecord"]:
         """The record of ``job_id`` on ``cluster`` (records from before clusters existed count as ``here``)."""
-        from .clusters import check_name
-        from .slurm import check_job_id
-
         job_id = check_job_id(job_id)
         candidates = [state_dir() / check_name(cluster) / f"{job_id}.json"]
         if cluster == "here":
@@ -90,8 +90,6 @@ def _well_formed(data: object) -> bool:
 
 def clusters_of(job_id: str) -> List[str]:
     """The clusters whose records here hold ``job_id`` (sorted; records from before clusters existed: ``here``)."""
-    from .slurm import check_job_id
-
     names = {f"{check_job_id(job_id)}.json", f"{job_id.split('_')[0]}.json"}  # an array task: its job's record
     base = state_dir()
     found = {d.name for d in (base.iterdir() if base.is_dir() else ()) for n in names if (d / n).is_file()}
@@ -120,3 +118,22 @@ def recent(limit: int = 10) -> List[JobRecord]:
         if record is not None:
             out.append(record)
     return out
+
+
+def for_job(job_id: str, option: Optional[str], environ: Optional[Mapping[str, str]] = None,
+            note: Optional[Callable[[str], None]] = None) -> Cluster:
+    """The cluster of a job id: --cluster when given; else the one cluster whose records hold the id (``note`` is
+    told when it is not this machine's Slurm); several -> refused, naming them; none -> the configured default.
+    A job submitted to a remote cluster is never looked up in this machine's own Slurm (another job there may
+    have the same id)."""
+    if option:
+        return choose(option, environ=environ)
+    found = clusters_of(job_id)
+    if len(found) > 1:
+        raise SpecError(f"job {job_id} is recorded on several clusters ({', '.join(found)}): choose one with "
+                        f"--cluster NAME, e.g. --cluster {found[0]}")
+    if not found:
+        return choose(None, environ=environ)
+    if found[0] != HERE and note is not None:
+        note(f"job {job_id} is on cluster {found[0]} (from clusterddp's record of it; --cluster chooses another)")
+    return by_name(found[0], environ)

@@ -19,11 +19,13 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from . import dirs
 from .clusters import Cluster, human_size
 from .errors import ClusterUnreachable, PreflightError
 from .quoting import shown
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 CONNECT_TIMEOUT_S = 15
 CONTROL_PERSIST = "10m"
+SNAPSHOTS_DIR = ".snapshots"  # under remote_dir: one copy of the code per submission (<project>/<time>-<random>)
 LIB_DIR = ".lib"  # under remote_dir on the cluster: clusterddp's own modules (<hash>/clusterddp), for jobs and tools
 #: What is copied back from a run directory: logs and reports, never checkpoints or data.
 PULL_FILTER = ["--include=*/", "--include=*.out", "--include=*.txt", "--include=*.json", "--include=*.log",
@@ -276,10 +279,12 @@ def job_spec(spec: "JobSpec", cluster: Cluster) -> "JobSpec":
 
 @dataclass(frozen=True)
 class CodeDir:
-    """The job's code directory on the cluster (absolute) and what the last copy sent."""
+    """The project's code directory on the cluster (absolute), what the last copy sent, and the submission's
+    snapshot of it."""
 
-    path: str
+    path: str          # the project's copy: REMOTE_DIR/<name>, the job's outputs under it
     sent: Transfer
+    snapshot: str = ""  # this submission's own copy of the files (the job's working directory)
 
 
 # New directories are private (umask 077). Then every directory from the code directory and the modules' directory
@@ -356,8 +361,8 @@ def _git_files(local_dir: Path) -> Optional[List[str]]:
 
 def _rsync_reads_differently(local_dir: Path) -> Optional[str]:
     """Without git, rsync reads the .gitignore files: the first pattern it reads otherwise than git, or None."""
-    for top, dirs, files in os.walk(local_dir):
-        dirs[:] = [d for d in dirs if d != ".git"]
+    for top, subdirs, files in os.walk(local_dir):
+        subdirs[:] = [d for d in subdirs if d != ".git"]
         if ".gitignore" not in files:
             continue
         path = Path(top) / ".gitignore"
@@ -371,26 +376,41 @@ def _rsync_reads_differently(local_dir: Path) -> Optional[str]:
     return None
 
 
-@contextmanager
-def code_selection(spec: "JobSpec", local_dir: Path) -> Iterator[List[str]]:
-    """rsync arguments that choose what of ``local_dir`` is copied. In a git work tree, the files git lists (so
-    every rule git applies counts: .gitignore files up to the top of the repository, .git/info/exclude, the global
-    excludes file), given as a --files-from list; elsewhere, the directory's .gitignore files, read by rsync.
-    Never copied: .git, __pycache__, the local runs' output directory."""
+def _selected_names(spec: "JobSpec", local_dir: Path) -> Optional[List[str]]:
+    """What of ``local_dir`` is copied, as relative names (git's rules); None without git (rsync filters then)."""
     out = Path(spec.output_dir)
     out_top = out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
     names = _git_files(local_dir)
     if names is None:
-        differs = _rsync_reads_differently(local_dir)
-        if differs:
-            raise PreflightError(f"without git, rsync reads the .gitignore files, and it reads {differs} otherwise "
-                                 "than git (a trailing space, a backslash escape or a negation): install git, which "
-                                 "then decides what is copied, or rewrite that line")
-        yield ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"] + \
-            ([f"--exclude=/{out_top}/"] if out_top else [])
-        return
-    keep = [n for n in names if not {".git", "__pycache__"} & set(n.split("/")) and n.split("/")[0] != out_top
+        return None
+    return [n for n in names if not {".git", "__pycache__"} & set(n.split("/")) and n.split("/")[0] != out_top
             and os.path.lexists(local_dir / n)]  # (a tracked file deleted here is not asked for)
+
+
+def _filters(spec: "JobSpec", local_dir: Path) -> List[str]:
+    """Without git: rsync reads the .gitignore files itself (refused where it reads a line otherwise than git)."""
+    differs = _rsync_reads_differently(local_dir)
+    if differs:
+        raise PreflightError(f"without git, rsync reads the .gitignore files, and it reads {differs} otherwise "
+                             "than git (a trailing space, a backslash escape or a negation): install git, which "
+                             "then decides what is copied, or rewrite that line")
+    out = Path(spec.output_dir)
+    out_top = out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
+    return ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"] + \
+        ([f"--exclude=/{out_top}/"] if out_top else [])
+
+
+@contextmanager
+def code_selection(spec: "JobSpec", local_dir: Path,
+                   names: Optional[List[str]] = None) -> Iterator[List[str]]:
+    """rsync arguments that choose what of ``local_dir`` is copied. In a git work tree, the files git lists (so
+    every rule git applies counts: .gitignore files up to the top of the repository, .git/info/exclude, the global
+    excludes file), given as a --files-from list; elsewhere, the directory's .gitignore files, read by rsync.
+    Never copied: .git, __pycache__, the local runs' output directory."""
+    keep = names if names is not None else _selected_names(spec, local_dir)
+    if keep is None:
+        yield _filters(spec, local_dir)
+        return
     with tempfile.NamedTemporaryFile(prefix="clusterddp-files-") as listing:
         listing.write(b"\0".join(os.fsencode(n) for n in keep))
         listing.flush()
@@ -465,11 +485,48 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
         raise PreflightError(f"{where(cluster)} has no {' and no '.join(shown(m) for m in missing)} on PATH "
                              f"(after its setup lines): the job needs the Python environment with torch there; "
                              f"{fix}{maybe}")
-    with code_selection(spec, local_dir) as chosen:
+    names = _selected_names(spec, local_dir)
+    with code_selection(spec, local_dir, names) as chosen:
         sent = _rsync(cluster, [*COPY_ARGS, "--stats", "--out-format=cddp> %n", *chosen,
                                 "--", f"{local_dir.resolve()}/", _host_path(cluster, path + "/")], "the code")
     _push_lib(cluster)
-    return CodeDir(path, _parse_transfer(sent.stdout))
+    return CodeDir(path, _parse_transfer(sent.stdout), snapshot(cluster, spec, local_dir, path, names))
+
+
+# The submission's own copy of the code, for the job to run (the project's copy changes with the next submit while
+# this job may still be queued): hard links to the files just copied (rsync --link-dest), so only what a later copy
+# replaces takes space (a copy writes a new file and renames it, so a link here keeps the submitted content).
+# $1 the project's copy (absolute), $2 its snapshots' directory, $3 a name prefix; then rsync's selection
+# arguments; a --files-from list arrives on stdin, base64-encoded (names are bytes).
+_SNAPSHOT = r"""
+umask 077
+mkdir -p -- "$2" && s="$(mktemp -d -- "$2/$3-XXXXXX")" || exit 3
+code="$1"
+shift 3
+base64 -d | rsync -rlpt --link-dest="$code" "$@" -- "$code/" "$s/" || { rm -rf -- "$s"; exit 4; }
+printf '%s\n' "$s"
+"""
+
+
+def snapshots_dir(path: str) -> str:
+    """Where the snapshots of the project copy at ``path`` go: REMOTE_DIR/.snapshots/<its name>."""
+    return f"{os.path.dirname(path)}/{SNAPSHOTS_DIR}/{os.path.basename(path)}"
+
+
+def snapshot(cluster: Cluster, spec: "JobSpec", local_dir: Path, path: str, names: Optional[List[str]]) -> str:
+    """A new snapshot of the project copy at ``path`` (as just copied): the directory this submission's job runs
+    in."""
+    if names is None:
+        args, listing = _filters(spec, local_dir), b""
+    else:
+        args, listing = ["--from0", "--files-from=-"], b"\0".join(os.fsencode(n) for n in names)
+    proc = sh(cluster, _SNAPSHOT, [path, snapshots_dir(path), time.strftime("%Y%m%d-%H%M%S"), *args],
+              input=base64.b64encode(listing).decode("ascii"), timeout=600)
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or not lines or not lines[-1].startswith("/"):
+        raise ClusterUnreachable(f"cannot make this submission's copy of the code under {snapshots_dir(path)} on "
+                                 f"{where(cluster)}: {printable(proc.stderr.strip()[:300]) or 'no answer'}")
+    return lines[-1]
 
 
 def _push_lib(cluster: Cluster) -> None:
@@ -521,9 +578,7 @@ def move_aside(cluster: Cluster, paths: Sequence[str]) -> List[List[str]]:
 
 def _mirror(cluster_name: str, leaf: str) -> Path:
     """A directory on this machine for copies of one remote job's files."""
-    from .record import state_dir
-
-    local = state_dir().parent / "mirror" / cluster_name / leaf
+    local = dirs.mirror() / cluster_name / leaf
     local.mkdir(parents=True, exist_ok=True)
     return local
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jinja2
 
-from . import contract
+from . import contract, dirs
 from .contract import PORT_BASE, PORT_SPAN
 from .errors import TemplateError
 from .quoting import sbatch_quote, shell_quote, shown
@@ -100,8 +100,7 @@ class _BytecodeCache(jinja2.FileSystemBytecodeCache):
 
 
 def _bytecode_cache() -> Optional[jinja2.BytecodeCache]:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    directory = os.path.join(base, "clusterddp", f"jinja-{jinja2.__version__}")
+    directory = str(dirs.base("cache") / f"jinja-{jinja2.__version__}")
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError:
@@ -144,7 +143,7 @@ def context(spec: JobSpec) -> Dict[str, Any]:
 
     Every user value is a shell word made by shell_quote, or an #SBATCH value made by sbatch_quote; nothing else.
     """
-    from . import __version__
+    from .version import __version__
 
     q = shell_quote
     entry = (["-m", spec.script] if spec.module else [spec.script]) if spec.script else []

@@ -19,6 +19,7 @@ from . import contract, sbatch_options
 from .clusters import Cluster
 from .contract import without_parent_job
 from .errors import ClusterDDPError, JobNotFound, PreflightError, SlurmError, SlurmUnreachable, SpecError
+from .ids import check_job_id, is_job_number
 from .quoting import shown
 from .record import JobRecord
 from .rollcall import printable
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
-_JOBID = re.compile(r"[0-9]+(_[0-9]+)?")
 
 
 def clean_env() -> Dict[str, str]:
@@ -119,16 +119,6 @@ def run(argv: Sequence[str], check: bool = True, timeout: float = 60,
     return proc
 
 
-def check_job_id(job_id: str) -> str:
-    """A job id as Slurm writes it; anything else is a usage error (it never reaches a command line)."""
-    job_id = str(job_id).strip()
-    # Slurm's job ids and array indexes are uint32: a longer number is not one (and would never come back).
-    if not _JOBID.fullmatch(job_id) or any(len(p) > 10 or int(p) >= 1 << 32 for p in job_id.split("_")):
-        raise SpecError(f"invalid job id {shown(job_id)}: expected a number such as 1234 (or 1234_5 for an array "
-                        "task)")
-    return job_id
-
-
 def _script_argv(script: "str | Path") -> List[str]:
     """The script as sbatch's last argument: absolute, after '--', so no directory name can read as an option
     (``--output-dir '--wrap=...'`` must never become ``sbatch --wrap``). --ignore-pbs also here, for scripts from
@@ -142,10 +132,31 @@ def sbatch(script: str, hold: bool = False, cwd: Optional[str] = None) -> str:
     argv = ["sbatch", "--parsable", *(["--hold"] if hold else []), *_script_argv(script)]
     proc = run(argv, cwd=cwd)
     job_id = proc.stdout.strip().split(";", 1)[0]
-    if not re.fullmatch(r"[0-9]{1,10}", job_id) or int(job_id) >= 1 << 32:
-        raise SlurmError(f"sbatch printed no job id (got {printable(proc.stdout.strip()[:200])!r})", argv,
+    if not is_job_number(job_id):
+        after = ""
+        if hold:  # a job it may have queued waits held forever: find it by its script (a unique path) and end it
+            ended = _cancel_held(argv[-1])
+            after = (f"; the held job it queued ({', '.join(ended)}) was cancelled" if ended else
+                     f"; no held job of yours runs {printable(argv[-1])}")
+        raise SlurmError(f"sbatch printed no job id (got {printable(proc.stdout.strip()[:200])!r}){after}", argv,
                          proc.returncode, proc.stderr)
     return job_id
+
+
+def _cancel_held(script: str) -> List[str]:
+    """Cancel this user's pending jobs whose command is ``script``; their ids (none when squeue cannot say)."""
+    try:
+        listing = run(["squeue", "--me", "--noheader", "--states=PENDING", "--format=%i %o"]).stdout
+    except SlurmError:
+        return []
+    ids = [job for job, _, command in (ln.strip().partition(" ") for ln in listing.splitlines())
+           if command == script and is_job_number(job)]
+    if ids:
+        try:
+            run(["scancel", "--", *ids])
+        except SlurmError:
+            return []
+    return ids
 
 
 def test_only(script: str, cwd: Optional[str] = None) -> str:
@@ -369,9 +380,12 @@ def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = Tru
         code = remote.prepare(cluster, spec, Path.cwd(), check)
         note(f"copied {len(code.sent.files)} changed file(s), {code.sent.bytes_sent} bytes, to {cluster.name}:"
              f"{code.path} (ssh {cluster.destination})")
-        cwd: Optional[str] = code.path
+        note(f"this job runs its own snapshot of the code (a later submit does not change it): {code.snapshot}")
+        cwd: Optional[str] = code.snapshot
         out = spec.output_dir if spec.output_dir.startswith("/") else f"{code.path}/{spec.output_dir}"
         out = os.path.normpath(out)
+        if out != spec.output_dir:  # the outputs stay with the project's copy, not in the snapshot
+            text = render(spec.replace(output_dir=out), template_dirs=template_dirs)
         script = f"{out}/{name}"
         remote.write(cluster, script, text)
     else:

@@ -143,11 +143,13 @@ def test_cuda_random_state_is_this_ranks_own_device(monkeypatch):
     restores the rest and says the CUDA states were not restored."""
     import torch
 
-    from clusterddp.runtime import checkpoint, group
+    from clusterddp.runtime import checkpoint
+    from clusterddp.runtime import state as runtime_state
 
     calls = []
     state = torch.arange(16, dtype=torch.uint8)
-    monkeypatch.setattr(group, "_STATE", {**group._STATE, "env": object(), "device": torch.device("cuda", 3)})
+    monkeypatch.setattr(runtime_state, "_STATE",
+                        {**runtime_state._STATE, "env": object(), "device": torch.device("cuda", 3)})
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda dev: calls.append(("get", dev)) or state)
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, dev: calls.append(("set", dev, s.tolist())))
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every visible GPU's state"))
@@ -160,7 +162,7 @@ def test_cuda_random_state_is_this_ranks_own_device(monkeypatch):
     monkeypatch.setattr(checkpoint, "print0", notes.append)
     checkpoint._set_rng_state({**saved, "cuda": [state, state]})
     assert len(calls) == 2 and "CUDA random states not restored" in notes[0]
-    monkeypatch.setattr(group, "_STATE", {**group._STATE, "device": torch.device("cpu")})
+    monkeypatch.setattr(runtime_state, "_STATE", {**runtime_state._STATE, "device": torch.device("cpu")})
     assert "cuda" not in checkpoint._rng_state()  # a CPU rank keeps none
 
 

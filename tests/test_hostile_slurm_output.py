@@ -63,6 +63,26 @@ def test_a_job_id_too_long_for_slurm_is_one_line(tmp_path):
     assert check_job_id("4294967295_4294967295") == "4294967295_4294967295"
 
 
+def test_a_held_job_behind_an_unreadable_job_id_is_cancelled(tmp_path):
+    """With checks on, the job is submitted held (released once its files are in place): an answer that is no job
+    id would leave it held forever. The job is found by its script (squeue's command field) and cancelled."""
+    (tmp_path / "t.py").write_text("print(1)\n")
+    log = tmp_path / "calls.log"
+    scripts = {
+        "sbatch": (f'for a; do last="$a"; done; echo "sbatch $*" >> {log}; case "$*" in *--test-only*) '
+                   f'echo "sbatch: Job 1 to start at now" >&2; exit 0;; esac; printf "%s" "$last" > {tmp_path}/script; '
+                   'echo ' + "9" * 300),
+        "squeue": f'echo "4242 /elsewhere/other.sbatch"; echo "4343 $(cat {tmp_path}/script)"',
+        "scancel": f'echo "scancel $*" >> {log}',
+        "sinfo": "printf 'debug*|1|infinite|(null)|4|8000|node1\\n'",
+    }
+    proc = cli(tmp_path, scripts, "submit", "--gpus", "0", "t.py")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "sbatch printed no job id" in proc.stderr and "the held job it queued (4343) was cancelled" in proc.stderr
+    calls = log.read_text().splitlines()
+    assert any("--hold" in c for c in calls) and calls[-1] == "scancel -- 4343", calls
+
+
 def test_stdout_slash_is_no_log_path(tmp_path):
     assert JobInfo("7", "COMPLETED", stdout_path="/").stdout_path == ""
     assert JobInfo("7", "COMPLETED", stdout_path="rel/x.out").stdout_path == ""

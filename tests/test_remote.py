@@ -115,7 +115,10 @@ def test_submit_wait_logs_over_ssh(laptop):
     assert probe.returncode == 0, probe.stderr
     pjob = probe.stdout.strip().splitlines()[-1]
     out = run_cli("logs", "--cluster", "tc", pjob, "--rank", "2", cwd=proj, env=env).stdout.split()
-    assert out[:3] == ["probe", "2", "node2"] and out[3] == str(remote), out
+    assert out[:3] == ["probe", "2", "node2"], out
+    # (it runs in its submission's snapshot of the copy, REMOTE_DIR/.snapshots/<project>/<time>-<random>; issue 23)
+    assert re.fullmatch(rf"{re.escape(str(remote.parent))}/\.snapshots/proj/\d{{8}}-\d{{6}}-\w{{6}}", out[3]), out
+    assert f"this job runs its own snapshot of the code (a later submit does not change it): {out[3]}" in probe.stderr
     assert re.fullmatch(rf"{re.escape(str(remote.parent))}/\.lib/[0-9a-f]{{12}}/clusterddp/__init__\.py", out[4])
 
 
@@ -142,6 +145,43 @@ def test_copies_only_what_changed(laptop):
     assert (remote / "checkpoints" / "epoch1.pt").read_text() == "weights\n"
     for proc in (first, again, changed):
         assert run_cli("cancel", "--cluster", "tc", _job_id(proc), cwd=proj, env=env).returncode == 0
+
+
+def test_a_queued_job_runs_the_code_it_was_submitted_with(laptop):
+    """Submit (held), edit, submit again: the first job, released after the second submit, runs the first version of
+    the script, and of a module it imports, in its own snapshot; the outputs of both jobs are under the project's
+    copy; the snapshot's unchanged files are hard links, not copies."""
+    proj, env, remote = laptop
+    (proj / "helper.py").write_text("VERSION = 1\n")
+    (proj / "versioned.py").write_text("import os, helper\nprint('version', helper.VERSION, open('note.txt').read(), "
+                                       "os.getcwd(), flush=True)\n")
+    (proj / "note.txt").write_text("first")
+    argv = ("submit", "--cluster", "tc", "--launcher", "srun", "--gpus", "0", "versioned.py")
+    first = _job_id(run_cli(*argv, "--sbatch-arg=--hold", cwd=proj, env=env))
+    (proj / "helper.py").write_text("VERSION = 2\n")
+    (proj / "note.txt").write_text("secnd")  # the same size, the same second
+    second = run_cli(*argv, "--wait", cwd=proj, env=env, timeout=200)
+    assert second.returncode == 0, second.stderr
+    cluster_env = {**os.environ, "SLURM_CONF": f"{CLUSTER_DIR}/slurm.conf"}
+    subprocess.run(["scontrol", "release", first], env=cluster_env, check=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rows = [ln.split() for ln in run_cli("status", "--cluster", "tc", cwd=proj, env=env).stdout.splitlines()]
+        if any(r[:2] == [first, "COMPLETED"] or r[1:3] == [first, "COMPLETED"] for r in rows):
+            break
+        time.sleep(1)
+    logs = {job: run_cli("logs", "--cluster", "tc", job, "--rank", "0", cwd=proj, env=env).stdout.split()
+            for job in (first, _job_id(second))}
+    assert logs[first][:3] == ["version", "1", "first"], logs
+    assert logs[_job_id(second)][:3] == ["version", "2", "secnd"], logs
+    snaps = {job: Path(out[3]) for job, out in logs.items()}
+    assert len(set(snaps.values())) == 2 and all(s.parent == remote.parent / ".snapshots" / "proj"
+                                                 for s in snaps.values()), snaps
+    assert (snaps[first] / "versioned.py").stat().st_ino == (remote / "versioned.py").stat().st_ino  # a link
+    assert (snaps[first] / "helper.py").stat().st_ino != (remote / "helper.py").stat().st_ino
+    assert not (snaps[first] / "clusterddp-runs").exists()
+    assert sorted(p.name for p in (remote / "clusterddp-runs").glob("versioned-*.out")) == sorted(
+        f"versioned-{job}.out" for job in logs), list((remote / "clusterddp-runs").iterdir())
 
 
 @pytest.fixture

@@ -1,7 +1,4 @@
-"""The process group of this process: init, shutdown, device, collectives, wrap. The one home of runtime state.
-
-Everything that survives between calls lives in ``_STATE`` and is cleared by ``shutdown()``.
-"""
+"""The process group of this process: init, shutdown, collectives, wrap (the state it keeps: state.py)."""
 from __future__ import annotations
 
 import gc
@@ -18,15 +15,16 @@ from .. import contract
 from ..errors import RuntimeEnvError
 from .control import heartbeat
 from .env import DistEnv
+from .state import _STATE, channel, device, distributed, is_main, rank, world_size
+
+__all__ = ["init", "shutdown", "wrap", "unwrap", "barrier", "device", "channel", "rank", "world_size", "is_main",
+           "distributed", "all_reduce_mean", "print0", "save_on_main", "spawn", "Joined", "ddp_arguments"]
 
 DEFAULT_TIMEOUT_S = 300.0
 #: torch's own default timeout for NCCL collectives (kProcessGroupNCCLDefaultTimeout): with the watchdog off, long
 #: stalls (rank 0 writing a checkpoint while the others wait, a first torch.compile) get at least this much.
 TORCH_NCCL_DEFAULT_TIMEOUT_S = 600.0
 
-# env, device, backend, wrapped (DDP modules made by wrap(), released by shutdown), stop (see stop.py),
-# control (the control thread, control.py), channel (the CPU gloo group for control traffic)
-_STATE: Dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -183,46 +181,6 @@ def _seconds(text: Optional[str], default: float) -> float:
     if not 0 < value < 1e9:
         raise RuntimeEnvError(f"{contract.TIMEOUT}={text!r}: expected seconds (the rendezvous timeout, e.g. 300)")
     return value
-
-
-def _env() -> DistEnv:
-    if "env" not in _STATE:
-        raise RuntimeEnvError("clusterddp.runtime.init() has not been called in this process")
-    return _STATE["env"]
-
-
-def device() -> Any:
-    """This rank's torch.device (after init())."""
-    _env()
-    return _STATE["device"]
-
-
-def channel() -> Any:
-    """The CPU (gloo) group beside the training group, for control traffic (after init())."""
-    _env()
-    return _STATE["channel"]
-
-
-def rank() -> int:
-    """This process's global rank (0 before init())."""
-    return _STATE["env"].rank if "env" in _STATE else 0
-
-
-def world_size() -> int:
-    """The number of ranks (1 before init())."""
-    return _STATE["env"].world_size if "env" in _STATE else 1
-
-
-def is_main() -> bool:
-    """True on rank 0."""
-    return rank() == 0
-
-
-def distributed() -> bool:
-    """A process group with more than one rank is up."""
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and world_size() > 1
 
 
 def barrier() -> None:

@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 from .. import contract
 from .control import heartbeat
-from .group import _STATE, channel, distributed
+from .state import _STATE, channel, distributed
 
 
 def _stop() -> Dict[str, Any]:

@@ -1,0 +1,115 @@
+"""Issue 24: the package's import graph has no circle (imports inside functions count; only ``TYPE_CHECKING``
+imports aside). The graph is read from the source with ast,
+so a circle that only shows on some code path is caught too."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set
+
+from .conftest import ROOT
+
+PACKAGE = ROOT / "clusterddp"
+
+
+def _modules() -> Dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def _targets(module: str, node: ast.AST, is_package: bool, known: Dict[str, Path]) -> List[str]:
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        assert isinstance(node, ast.ImportFrom)
+        if node.level:
+            base = module.split(".") if is_package else module.split(".")[:-1]
+            base = base[:len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        names = [f"{target}.{a.name}" if f"{target}.{a.name}" in known else target for a in node.names]
+    out = []
+    for name in names:
+        while name not in known and "." in name:
+            name = name.rsplit(".", 1)[0]
+        if name in known and name != module:
+            out.append(name)
+    return out
+
+
+def _edges(module: str, path: Path, known: Dict[str, Path]) -> Set[str]:
+    edges: Set[str] = set()
+    todo = [(ast.parse(path.read_text(encoding="utf-8")), False)]
+    while todo:
+        node, type_checking = todo.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and not type_checking:
+                edges.update(_targets(module, child, path.name == "__init__.py", known))
+            todo.append((child, type_checking or (isinstance(child, ast.If)
+                                                  and "TYPE_CHECKING" in ast.unparse(child.test))))
+    return edges
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    known = _modules()
+    return {module: _edges(module, path, known) for module, path in known.items()}
+
+
+def circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    out: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 30 and "clusterddp.contract" in graph["clusterddp.runtime.stop"]  # read at all
+    found = circles(graph)
+    detail = {m: sorted(w for w in graph[m] if w in c) for c in found for m in c}
+    assert not found, f"import circles: {found}; edges inside them: {detail}"
+
+
+def test_the_circle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_function_level_and_relative_imports_are_edges(tmp_path):
+    tree = ast.parse("def f():\n    from .. import contract\n    from .state import _STATE\n")
+    known = {"clusterddp.contract": Path(), "clusterddp.runtime.state": Path(), "clusterddp.runtime.stop": Path()}
+    got = [t for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+           for t in _targets("clusterddp.runtime.stop", node, False, known)]
+    assert got == ["clusterddp.contract", "clusterddp.runtime.state"]
