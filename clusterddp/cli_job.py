@@ -249,9 +249,10 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
         click.echo(f"clusterddp: dry run, nothing submitted{where}: {_summary(spec)}", err=True)
         return
     from . import slurm
+    from .submit import submit as submit_job
 
     with slurm.on(cluster):
-        record = slurm.submit(spec, template_dirs, check=not no_check,
+        record = submit_job(spec, template_dirs, check=not no_check,
                               note=lambda line: click.echo(f"clusterddp: {line}", err=True))
         job_id = record.job_id
         click.echo(job_id)

@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Sequence
 import click
 
 from .cli_base import CLUSTER_OPTION, cli
+from .contract import EXIT
 from .errors import SpecError
 from .spec import JobSpec, field_default, parse_env
 
@@ -72,7 +73,7 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     if failed:
-        sys.exit(1)
+        sys.exit(EXIT["RUNTIME"])
 
 
 def _why_it_ended(job_id: str, cluster: str) -> str:
@@ -135,7 +136,7 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, clu
             call, text = _remote_stacks(chosen, record.python, target, timeout, no_py_spy)
             click.echo(json.dumps(call, indent=1) if as_json else text.rstrip("\n"))
             if not call["groups"]:
-                sys.exit(1)
+                sys.exit(EXIT["RUNTIME"])
             return
     elif Path(job).is_dir():
         target = Target(Path(job))
@@ -145,7 +146,7 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, clu
                    fallback=not no_py_spy)
     click.echo(json.dumps(call, indent=1) if as_json else report(call, target.run_dir).rstrip("\n"))
     if not call["groups"]:
-        sys.exit(1)
+        sys.exit(EXIT["RUNTIME"])
 
 
 def _remote_stacks(cluster: Any, python: str, target: Any, timeout: float, no_py_spy: bool) -> Any:
@@ -267,6 +268,7 @@ def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **op
     from . import remote, slurm
     from .clusters import choose
     from .rollcall import printable, read_bounded
+    from .submit import submit as submit_job
 
     chosen = choose(None if local else cluster)
     spec = JobSpec(doc.JOB_MODULE, module=True, launcher="srun", job_name="clusterddp-doctor", requeue=False,
@@ -284,7 +286,7 @@ def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **op
         text = "\n".join(lines)
     else:
         with slurm.on(chosen):
-            record = slurm.submit(spec, note=lambda line: click.echo(f"clusterddp: {line}", err=True))
+            record = submit_job(spec, note=lambda line: click.echo(f"clusterddp: {line}", err=True))
             where = f" on cluster {chosen.name}" if chosen.remote else ""
             click.echo(f"clusterddp: doctor job {record.job_id} submitted{where}; waiting", err=True)
             code = slurm.wait(record.job_id).return_code
@@ -296,7 +298,7 @@ def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **op
         raise slurm.SlurmError(f"the doctor job ended (exit code {code}) without a report; its output:\n"
                                + printable(text[-3000:]))
     click.echo(doc.format_report(report, local), nl=False)
-    sys.exit(0 if doc.verdict(report, local)[0] and code == 0 else 1)
+    sys.exit(EXIT["OK"] if doc.verdict(report, local)[0] and code == 0 else EXIT["RUNTIME"])
 
 
 @cli.group("config")

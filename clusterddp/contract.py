@@ -6,6 +6,7 @@ them equal to the names here. Imports nothing from clusterddp: both sides may us
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Mapping, Sequence, Tuple
 
 # --- variables the script exports to every rank -------------------------------------------------------------
@@ -52,9 +53,32 @@ def flight_recorder(trace: str, user_env: Sequence[Tuple[str, str]]) -> List[Tup
     """FLIGHT_RECORDER with the dump prefix filled in, less what the user set with ``-e`` (the user's value wins)."""
     given = {name for name, _ in user_env}
     return [(name, value.format(trace=trace)) for name, value in FLIGHT_RECORDER if name not in given]
-#: Exit codes of a job that the runtime ended (the batch script and the local backend return them).
-RENDEZVOUS_EXIT = 78
-HANG_EXIT = 79
+
+# --- exit codes: of the CLI, of a job that the runtime or the batch script ended ----------------------------
+@dataclass(frozen=True)
+class ExitCode:
+    name: str
+    code: int
+    meaning: str
+
+
+#: Every exit code clusterddp gives, once: the CLI's error classes, the runtime, the local backend and the batch
+#: script (through the render context, ``exit.NAME``) use these numbers; the README's table is checked against it.
+EXIT_CODES: Tuple[ExitCode, ...] = (
+    ExitCode("OK", 0, "success (a job: every rank exited 0)"),
+    ExitCode("RUNTIME", 1, "a runtime error (Slurm, SSH, a failed job, a file that cannot be written)"),
+    ExitCode("USAGE", 2, "a usage error (an option, a value, a spec, a template): nothing was submitted"),
+    ExitCode("REQUEUE_LIMIT", 75, "the job reached its requeue limit (--max-requeues) at a time limit or "
+                                  "preemption; its last checkpoint is kept"),
+    ExitCode("NO_SCONTROL", 76, "the job should requeue but scontrol is missing where it runs (a container?)"),
+    ExitCode("RENDEZVOUS", 78, "ranks never arrived at the rendezvous (named in the log)"),
+    ExitCode("HANG", 79, "the hang watchdog ended the job: no rank advanced for --hang-timeout (roll call in the "
+                         "log)"),
+    ExitCode("INTERRUPTED", 130, "Ctrl-C (a local run, or --wait told to stop)"),
+)
+EXIT: Dict[str, int] = {e.name: e.code for e in EXIT_CODES}
+RENDEZVOUS_EXIT = EXIT["RENDEZVOUS"]
+HANG_EXIT = EXIT["HANG"]
 
 # --- the rendezvous port ------------------------------------------------------------------------------------
 #: MASTER_PORT = PORT_BASE + job id mod PORT_SPAN: below Linux's ephemeral ports (32768-60999), and jobs with

@@ -3,23 +3,25 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .contract import EXIT
+
 
 class ClusterDDPError(Exception):
     """Base of every clusterddp error. ``exit_code`` is what the CLI exits with."""
 
-    exit_code = 1
+    exit_code = EXIT["RUNTIME"]
 
 
 class SpecError(ClusterDDPError, ValueError):
     """An invalid job specification (a usage error: exit code 2)."""
 
-    exit_code = 2
+    exit_code = EXIT["USAGE"]
 
 
 class TemplateError(ClusterDDPError):
     """A template could not be found or rendered."""
 
-    exit_code = 2
+    exit_code = EXIT["USAGE"]
 
 
 class SlurmError(ClusterDDPError):
@@ -65,7 +67,7 @@ class RuntimeEnvError(ClusterDDPError):
 class HostlistError(ClusterDDPError, ValueError):
     """A malformed host list; the message names the bad part."""
 
-    exit_code = 2
+    exit_code = EXIT["USAGE"]
 
 
 class PreflightError(SpecError):

@@ -11,6 +11,7 @@ import itertools
 import re
 from typing import Iterator, List, Sequence, Tuple
 
+from .contract import EXIT
 from .errors import HostlistError
 
 #: Slurm refuses a single range of more hosts than this (MAX_RANGE in hostlist.c).
@@ -203,12 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] not in ("expand", "first"):
         print("usage: python -m clusterddp.hostlist expand|first HOSTLIST", file=sys.stderr)
-        return 2
+        return EXIT["USAGE"]
     try:
         hosts = expand(args[1]) if args[0] == "expand" else [first(args[1])]
     except HostlistError as exc:
         print(f"clusterddp.hostlist: {exc}", file=sys.stderr)
-        return 1
+        return EXIT["RUNTIME"]
     sys.stdout.write("".join(h + "\n" for h in hosts))
     return 0
 

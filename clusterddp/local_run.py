@@ -157,7 +157,7 @@ def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = pr
         runner.stop()
         runner.join_output()
         note(f"clusterddp: interrupted; stopped all {len(runner.popens)} processes (logs in {plan.run_dir}/)")
-        return 130
+        return contract.EXIT["INTERRUPTED"]
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGUSR2, previous_usr2)

@@ -151,6 +151,7 @@ def context(spec: JobSpec) -> Dict[str, Any]:
                  if spec.apptainer else [])
     return {
         "spec": spec,
+        "exit": contract.EXIT,
         "version": __version__,
         "directives": directive_lines(spec),
         "program": _words(entry + list(spec.args)),

@@ -1,4 +1,5 @@
-"""The only place that runs Slurm commands (argv lists, never a shell), parses their output, and follows jobs.
+"""Slurm's commands for the CLI and submit.py (argv lists, never a shell; the Python API submits through submitit):
+running them here or on a login node, parsing their output, following jobs.
 
 Job state comes from ``squeue`` while the job is queued or running, then ``sacct`` (clusters with accounting),
 then ``scontrol show job`` (kept for MinJobAge seconds after the end, the only source without accounting).
@@ -13,19 +14,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-from . import contract, sbatch_options
 from .clusters import Cluster
 from .contract import without_parent_job
-from .errors import ClusterDDPError, JobNotFound, PreflightError, SlurmError, SlurmUnreachable, SpecError
+from .errors import JobNotFound, SlurmError, SlurmUnreachable
 from .ids import check_job_id, is_job_number
-from .quoting import shown
-from .record import JobRecord
 from .rollcall import printable
-
-if TYPE_CHECKING:
-    from .spec import JobSpec
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
@@ -347,103 +342,3 @@ def wait(job_id: str, on_change: Callable[[JobInfo], None] = lambda i: None, pol
             return current
         time.sleep(delay)
         delay = min(max_poll, delay * 1.5)
-
-
-# --- submission: spec -> pre-flight -> script on disk -> sbatch -> record -----------------------------------
-def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
-           note: Callable[[str], None] = lambda line: None) -> JobRecord:
-    """Submit ``spec``: pre-flight checks (local, then the partition offer from sinfo; skipped with
-    ``check=False``), the script written under ``spec.output_dir``, ``sbatch --test-only``, ``sbatch``, the record.
-
-    On a remote cluster (``on``), the directory submitted from is first copied there (only what changed) and the
-    job runs from that copy. The script keeps the name sbatch saw (``scontrol show job`` reports it as the
-    Command); when submission fails, the error says where the script was kept.
-    """
-    from .preflight import check_cluster, check_local
-    from .render import render
-
-    cluster = current()
-    if cluster.remote:
-        from . import remote
-
-        spec = remote.job_spec(spec, cluster)
-    text = render(spec, template_dirs=template_dirs)
-    if check:
-        check_local(spec, here=not cluster.remote)
-    if cluster.remote:
-        remote.check_copy(cluster, spec, Path.cwd())  # counted here, before any connection
-    if check:
-        for line in check_cluster(spec, partitions()):
-            note(line)
-    name = f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"
-    if cluster.remote:
-        code = remote.prepare(cluster, spec, Path.cwd(), check)
-        note(f"copied {len(code.sent.files)} changed file(s), {code.sent.bytes_sent} bytes, to {cluster.name}:"
-             f"{code.path} (ssh {cluster.destination})")
-        note(f"this job runs its own snapshot of the code (a later submit does not change it): {code.snapshot}")
-        cwd: Optional[str] = code.snapshot
-        out = spec.output_dir if spec.output_dir.startswith("/") else f"{code.path}/{spec.output_dir}"
-        out = os.path.normpath(out)
-        if out != spec.output_dir:  # the outputs stay with the project's copy, not in the snapshot
-            text = render(spec.replace(output_dir=out), template_dirs=template_dirs)
-        script = f"{out}/{name}"
-        remote.write(cluster, script, text)
-    else:
-        cwd = None
-        out_dir = Path(spec.output_dir)
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / name).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise SpecError(f"cannot write the job script into --output-dir {shown(spec.output_dir)}: "
-                            f"{exc.strerror}; choose a writable directory") from None
-        out = str(out_dir.resolve())
-        script = str((out_dir / name).resolve())
-    try:
-        if check:
-            try:
-                test_only(script, cwd)
-            except SlurmError as exc:
-                raise PreflightError(f"sbatch --test-only refused the job: {exc.stderr.strip() or exc}; "
-                                     "(--no-check skips the checks)") from None
-        # Held until the files of an earlier job with the same id (a reset counter, a second cluster sharing the
-        # directory) are moved aside, so the new job's log and run directory never mix with them. Only after the
-        # --test-only check: a held job skips sbatch's own "can never run" refusal. With --no-check the files are
-        # moved right after sbatch (a job that starts within milliseconds could open them first).
-        job_id = sbatch(script, hold=check, cwd=cwd)
-    except ClusterDDPError as exc:
-        raise type(exc)(f"{exc}\n  the script is kept at {'' if not cluster.remote else cluster.name + ':'}"
-                        f"{script}") from None
-    paths = [f"{out}/{contract.batch_log(spec.file_stem, job_id)}", f"{out}/{contract.run_dir(spec.file_stem, job_id)}"]
-    try:
-        moved = remote.move_aside(cluster, paths) if cluster.remote else _move_aside(paths)
-        for old, kept in moved:
-            note(f"an earlier job {job_id} left {old}: kept as {kept}")
-    except OSError as exc:
-        note(f"warning: could not move an earlier job {job_id}'s files aside ({exc}); the new job writes beside them")
-    record = JobRecord(job_id=job_id, script_path=script, batch_log=paths[0], run_dir=paths[1],
-                       launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes,
-                       cluster=cluster.name, python=spec.python)
-    record.save()
-    held_on_purpose = any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args)
-    if check and not held_on_purpose:
-        try:
-            run(["scontrol", "release", job_id])
-        except SlurmError as exc:
-            raise SlurmError(f"job {job_id} was submitted held and could not be released: run "
-                             f"scontrol release {job_id}", exc.argv, exc.returncode, exc.stderr) from None
-    return record
-
-
-def _move_aside(paths: Sequence[str]) -> List[Tuple[str, str]]:
-    """Rename an existing batch log and run directory to NAME.1, NAME.2, ... (first free)."""
-    moved = []
-    for name in paths:
-        path = Path(name)
-        if path.exists():
-            n = 1
-            while path.with_name(f"{path.name}.{n}").exists():
-                n += 1
-            path.rename(path.with_name(f"{path.name}.{n}"))
-            moved.append((str(path), str(path.with_name(f"{path.name}.{n}"))))
-    return moved

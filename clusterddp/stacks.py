@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import contract, rollcall
+from .contract import EXIT
 from .errors import ClusterDDPError, SlurmError
 
 FALLBACK_MODULE = "clusterddp.runtime.pyspy"
@@ -164,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        fallback=not a.no_py_spy)
     except ClusterDDPError as exc:
         print(json.dumps({"error": str(exc)}))
-        return 1
+        return EXIT["RUNTIME"]
     print(json.dumps({"call": call, "report": report(call, target.run_dir)}))
     return 0
 

@@ -9,6 +9,8 @@ from typing import Any, Callable, Optional
 
 import click
 
+from .contract import EXIT
+
 
 def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
     from . import slurm
@@ -24,7 +26,7 @@ def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
         final = slurm.wait(job_id, on_change=show)
         if not final.done:  # pending on a dependency that can no longer be met
             click.echo(f"clusterddp: {reason(final)}", err=True)
-            return 1
+            return EXIT["RUNTIME"]
     except KeyboardInterrupt:
         choice = on_interrupt
         if choice == "ask":
@@ -36,7 +38,7 @@ def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
             click.echo(f"clusterddp: cancelled job {job_id}", err=True)
         else:
             click.echo(f"clusterddp: stopped watching; job {job_id} goes on (clusterddp status {job_id})", err=True)
-        return 130
+        return EXIT["INTERRUPTED"]
     code = final.return_code
     click.echo(f"clusterddp: job {job_id} ended {final.state}, exit code {code}", err=True)
     if code != 0 and record is not None:

@@ -113,3 +113,22 @@ def test_function_level_and_relative_imports_are_edges(tmp_path):
     got = [t for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
            for t in _targets("clusterddp.runtime.stop", node, False, known)]
     assert got == ["clusterddp.contract", "clusterddp.runtime.state"]
+
+
+def test_the_readme_exit_code_table_is_the_contracts():
+    from clusterddp.contract import EXIT_CODES
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
+    assert [(int(r[0][2:]), r[1].strip("`"), r[2].rstrip(" |")) for r in rows] == [
+        (e.code, e.name, e.meaning) for e in EXIT_CODES]
+
+
+def test_templates_write_no_exit_number_of_their_own():
+    """The templates' exit codes come from the contract's table (``exit.NAME``), not from literals."""
+    import re
+
+    for path in (ROOT / "templates").rglob("*.j2"):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            assert not re.search(r"\bexit [1-9]|STATUS=[1-9]", line), f"{path.name}:{number}: {line.strip()}"

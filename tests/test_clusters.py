@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterddp import remote
+from clusterddp import code_copy, remote
 from clusterddp.cli import cli
 from clusterddp.clusters import Cluster, choose, from_table
 from clusterddp.errors import ClusterUnreachable, PreflightError, SpecError
@@ -164,17 +164,17 @@ def test_in_a_git_work_tree_git_chooses_what_is_copied(tmp_path, monkeypatch):
     _git(repo, "commit", "-q", "-m", "x")
     (proj / "gone.py").unlink()
     dest = tmp_path / "dest"
-    with remote.code_selection(JobSpec(script="train.py"), proj) as chosen:
+    with code_copy.code_selection(JobSpec(script="train.py"), proj) as chosen:
         subprocess.run(["rsync", "-rlpt", *chosen, "--", f"{proj}/", f"{dest}/"], check=True)
     copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert copied == ["lib/util.py", "notes/.gitignore", "notes/a.md", "train.py"]
     cluster = Cluster("near", "127.0.0.1", port=1)
-    remote.check_copy(cluster, JobSpec(script="train.py"), proj)  # among what is copied: no error
+    code_copy.check_copy(cluster, JobSpec(script="train.py"), proj)  # among what is copied: no error
     (proj / "secret.txt").rename(proj / "secret.py")
     (repo / ".git" / "info" / "exclude").write_text("secret.*\n")
     with pytest.raises(PreflightError, match=r"^training script 'secret.py' would not be copied to cluster 'near': "
                                              r"it is ignored \(.gitignore"):
-        remote.check_copy(cluster, JobSpec(script="secret.py"), proj)
+        code_copy.check_copy(cluster, JobSpec(script="secret.py"), proj)
 
 
 def test_an_ignored_script_is_named_before_connecting(project):

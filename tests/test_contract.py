@@ -128,6 +128,6 @@ def test_the_job_side_imports_only_the_shared_modules():
                               cwd=ROOT).stdout.split())
     ours = {m for m in mods if m.startswith("clusterddp")}
     assert ours <= {"clusterddp", "clusterddp.errors", "clusterddp.hostlist", "clusterddp.contract",
-                    "clusterddp.rollcall"} | {
+                    "clusterddp.rollcall", "clusterddp.version"} | {
         m for m in ours if m.startswith("clusterddp.runtime")}, ours
     assert not {"click", "jinja2", "submitit", "torch"} & mods  # torch too: it loads on first use

@@ -96,7 +96,7 @@ def test_logs_never_follow_a_link(tmp_path):
 
 
 def _prepare(code: Path, lib: Path, origin: str = "laptop:/home/me/proj", instead: str = "") -> list:
-    from clusterddp.remote import _PREPARE
+    from clusterddp.code_copy import _PREPARE
 
     proc = subprocess.run(["sh", "-c", _PREPARE, "clusterddp", str(code), str(lib), origin,
                            instead or f"{code}-other", "sh"], capture_output=True, text=True, timeout=60)
@@ -136,10 +136,10 @@ def _git(repo: Path, *args: str) -> None:
 
 
 def _copied(proj: Path, dest: Path) -> list:
-    from clusterddp import remote
+    from clusterddp import code_copy
     from clusterddp.spec import JobSpec
 
-    with remote.code_selection(JobSpec(script="train.py"), proj) as chosen:
+    with code_copy.code_selection(JobSpec(script="train.py"), proj) as chosen:
         subprocess.run(["rsync", "--protect-args", "-rlpt", *chosen, "--", f"{proj}/", f"{dest}/"], check=True)
     return sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() or p.is_symlink())
 
@@ -187,7 +187,7 @@ def test_outside_git_the_ignore_rules_are_gits(tmp_path, monkeypatch):
 
 
 def test_without_git_a_pattern_rsync_reads_otherwise_is_refused(tmp_path, monkeypatch):
-    from clusterddp import remote
+    from clusterddp import code_copy
     from clusterddp.errors import PreflightError
     from clusterddp.spec import JobSpec
 
@@ -197,7 +197,7 @@ def test_without_git_a_pattern_rsync_reads_otherwise_is_refused(tmp_path, monkey
     (proj / ".gitignore").write_text("*.json\n!config.json\n")
     monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))
     with pytest.raises(PreflightError, match=r"reads \.gitignore:2: '!config\.json' otherwise than git"):
-        with remote.code_selection(JobSpec(script="train.py"), proj):
+        with code_copy.code_selection(JobSpec(script="train.py"), proj):
             pass
 
 
@@ -233,7 +233,7 @@ def test_two_projects_with_one_directory_name_get_two_copies(tmp_path):
 
 def test_an_edit_of_the_same_size_in_the_same_second_is_sent(tmp_path):
     """Class 4 (part): rsync's quick check (size and time) skipped such an edit; the copy compares checksums."""
-    from clusterddp.remote import COPY_ARGS
+    from clusterddp.code_copy import COPY_ARGS
 
     src, dest = tmp_path / "src", tmp_path / "dest"
     src.mkdir()
