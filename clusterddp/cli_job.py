@@ -248,21 +248,20 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
         where = f" (for cluster {cluster.name})" if cluster.remote else ""
         click.echo(f"clusterddp: dry run, nothing submitted{where}: {_summary(spec)}", err=True)
         return
-    from . import slurm
-    from .submit import submit as submit_job
+    from . import backends
 
-    with slurm.on(cluster):
-        record = submit_job(spec, template_dirs, check=not no_check,
-                              note=lambda line: click.echo(f"clusterddp: {line}", err=True))
-        job_id = record.job_id
-        click.echo(job_id)
-        where = f" on cluster {cluster.name}" if cluster.remote else ""
-        click.echo(f"clusterddp: submitted job {job_id}{where}: {_summary(spec)}\n"
-                   f"  script {record.script_path}\n  log    {record.batch_log}\n  ranks  {record.run_dir}/", err=True)
-        if wait_:
-            from .watch import wait
+    backend = backends.get(cluster)
+    record = backend.submit(spec, template_dirs, check=not no_check,
+                            note=lambda line: click.echo(f"clusterddp: {line}", err=True))
+    job_id = record.job_id
+    click.echo(job_id)
+    where = f" on cluster {cluster.name}" if cluster.name != "here" else ""
+    click.echo(f"clusterddp: submitted job {job_id}{where}: {_summary(spec)}\n"
+               f"  script {record.script_path}\n  log    {record.batch_log}\n  ranks  {record.run_dir}/", err=True)
+    if wait_:
+        from .watch import wait
 
-            sys.exit(wait(job_id, on_interrupt, record))
+        sys.exit(wait(backend, job_id, on_interrupt, record))
 
 
 @cli.command("explain", epilog=EXAMPLES.format(cmd="explain"))

@@ -1,15 +1,14 @@
 """``clusterddp status | cancel | logs | doctor | config show | new``: following and checking jobs."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import click
 
 from .cli_base import CLUSTER_OPTION, cli
-from .contract import EXIT
+from .contract import EXIT, LAUNCHERS
 from .errors import SpecError
 from .spec import JobSpec, field_default, parse_env
 
@@ -26,7 +25,7 @@ def _note(line: str) -> None:
 def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     """State, elapsed time, nodes and exit code of JOBID... (default: the last 10 jobs submitted from here, on
     every cluster; a CLUSTER column then says where each ran)."""
-    from . import slurm
+    from . import backends, slurm
     from .clusters import by_name
     from .errors import SlurmUnreachable
     from .record import for_job, recent
@@ -50,10 +49,10 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
             failed += 1
             continue
         try:
-            with slurm.on(by_name(name)):
-                j = slurm.info(job_id)
-                # A report file explains a failure; it never makes a job that ended well look failed.
-                why = reason(j) if not j.done else _why_it_ended(job_id, name) if j.return_code else ""
+            backend = backends.get(by_name(name))
+            j = backend.info(job_id)
+            # A report file explains a failure; it never makes a job that ended well look failed.
+            why = reason(j) if not j.done else _why_it_ended(backend, job_id, name) if j.return_code else ""
         except slurm.JobNotFound as exc:
             if len(targets) == 1:
                 raise
@@ -76,16 +75,15 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
         sys.exit(EXIT["RUNTIME"])
 
 
-def _why_it_ended(job_id: str, cluster: str) -> str:
+def _why_it_ended(backend: Any, job_id: str, cluster: str) -> str:
     """What the runtime reported for a job that ended: a hang's roll call in one line, a failed rendezvous."""
     from .record import JobRecord
-    from .remote import fetch_reports
     from .rollcall import hang_report, rendezvous_failure
 
     record = JobRecord.load(job_id, cluster)
     if record is None:
         return ""
-    record = fetch_reports(record)
+    record = backend.readable(record, reports_only=True)
     hang = hang_report(Path(record.run_dir))
     if hang is not None:
         return hang["summary"]
@@ -186,13 +184,12 @@ def _remote_stacks(cluster: Any, python: str, target: Any, timeout: float, no_py
 @CLUSTER_OPTION
 def cancel_command(job_id: str, cluster: Optional[str]) -> None:
     """Cancel JOBID (scancel)."""
-    from . import slurm
+    from . import backends
     from .record import for_job
 
     chosen = for_job(job_id, cluster, note=_note)
-    with slurm.on(chosen):
-        slurm.cancel(job_id)
-    where = f" on cluster {chosen.name}" if chosen.remote else ""
+    backends.get(chosen).cancel(job_id)
+    where = f" on cluster {chosen.name}" if chosen.name != "here" else ""
     click.echo(f"clusterddp: cancel requested for job {job_id}{where}", err=True)
 
 
@@ -204,41 +201,42 @@ def cancel_command(job_id: str, cluster: Optional[str]) -> None:
 def logs_command(job_id: str, rank: Optional[int], follow: bool, cluster: Optional[str]) -> None:
     """Print the batch log of JOBID, or one rank's log with --rank N. (For a remote cluster the logs are copied
     here first, only what is new, into ~/.local/state/clusterddp/mirror/.)"""
-    from . import remote, slurm
+    from . import backends
     from .errors import LogNotFound
     from .record import JobRecord, for_job
     from .watch import print_log
 
     chosen = for_job(job_id, cluster, note=_note)
+    backend = backends.get(chosen)
     record = JobRecord.load(job_id, chosen.name)
     prefix = None
-    with slurm.on(chosen):
-        if record is None:
-            info = slurm.info(job_id)  # JobNotFound when Slurm never heard of it
-            if not info.stdout_path:
-                raise LogNotFound(f"no log path known for job {job_id} (not submitted with clusterddp here?)")
-            if rank is not None:
-                raise SpecError(f"job {job_id} was not submitted with clusterddp here: no rank logs known")
-            stdout_path = info.stdout_path
+    if record is None:
+        info = backend.info(job_id)  # JobNotFound when Slurm never heard of it
+        if not info.stdout_path:
+            raise LogNotFound(f"no log path known for job {job_id} (not submitted with clusterddp here?)")
+        if rank is not None:
+            raise SpecError(f"job {job_id} was not submitted with clusterddp here: no rank logs known")
+        stdout_path = info.stdout_path
 
-            def path_now() -> Path:
-                return remote.fetch_file(chosen, stdout_path, job_id) if chosen.remote else Path(stdout_path)
-        else:
-            found = record
-            if rank is not None:
-                world = record.nodes * record.procs_per_node
-                if not 0 <= rank < world:
-                    raise SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}")
-                prefix = record.rank_log(rank)[1]
-                if record.launcher == "spawn":
-                    first = rank - rank % record.procs_per_node
-                    click.echo(f"clusterddp: spawn jobs log per node: {record.rank_log(rank)[0].name} holds ranks "
-                               f"{first}-{first + record.procs_per_node - 1}", err=True)
+        def path_now() -> Path:
+            return backend.readable_file(stdout_path, job_id)
+    else:
+        found = record
+        if rank is not None:
+            world = record.nodes * record.procs_per_node
+            if not 0 <= rank < world:
+                raise SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}")
+            prefix = record.rank_log(rank)[1]
+            facts = LAUNCHERS[record.launcher]
+            if not facts.task_per_rank and facts.line_prefix is None:  # spawn: the node's ranks share its log
+                first = rank - rank % record.procs_per_node
+                click.echo(f"clusterddp: spawn jobs log per node: {record.rank_log(rank)[0].name} holds ranks "
+                           f"{first}-{first + record.procs_per_node - 1}", err=True)
 
-            def path_now() -> Path:
-                here = remote.fetch(found)
-                return Path(here.batch_log) if rank is None else here.rank_log(rank)[0]
-        print_log(job_id, path_now, prefix, follow)
+        def path_now() -> Path:
+            here = backend.readable(found)
+            return Path(here.batch_log) if rank is None else here.rank_log(rank)[0]
+    print_log(job_id, path_now, prefix, follow, done=lambda: backend.info(job_id).done)
 
 
 @cli.command("doctor")
@@ -265,38 +263,13 @@ def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **op
       clusterddp doctor --nodes 2 --gpus 8 -p gpu
     """
     from . import doctor as doc
-    from . import remote, slurm
     from .clusters import choose
-    from .rollcall import printable, read_bounded
-    from .submit import submit as submit_job
 
     chosen = choose(None if local else cluster)
     spec = JobSpec(doc.JOB_MODULE, module=True, launcher="srun", job_name="clusterddp-doctor", requeue=False,
                    env=parse_env(env), **opts)
     click.echo(f"clusterddp: doctor on {spec.nodes} node(s) x {spec.tasks_per_node} rank(s)", err=True)
-    if local:
-        from .contract import default_port
-        from .local import make_plan, pick_port, run, visible_gpus
-
-        lines: List[str] = []
-        plan = make_plan(spec, os.path.join(spec.output_dir, f"clusterddp-doctor-local-{os.getpid()}"),
-                         pick_port(default_port(os.getpid())), os.getpid(),
-                         visible_gpus() if spec.gpus_per_node else [])
-        code = run(plan, quiet=True, echo=lines.append, note=lambda line: click.echo(line, err=True))
-        text = "\n".join(lines)
-    else:
-        with slurm.on(chosen):
-            record = submit_job(spec, note=lambda line: click.echo(f"clusterddp: {line}", err=True))
-            where = f" on cluster {chosen.name}" if chosen.remote else ""
-            click.echo(f"clusterddp: doctor job {record.job_id} submitted{where}; waiting", err=True)
-            code = slurm.wait(record.job_id).return_code
-        log = remote.fetch(record).rank_log(0)[0]
-        raw = read_bounded(log, 16 << 20)  # the report is one line of a short log; never a link, never huge
-        text = raw.decode("utf-8", "replace") if raw is not None else ""
-    report = doc.parse(text)
-    if report is None:
-        raise slurm.SlurmError(f"the doctor job ended (exit code {code}) without a report; its output:\n"
-                               + printable(text[-3000:]))
+    code, report = doc.run_check(spec, chosen, local, note=lambda line: click.echo(line, err=True))
     click.echo(doc.format_report(report, local), nl=False)
     sys.exit(EXIT["OK"] if doc.verdict(report, local)[0] and code == 0 else EXIT["RUNTIME"])
 
@@ -323,7 +296,11 @@ def config_show(profile: Optional[str]) -> None:
         extra = "".join(f", {k} {v}" for k, v in (("user", c.user), ("port", c.port), ("ssh_config", c.ssh_config))
                         if v)
         limit = human_size(c.max_copy) if c.max_copy else "none"
-        click.echo(f"# cluster {name}: ssh {c.host}{extra}; code copied to {c.remote_dir}/<project>; "
+        if c.host is None:  # a backend of its own that needs no login node
+            click.echo(f"# cluster {name}: backend {c.backend}  # {where}")
+            continue
+        backend = "" if c.backend == "slurm" else f"backend {c.backend}, "
+        click.echo(f"# cluster {name}: {backend}ssh {c.host}{extra}; code copied to {c.remote_dir}/<project>; "
                    f"{len(c.setup)} setup line(s); max_copy {limit}  # {where}")
 
 

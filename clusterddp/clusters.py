@@ -27,7 +27,7 @@ from .errors import SpecError
 from .ids import HERE
 from .ids import check_cluster_name as check_name
 
-KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config", "max_copy", "shell")
+KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config", "max_copy", "shell", "backend")
 #: A code directory is copied to the cluster on every submit: one larger than this is most likely data that
 #: belongs in .gitignore (and on the cluster's own file system), not code.
 DEFAULT_MAX_COPY = 1 << 30
@@ -52,6 +52,7 @@ class Cluster:
     ssh_config: Optional[str] = None
     max_copy: int = DEFAULT_MAX_COPY  # bytes; 0: no limit
     shell: Tuple[str, ...] = ()  # run remote commands in this shell (the login shell is not sh-like); (): as is
+    backend: str = "slurm"       # a name in clusterddp.backends.REGISTRY
 
     @property
     def remote(self) -> bool:
@@ -95,9 +96,12 @@ def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
             raise SpecError(f"{where}: clusters.{name}.{key} must be {expected}, got {value!r}")
         return value
 
+    from .backends import check_name as check_backend
+
+    backend = check_backend(text("backend", None, "a backend's name") or "slurm", f"{where}: clusters.{name}")
     host = text("host", _HOST, "a host name as you would give it to ssh (letters, digits, '.', '-', ':'; not "
                                "starting with '-')")
-    if host is None:
+    if host is None and backend == "slurm":
         raise SpecError(f"{where}: clusters.{name} has no host; add host = \"login.example.org\" (what you type "
                         "after ssh)")
     user = text("user", _USER, "a user name (letters, digits, '_', '.', '-'; not starting with '-')")
@@ -123,7 +127,7 @@ def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
                                   "'-', '_'; words separated by one space)")
     return Cluster(name, host, user, port, remote_dir or "clusterddp", tuple(setup), ssh_config,
                    _size(table.get("max_copy", DEFAULT_MAX_COPY), f"{where}: clusters.{name}.max_copy"),
-                   tuple(shell.split(" ")) if shell else ())
+                   tuple(shell.split(" ")) if shell else (), backend)
 
 
 def _size(value: Any, what: str) -> int:

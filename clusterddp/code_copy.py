@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
 
+from . import contract
 from .clusters import Cluster, human_size
 from .errors import ClusterUnreachable, PreflightError
 from .quoting import shown
@@ -221,7 +222,8 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
     """Connect, make the code directory, check the commands the job needs (pre-flight), copy the code (what
     changed since the last copy; .gitignore'd files, .git and the output directory stay here) and clusterddp's
     job-side modules. Returns the absolute code directory there."""
-    needed = [spec.python] + (["torchrun"] if spec.launcher == "torchrun" and not spec.apptainer
+    command = contract.LAUNCHERS[spec.launcher].login_command
+    needed = [spec.python] + ([command] if command and not spec.apptainer
                               and not spec.container_image else [])
     origin = f"{socket.gethostname()}:{local_dir.resolve()}"
     alternative = f"{remote_code_dir(cluster, local_dir)}-{hashlib.sha256(origin.encode()).hexdigest()[:8]}"

@@ -7,7 +7,7 @@ them equal to the names here. Imports nothing from clusterddp: both sides may us
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 # --- variables the script exports to every rank -------------------------------------------------------------
 LAUNCHER = "CLUSTERDDP_LAUNCHER"                # torchrun | srun | spawn
@@ -136,6 +136,33 @@ RANK_LOG_PATTERN, NODE_LOG_PATTERN = "rank-%t.out", "node-%n.out"
 STOP_FILE_NAME = "stop-requested-{restarts}"    # one per restart: a requeued job does not see the old request
 #: torchrun --tee prefixes each line of a node log with the worker's local rank.
 TORCHRUN_PREFIX = "[default{local_rank}]:"
+
+
+# --- the launchers: what differs between them, once ---------------------------------------------------------
+@dataclass(frozen=True)
+class Launcher:
+    name: str
+    task_per_rank: bool            # Slurm starts every rank (srun); else one task per node starts its node's ranks
+    line_prefix: Optional[str]     # how a rank's lines are marked in its node's log (None: a log of its own)
+    node_known: bool               # rank // ranks-per-node is its node (torchrun: its rendezvous deals node ranks)
+    login_command: Optional[str]   # what the login node's PATH must have for the batch script to start it
+
+    def log(self, rank: int, per_node: int) -> Tuple[str, Optional[str]]:
+        """(log file name in the run directory, line prefix or None) of one rank's output."""
+        if self.task_per_rank:
+            return RANK_LOG.format(rank=rank), None
+        node, local = divmod(rank, max(1, per_node))
+        return NODE_LOG.format(node=node), self.line_prefix.format(local_rank=local) if self.line_prefix else None
+
+    def slurm_tasks_per_node(self, ranks_per_node: int) -> int:
+        return ranks_per_node if self.task_per_rank else 1
+
+
+LAUNCHERS: Dict[str, Launcher] = {
+    "torchrun": Launcher("torchrun", False, TORCHRUN_PREFIX, False, "torchrun"),
+    "srun": Launcher("srun", True, None, True, None),
+    "spawn": Launcher("spawn", False, None, True, None),
+}
 
 # --- what a job started from inside another job must not inherit --------------------------------------------
 #: sbatch reads SBATCH_* as options; srun reads SRUN_*; stale SLURM_* values of a parent job mislead the child

@@ -1,13 +1,19 @@
-"""``clusterddp doctor`` on the login side: turn the job's ``DOCTOR {json}`` line into a report and a verdict.
+"""``clusterddp doctor`` on the login side: run the doctor job, turn its ``DOCTOR {json}`` line into a report and a
+verdict.
 
 The job itself runs ``python -m clusterddp.runtime.doctor`` (clusterddp/runtime/doctor.py).
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional, Tuple
+import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from .rollcall import printable
+
+if TYPE_CHECKING:
+    from .clusters import Cluster
+    from .spec import JobSpec
 
 #: What the doctor job runs on every rank.
 JOB_MODULE = "clusterddp.runtime.doctor"
@@ -84,3 +90,38 @@ def _checked(data: Any) -> Optional[Dict[str, Any]]:
     return {"world_size": int(data["world_size"]), "nodes": int(data["nodes"]), "backend": text(data.get("backend")),
             "sum_ok": data.get("sum_ok") is True, "ranks": ranks,
             "allreduce": [{k: t[k] for k in ("bytes", "latency_s", "busbw_gbs")} for t in timings]}
+
+
+def run_check(spec: "JobSpec", cluster: "Cluster", local: bool,
+              note: Callable[[str], None] = lambda line: None) -> Tuple[int, Dict[str, Any]]:
+    """Run the doctor job (``spec``) here (``local``) or on ``cluster``'s backend and wait for it; returns its exit
+    code and its report. A job that ended without a report is a SlurmError carrying the end of its output."""
+    from .errors import SlurmError
+    from .rollcall import read_bounded
+
+    if local:
+        from .contract import default_port
+        from .local import make_plan, pick_port, run, visible_gpus
+
+        lines: List[str] = []
+        plan = make_plan(spec, os.path.join(spec.output_dir, f"clusterddp-doctor-local-{os.getpid()}"),
+                         pick_port(default_port(os.getpid())), os.getpid(),
+                         visible_gpus() if spec.gpus_per_node else [])
+        code = run(plan, quiet=True, echo=lines.append, note=note)
+        text = "\n".join(lines)
+    else:
+        from . import backends
+
+        backend = backends.get(cluster)
+        record = backend.submit(spec, (), True, lambda line: note(f"clusterddp: {line}"))
+        where = f" on cluster {cluster.name}" if cluster.name != "here" else ""
+        note(f"clusterddp: doctor job {record.job_id} submitted{where}; waiting")
+        code = backend.wait(record.job_id, lambda info: None).return_code
+        log = backend.readable(record).rank_log(0)[0]
+        raw = read_bounded(log, 16 << 20)  # the report is one line of a short log; never a link, never huge
+        text = raw.decode("utf-8", "replace") if raw is not None else ""
+    report = parse(text)
+    if report is None:
+        raise SlurmError(f"the doctor job ended (exit code {code}) without a report; its output:\n"
+                         + printable(text[-3000:]))
+    return code, report

@@ -48,7 +48,7 @@ class _Runner:
                 raise LocalRunError(f"cannot start {p.argv[0]}: {exc.strerror}") from None
             self.popens.append(popen)
         # torchrun's c10d rendezvous orders agents of one host by pid: that order is their node rank.
-        if self.plan.spec.launcher == "torchrun":
+        if not contract.LAUNCHERS[self.plan.spec.launcher].node_known:
             order = sorted(range(len(self.popens)), key=lambda i: self.popens[i].pid)
             self.node_rank = {i: pos for pos, i in enumerate(order)}
         self.threads = [threading.Thread(target=self._pump, args=(i,), daemon=True) for i in range(len(self.popens))]

@@ -66,12 +66,8 @@ class JobRecord:
 
     def rank_log(self, rank: int) -> Tuple[Path, Optional[str]]:
         """(path, line prefix or None) of one rank's output."""
-        run_dir = Path(self.run_dir)
-        if self.launcher == "srun":
-            return run_dir / contract.RANK_LOG.format(rank=rank), None
-        node, local = divmod(rank, self.procs_per_node)
-        prefix = contract.TORCHRUN_PREFIX.format(local_rank=local) if self.launcher == "torchrun" else None
-        return run_dir / contract.NODE_LOG.format(node=node), prefix
+        name, prefix = contract.LAUNCHERS[self.launcher].log(rank, self.procs_per_node)
+        return Path(self.run_dir) / name, prefix
 
     def logs(self) -> List[Path]:
         run_dir = Path(self.run_dir)
@@ -85,7 +81,7 @@ def _well_formed(data: object) -> bool:
     texts = ("job_id", "script_path", "batch_log", "run_dir", "launcher")
     return isinstance(data, dict) and not set(data) - _FIELDS and all(isinstance(data.get(k), str) for k in texts) \
         and all(isinstance(data.get(k), int) and 0 < data[k] < 1 << 20 for k in ("procs_per_node", "nodes")) \
-        and isinstance(data.get("python", ""), str)
+        and isinstance(data.get("python", ""), str) and data.get("launcher") in contract.LAUNCHERS
 
 
 def clusters_of(job_id: str) -> List[str]:

@@ -13,7 +13,7 @@ from .errors import SpecError
 from .parse import MAX_COUNT, SBATCH_VALUE_MAX, parse_env, parse_time, slug, suggest
 from .quoting import check_command_word, check_no_control, check_one_line, check_utf8, path_word, sbatch_quote, shown
 
-LAUNCHERS = ("torchrun", "srun", "spawn")
+LAUNCHERS = tuple(contract.LAUNCHERS)
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
 # Patterns are used with fullmatch: Python's '$' also matches before a trailing newline.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -115,7 +115,7 @@ class JobSpec:
     @property
     def slurm_tasks_per_node(self) -> int:
         """Slurm tasks per node: one per rank for srun, one per node for torchrun and spawn."""
-        return self.tasks_per_node if self.launcher == "srun" else 1
+        return contract.LAUNCHERS[self.launcher].slurm_tasks_per_node(self.tasks_per_node)
 
     @property
     def slurm_cpus_per_task(self) -> Optional[int]:
@@ -243,7 +243,7 @@ class JobSpec:
         if self.gpu_request not in GPU_REQUESTS:
             raise SpecError(f"unknown gpu_request {self.gpu_request!r}{suggest(self.gpu_request, GPU_REQUESTS)}: "
                             f"expected one of {', '.join(GPU_REQUESTS)}")
-        if self.gpu_request == "gpus-per-task" and self.launcher != "srun":
+        if self.gpu_request == "gpus-per-task" and not contract.LAUNCHERS[self.launcher].task_per_rank:
             raise SpecError("gpu_request 'gpus-per-task' needs one Slurm task per GPU: use it with --launcher srun "
                             "(torchrun and spawn run one task per node)")
         if self.module and not _MODULE.fullmatch(self.script):

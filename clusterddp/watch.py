@@ -12,9 +12,8 @@ import click
 from .contract import EXIT
 
 
-def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
-    from . import slurm
-
+def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
+    """Follow ``job_id`` of ``backend`` (--wait): its states as they change; its exit code, or 130 on Ctrl-C."""
     start = time.monotonic()
 
     def show(job: Any) -> None:
@@ -23,7 +22,7 @@ def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
         click.echo(f"clusterddp: job {job_id} {job.state}{where}{why} [{time.monotonic() - start:.1f} s]", err=True)
 
     try:
-        final = slurm.wait(job_id, on_change=show)
+        final = backend.wait(job_id, on_change=show)
         if not final.done:  # pending on a dependency that can no longer be met
             click.echo(f"clusterddp: {reason(final)}", err=True)
             return EXIT["RUNTIME"]
@@ -34,7 +33,7 @@ def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
             if sys.stdin.isatty():
                 choice = "cancel" if click.confirm(f"\nCancel job {job_id}?", default=False, err=True) else "detach"
         if choice == "cancel":
-            slurm.cancel(job_id)
+            backend.cancel(job_id)
             click.echo(f"clusterddp: cancelled job {job_id}", err=True)
         else:
             click.echo(f"clusterddp: stopped watching; job {job_id} goes on (clusterddp status {job_id})", err=True)
@@ -42,18 +41,16 @@ def wait(job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
     code = final.return_code
     click.echo(f"clusterddp: job {job_id} ended {final.state}, exit code {code}", err=True)
     if code != 0 and record is not None:
-        show_failure(record)
+        show_failure(backend.readable(record))
     return code
 
 
 def show_failure(record: Any) -> None:
     """The hang watchdog's roll call, or ranks that never arrived, or else every log with a traceback and the most
-    likely root cause in full."""
+    likely root cause in full (``record``'s files readable here: Backend.readable)."""
     from .logscan import summary, tracebacks
-    from .remote import fetch
     from .rollcall import hang_report, rendezvous_failure
 
-    record = fetch(record)  # a remote job's logs and reports, copied here
     hang = hang_report(Path(record.run_dir))
     if hang is not None:
         click.echo(f"clusterddp: the hang watchdog ended the job ({hang['summary']}). Roll call:\n"
@@ -76,11 +73,10 @@ def reason(job: Any) -> str:
     return job.reason
 
 
-def print_log(job_id: str, path_now: Callable[[], Path], prefix: Optional[str], follow: bool) -> None:
+def print_log(job_id: str, path_now: Callable[[], Path], prefix: Optional[str], follow: bool,
+              done: Callable[[], bool]) -> None:
     """Print a log (``path_now()`` gives its path here, copying it from a remote cluster first), following it
-    until the job ends with ``follow``."""
-    from . import slurm
-
+    until the job ends (``done()``) with ``follow``."""
     def emit(chunk: str) -> None:
         if prefix is None:
             click.echo(chunk, nl=False)
@@ -114,7 +110,7 @@ def print_log(job_id: str, path_now: Callable[[], Path], prefix: Optional[str], 
                 if partial:
                     emit(partial)
                 return
-            if slurm.info(job_id).done:
+            if done():
                 follow = False  # one more read: the last lines may land just after the state changes
             time.sleep(0.5)
             path = path_now()
