@@ -29,7 +29,7 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     from .clusters import by_name
     from .errors import SlurmUnreachable
     from .record import for_job, recent
-    from .watch import reason
+    from .watch import reason, why_it_ended
 
     if job_ids:
         ids = [slurm.check_job_id(j) for j in job_ids]
@@ -52,7 +52,7 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
             backend = backends.get(by_name(name))
             j = backend.info(job_id)
             # A report file explains a failure; it never makes a job that ended well look failed.
-            why = reason(j) if not j.done else _why_it_ended(backend, job_id, name) if j.return_code else ""
+            why = reason(j) if not j.done else why_it_ended(backend, job_id, name) if j.return_code else ""
         except slurm.JobNotFound as exc:
             if len(targets) == 1:
                 raise
@@ -73,21 +73,6 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     if failed:
         sys.exit(EXIT["RUNTIME"])
-
-
-def _why_it_ended(backend: Any, job_id: str, cluster: str) -> str:
-    """What the runtime reported for a job that ended: a hang's roll call in one line, a failed rendezvous."""
-    from .record import JobRecord
-    from .rollcall import hang_report, rendezvous_failure
-
-    record = JobRecord.load(job_id, cluster)
-    if record is None:
-        return ""
-    record = backend.readable(record, reports_only=True)
-    hang = hang_report(Path(record.run_dir))
-    if hang is not None:
-        return hang["summary"]
-    return rendezvous_failure(Path(record.run_dir)) or ""
 
 
 @cli.command("stacks")
@@ -316,7 +301,8 @@ def trust_command(file: Optional[str], revoke: bool) -> None:
     any later change to the file needs trusting again. CLUSTERDDP_TRUST=FILE also counts. Even then, a project's
     cluster never replaces one of your own of the same name.
     """
-    from .config import project_file, trust, trust_file
+    from .config import project_file
+    from .trust import trust, trust_file
 
     if file is None:
         found, _ = project_file(skipped=[])

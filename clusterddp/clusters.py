@@ -144,7 +144,8 @@ def defined(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Tuple[Clus
     """Every cluster of the configuration: name -> (Cluster, the file that defines it). The user file's, then a
     project file's where the user trusted it explicitly (config.py: a cloned repository's ssh_config could run a
     ProxyCommand here); a project's table never replaces one of the user's."""
-    from .config import config_files, untrusted_note, warn_once, why_not_trusted
+    from .config import config_files, warn_once
+    from .trust import untrusted_note, why_not_trusted
 
     out: Dict[str, Tuple[Cluster, str]] = {}
     for path, data in config_files(environ):

@@ -15,6 +15,11 @@ def base(kind: str) -> Path:
     return Path(os.environ.get(variable) or os.path.join(os.path.expanduser("~"), default)) / "clusterddp"
 
 
+def user_config() -> Path:
+    """The user's own configuration file."""
+    return base("config") / "config.toml"
+
+
 def jobs() -> Path:
     """The job records, one directory per cluster."""
     return base("state") / "jobs"

@@ -18,27 +18,19 @@ import re
 import shlex
 import stat
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-from . import dirs
 from .clusters import Cluster
 from .errors import ClusterUnreachable, PreflightError
 from .quoting import shown
 
 if TYPE_CHECKING:
-    from .record import JobRecord
     from .spec import JobSpec
 
 CONNECT_TIMEOUT_S = 15
 CONTROL_PERSIST = "10m"
 LIB_DIR = ".lib"  # under remote_dir on the cluster: clusterddp's own modules (<hash>/clusterddp), for jobs and tools
-#: What is copied back from a run directory: logs and reports, never checkpoints or data.
-PULL_FILTER = ["--include=*/", "--include=*.out", "--include=*.txt", "--include=*.json", "--include=*.log",
-               "--include=rank_*", "--exclude=*"]
-#: How a run directory comes back: recursive, times kept, symlinks skipped (no -l), empty directories left out.
-PULL_ARGS = ["-rt", "--no-links", "--prune-empty-dirs", *PULL_FILTER]
 
 
 def control_dir() -> Path:
@@ -302,70 +294,6 @@ def move_aside(cluster: Cluster, paths: Sequence[str]) -> List[List[str]]:
     """hosts.Here.move_aside on the cluster: existing files of an earlier job with the same id become NAME.n."""
     proc = sh(cluster, _MOVE_ASIDE, list(paths))
     return [ln.split("\t", 1) for ln in proc.stdout.splitlines() if "\t" in ln]
-
-
-def _mirror(cluster_name: str, leaf: str) -> Path:
-    """A directory on this machine for copies of one remote job's files."""
-    local = dirs.mirror() / cluster_name / leaf
-    local.mkdir(parents=True, exist_ok=True)
-    return local
-
-
-def mirror_dir(record: "JobRecord") -> Path:
-    """Where a remote job's logs and reports are copied back to on this machine (one per submission: a reused id
-    gets its own)."""
-    key = hashlib.sha256(record.script_path.encode()).hexdigest()[:8]
-    return _mirror(record.cluster, f"{record.job_id}-{key}")
-
-
-def fetch(record: "JobRecord") -> "JobRecord":
-    """The record with its files readable here: for a remote job, its batch log and its run directory's logs and
-    reports copied back (only what changed) and the paths pointing at the copies; a job of ``here`` as it is."""
-    from .clusters import by_name
-
-    if record.cluster in ("", "here"):
-        return record
-    cluster = by_name(record.cluster)
-    local = mirror_dir(record)
-    run_name = Path(record.run_dir).name
-    # -rt, not -l: links in a remote run directory are not copied (one planted there could name any file of
-    # yours once it is followed here: logs --rank printed ~/.ssh/id_ed25519 that way).
-    _rsync(cluster, [*PULL_ARGS, "--",
-                     _host_path(cluster, record.batch_log), _host_path(cluster, record.run_dir),
-                     f"{local}/"], f"job {record.job_id}'s logs")
-    return replace(record, batch_log=str(local / Path(record.batch_log).name), run_dir=str(local / run_name),
-                   script_path=record.script_path)
-
-
-#: What `status` needs of an ended job: the roll call and the rendezvous report, nothing else.
-REPORT_FILTER = ["--include=/*/", "--include=/*/stacks/", "--include=/*/stacks/hang-*/",
-                 "--include=/*/stacks/hang-*/rollcall.*", "--include=/*/stacks/rendezvous-*.txt", "--exclude=*"]
-_FINAL = ".reports-final"
-
-
-def fetch_reports(record: "JobRecord") -> "JobRecord":
-    """Like fetch, for `status` of an ended job: only its report files, copied once (an ended job's reports do not
-    change; a listing of many finished jobs then costs no copy at all)."""
-    from .clusters import by_name
-
-    if record.cluster in ("", "here"):
-        return record
-    local = mirror_dir(record)
-    run_name = Path(record.run_dir).name
-    marker = local / _FINAL
-    if not marker.exists():
-        cluster = by_name(record.cluster)
-        _rsync(cluster, ["-rt", "--no-links", "--prune-empty-dirs", *REPORT_FILTER, "--",
-                         _host_path(cluster, record.run_dir), f"{local}/"], f"job {record.job_id}'s reports")
-        marker.write_text("")
-    return replace(record, batch_log=str(local / Path(record.batch_log).name), run_dir=str(local / run_name))
-
-
-def fetch_file(cluster: Cluster, path: str, job_id: str) -> Path:
-    """One file from the cluster (a log Slurm names), copied here."""
-    local = _mirror(cluster.name, f"{job_id}-log")
-    _rsync(cluster, ["-t", "--no-links", "--", _host_path(cluster, path), f"{local}/"], f"job {job_id}'s log")
-    return local / Path(path).name
 
 
 def close(cluster: Cluster) -> None:

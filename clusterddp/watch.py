@@ -65,6 +65,21 @@ def show_failure(record: Any) -> None:
     click.echo(summary(found, f"{record.run_dir}/ and {record.batch_log}" if not found else record.run_dir), err=True)
 
 
+def why_it_ended(backend: Any, job_id: str, cluster: str) -> str:
+    """What the runtime reported for a job that ended: a hang's roll call in one line, a failed rendezvous."""
+    from .record import JobRecord
+    from .rollcall import hang_report, rendezvous_failure
+
+    record = JobRecord.load(job_id, cluster)
+    if record is None:
+        return ""
+    record = backend.readable(record, reports_only=True)
+    hang = hang_report(Path(record.run_dir))
+    if hang is not None:
+        return hang["summary"]
+    return rendezvous_failure(Path(record.run_dir)) or ""
+
+
 def reason(job: Any) -> str:
     if job.reason == "DependencyNeverSatisfied":
         # Slurm keeps such a job pending forever (unless kill_invalid_depend is set).

@@ -132,3 +132,9 @@ def test_templates_write_no_exit_number_of_their_own():
     for path in (ROOT / "templates").rglob("*.j2"):
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             assert not re.search(r"\bexit [1-9]|STATUS=[1-9]", line), f"{path.name}:{number}: {line.strip()}"
+
+
+def test_no_module_is_over_the_size_the_house_keeps():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 30
+    assert not {name: n for name, n in sizes.items() if n > 350}, sorted(sizes.items(), key=lambda kv: -kv[1])[:5]

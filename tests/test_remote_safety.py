@@ -13,7 +13,7 @@ import pytest
 
 from clusterddp.clusters import from_table
 from clusterddp.errors import SpecError
-from clusterddp.remote import PULL_ARGS
+from clusterddp.mirror import PULL_ARGS
 
 from .conftest import ROOT
 
@@ -204,7 +204,7 @@ def test_without_git_a_pattern_rsync_reads_otherwise_is_refused(tmp_path, monkey
 def test_status_copies_only_an_ended_jobs_reports(tmp_path):
     """Class 15: status pulled every finished remote job's whole run directory (logs included) on every call; it
     now takes only the roll call and the rendezvous report (the real rsync, here, with the same filter)."""
-    from clusterddp.remote import REPORT_FILTER
+    from clusterddp.mirror import REPORT_FILTER
 
     run = tmp_path / "remote" / "train-7"
     for name in ("rank-0.out", "stacks/ranks/rank-0.json", "stacks/hang-0/rollcall.txt", "stacks/hang-0/rank-0.txt",

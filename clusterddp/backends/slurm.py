@@ -41,13 +41,13 @@ class SlurmBackend:
     def readable(self, record: "JobRecord", reports_only: bool = False) -> "JobRecord":
         if not self.cluster.remote:
             return record
-        from .. import remote
+        from .. import mirror
 
-        return remote.fetch_reports(record) if reports_only else remote.fetch(record)
+        return mirror.fetch_reports(record) if reports_only else mirror.fetch(record)
 
     def readable_file(self, path: str, job_id: str) -> Path:
         if not self.cluster.remote:
             return Path(path)
-        from .. import remote
+        from .. import mirror
 
-        return remote.fetch_file(self.cluster, path, job_id)
+        return mirror.fetch_file(self.cluster, path, job_id)
