@@ -53,9 +53,9 @@ demo: install
 test: install-test lint
 	$(PYTHON) -m pytest -ra --durations=25
 
-# The edit loop: no cluster tests, none marked slow (the local multi-rank tests still run).
+# The edit loop: no cluster tests, none marked slow, none that starts a real job's ranks (make test runs them all).
 test-fast: install-test lint
-	$(PYTHON) -m pytest -ra -m "not slurm and not slow" -q
+	$(PYTHON) -m pytest -ra -m "not slurm and not slow and not ranks" -q
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -123,6 +123,7 @@ def test_raising_rank_gives_the_traceback(slurm_env, tmp_path, monkeypatch):
     assert "ValueError: boom on rank 3" in text and "Traceback" in text
 
 
+@pytest.mark.ranks
 def test_local_fallback_four_ranks(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     job = clusterddp.submit_function(allreduce_job, JobSpec(nodes=2, gpus_per_node=2), {"y": 2}, backend="local")
@@ -133,6 +134,7 @@ def test_local_fallback_four_ranks(tmp_path, monkeypatch):
         failing.result()
 
 
+@pytest.mark.ranks
 def test_submit_script_local(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     job = clusterddp.submit_script(JobSpec(procs_per_node=2), str(ROOT / "tests" / "scripts" / "allreduce.py"),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import ROOT
 
 ROUNDTRIP = r'''
@@ -52,6 +54,7 @@ def _run(tmp_path, *args):
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
 
 
+@pytest.mark.ranks
 def test_what_save_writes_loads_safely_and_exactly(tmp_path):
     saved = _run(tmp_path, str(tmp_path / "ck"), "save")
     assert saved.returncode == 0, saved.stderr
@@ -62,6 +65,7 @@ def test_what_save_writes_loads_safely_and_exactly(tmp_path):
     assert after(loaded.stdout) == after(saved.stdout)  # python, torch and numpy generators continue exactly
 
 
+@pytest.mark.ranks
 def test_a_planted_checkpoint_runs_nothing(tmp_path):
     import torch
 

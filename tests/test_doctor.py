@@ -11,6 +11,7 @@ from clusterddp.doctor import verdict
 from .conftest import run_cli
 
 
+@pytest.mark.ranks
 def test_doctor_local(tmp_path):
     proc = run_cli("doctor", "--local", "--nodes", "2", "--procs-per-node", "2", cwd=tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -42,6 +42,7 @@ def test_a_users_nccl_settings_win_in_both_backends(tmp_path):
     assert "TORCH_NCCL" not in off
 
 
+@pytest.mark.ranks
 def test_a_local_gpu_run_makes_the_dump_directory(tmp_path):
     """Desk check 3: torch opens RUN_DIR/nccl-trace/rank_N without making the directory; --local makes it."""
     (tmp_path / "t.py").write_text("print('ran')\n")
@@ -112,6 +113,7 @@ def _runtime(tmp_path: Path, what: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.ranks
 def test_wrap_with_sparse_gradients(tmp_path):
     """Desk check 5: wrap() raised "Expected variable to have sparse gradient" (its zero backward gave the
     embedding a dense gradient); now the layout step is left out for such models, and it says what that costs."""
@@ -119,6 +121,7 @@ def test_wrap_with_sparse_gradients(tmp_path):
     assert "sparse ok True" in out and "sparse gradients (nn.Embedding(sparse=True))" in out
 
 
+@pytest.mark.ranks
 def test_set_static_graph_after_wrap_says_what_to_do(tmp_path):
     """Desk check 7: torch's own error named the training loop; ours names the keyword that works."""
     out = _runtime(tmp_path, "static")
@@ -126,6 +129,7 @@ def test_set_static_graph_after_wrap_says_what_to_do(tmp_path):
     assert "static ok True" in out
 
 
+@pytest.mark.ranks
 def test_device_ids_none_is_passed_on_without_an_output_device(tmp_path):
     """Desk check 6: device_ids=None with the default output_device=<index> raised on every rank but those on
     cuda:0 (a rank-dependent failure); the real DDP constructor accepts what wrap() now passes."""
@@ -133,6 +137,7 @@ def test_device_ids_none_is_passed_on_without_an_output_device(tmp_path):
     assert ("device-ids ok {'device_ids': None} {'device_ids': [3], 'output_device': 3} {}") in out
 
 
+@pytest.mark.ranks
 def test_a_cpu_job_never_asks_cuda(tmp_path):
     assert "device cpu" in _runtime(tmp_path, "cpu-job")
 

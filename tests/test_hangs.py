@@ -215,6 +215,7 @@ def stacks(target: str, *options: str, cwd: Path) -> tuple:
     return proc, time.monotonic() - start
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
 def test_stacks_names_the_rank_that_never_reaches_the_collective(tmp_path, local_jobs, launcher):
     job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0", str(HANG), "--",
@@ -243,6 +244,7 @@ def test_stacks_names_the_rank_that_never_reaches_the_collective(tmp_path, local
         assert f"NCCL flight recorder: 4 dump(s) in {run_dir / 'nccl-trace'}/ (read them with: torchfrtrace" in out
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
 def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs, launcher):
     job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0", str(HANG), "--",
@@ -271,6 +273,7 @@ def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs, la
     assert took < 30
 
 
+@pytest.mark.ranks
 def test_stacks_lists_a_rank_that_never_started_as_missing(tmp_path, local_jobs):
     job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0", str(HANG), "--",
                    "--where", "rendezvous", "--rank", "3", env=dict(os.environ, **{contract.TIMEOUT: "600"}))
@@ -287,6 +290,7 @@ def test_stacks_lists_a_rank_that_never_started_as_missing(tmp_path, local_jobs)
     assert "rank 3" not in proc.stdout.split("missing:")[0]  # ranks 0-2 answered from inside init()
 
 
+@pytest.mark.ranks
 def test_stacks_of_an_unmodified_script_through_py_spy(tmp_path, local_jobs):
     raw = SCRIPTS / "hang_raw.py"
     job = LocalJob(tmp_path, raw, "--launcher", "torchrun", str(raw), "--", "--rank", "3")
@@ -304,6 +308,7 @@ def test_stacks_of_an_unmodified_script_through_py_spy(tmp_path, local_jobs):
     assert json.loads((run_dir / "stacks").glob("*/rank-3.json").__next__().read_text())["source"] == "py-spy"
 
 
+@pytest.mark.ranks
 def test_stacks_without_py_spy_says_why_in_one_line(tmp_path, local_jobs):
     raw = SCRIPTS / "hang_raw.py"
     bare = tmp_path / "bin"
@@ -329,6 +334,7 @@ def test_stacks_without_py_spy_says_why_in_one_line(tmp_path, local_jobs):
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
 def test_the_watchdog_ends_a_hung_job_with_the_roll_call(tmp_path, launcher):
     job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0:08", str(HANG), "--",
@@ -347,6 +353,7 @@ def test_the_watchdog_ends_a_hung_job_with_the_roll_call(tmp_path, launcher):
         f"rank-{r}.json" for r in range(4)]
 
 
+@pytest.mark.ranks
 def test_slow_steps_that_advance_are_never_a_hang(tmp_path):
     # Each step takes 3 s with a 6-s watchdog: 8 steps (24 s) outlast the timeout, and nothing stops them.
     job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0:06", str(HANG), "--",
@@ -358,6 +365,7 @@ def test_slow_steps_that_advance_are_never_a_hang(tmp_path):
     assert "finished 8 steps" in out + err and "hang watchdog" not in err
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["srun", "spawn"])  # torchrun starts workers after its own rendezvous
 def test_a_rank_that_never_starts_is_named_by_the_others(tmp_path, launcher):
     env = dict(os.environ, **{contract.TIMEOUT: "10"})
@@ -371,6 +379,7 @@ def test_a_rank_that_never_starts_is_named_by_the_others(tmp_path, launcher):
                      err), err
 
 
+@pytest.mark.ranks
 def test_should_stop_agrees_on_the_cpu_channel_and_shutdown_tears_it_down(tmp_path):
     """4 real gloo ranks: rank 2 is asked to stop at call 3; every rank answers True at that same call, on a
     group that is not the training group; after shutdown() nothing of it is left (no group, no thread)."""
@@ -520,6 +529,7 @@ def test_a_rank_that_never_starts_on_the_cluster_is_named_with_its_node(work, la
     assert "missing rank 3 (node2): never started" in batch_log
 
 
+@pytest.mark.ranks
 def test_an_outsider_on_master_port_cannot_keep_a_hung_job_alive(tmp_path):
     """Issue 23, class 9: the progress counter lives in the rendezvous store, which any process that reaches
     MASTER_PORT can write. Under its old fixed name an outsider adding to it kept a hung job alive, and a

@@ -25,6 +25,7 @@ def results(text: str) -> list:
             if "RESULT " in line]
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
 def test_four_ranks_each_launcher(tmp_path, launcher):
     script = "allreduce_spawn.py" if launcher == "spawn" else "allreduce.py"
@@ -50,6 +51,7 @@ def test_four_ranks_each_launcher(tmp_path, launcher):
         assert all(r["node_id"] == str(r["rank"] // 2) for r in res)
 
 
+@pytest.mark.ranks
 def test_quiet_shows_rank_zero_only(tmp_path):
     proc = run_cli("submit", "--local", "--quiet", "--launcher", "srun", "--procs-per-node", "3",
                    "--output-dir", str(tmp_path), str(SCRIPTS / "allreduce.py"), cwd=tmp_path)
@@ -59,6 +61,7 @@ def test_quiet_shows_rank_zero_only(tmp_path):
     assert len(results("".join(p.read_text() for p in run_dir.glob("rank-*.out")))) == 3
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_failing_rank_ends_everything_fast(tmp_path, launcher):
     start = time.monotonic()
@@ -101,6 +104,7 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_ctrl_c_leaves_no_process(tmp_path, launcher):
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
@@ -146,6 +150,7 @@ def test_plan_uses_gpus_when_there_are_enough():
     assert "SLURM_LOCALID=1" in describe(make_plan(spec.replace(launcher="srun"), "/tmp/r", 1, 1, []))
 
 
+@pytest.mark.ranks
 def test_slurm_variables_of_a_parent_job_do_not_leak(tmp_path):
     env = dict(os.environ, SLURM_JOB_ID="999", SLURM_NTASKS="64", SLURM_CPU_BIND="map_cpu:0", SBATCH_PARTITION="x")
     proc = run_cli("submit", "--local", "--procs-per-node", "2", "--output-dir", str(tmp_path),
@@ -154,6 +159,7 @@ def test_slurm_variables_of_a_parent_job_do_not_leak(tmp_path):
     assert sorted(r["rank"] for r in results(proc.stdout)) == [0, 1]
 
 
+@pytest.mark.ranks
 def test_new_skeleton_runs_on_two_ranks(tmp_path):
     made = run_cli("new", "train.py", cwd=tmp_path)
     assert made.returncode == 0, made.stderr

@@ -135,6 +135,7 @@ def test_requeue_limit_ends_the_job_clearly(work):
     assert len(list((work / "run-ck").glob("ckpt-*.pt"))) >= 1 and not (work / "run.pt").exists()
 
 
+@pytest.mark.ranks
 def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, reference):
     shutil.copy(SCRIPTS / "resumable.py", tmp_path)
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "torchrun",

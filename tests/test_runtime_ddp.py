@@ -27,6 +27,7 @@ def reference_params(steps: int, world: int):
     return [p.detach() for p in model.parameters()]
 
 
+@pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_ddp_matches_one_process_and_sampler_covers_all(tmp_path, launcher):
     out = tmp_path / "res"
@@ -52,6 +53,7 @@ def test_ddp_matches_one_process_and_sampler_covers_all(tmp_path, launcher):
     assert res[1]["env"]["rank"] == 1 and res[1]["env"]["world_size"] == 2
 
 
+@pytest.mark.ranks
 def test_plain_python_is_world_size_one(tmp_path):
     import subprocess
 
