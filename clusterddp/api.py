@@ -283,7 +283,9 @@ def submit_script(spec: JobSpec, script: str, args: Sequence[str] = (), backend:
     import submitit
 
     if not os.path.isfile(script):
-        raise SpecError(f"training script {script!r} not found")
+        from .preflight import script_not_found
+
+        raise SpecError(str(script_not_found(script)))
     command = [python or sys.executable, "-u", script, *args]
     function_spec = spec.replace(script="", args=(), module=False, launcher="srun")
     return submit_function(submitit.helpers.CommandFunction(command, verbose=False), function_spec,

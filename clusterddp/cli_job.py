@@ -137,9 +137,9 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
             values[name] = configured[name]
     spec = JobSpec(script=script, args=tuple(args), **values)
     if not spec.module and not Path(script).is_file():
-        hint = " (a directory: give the script inside it)" if Path(script).is_dir() else ""
-        raise SpecError(f"training script {script!r} not found{hint}: give a path relative to the directory you "
-                        "submit from, or use -m package.module")
+        from .preflight import script_not_found
+
+        raise SpecError(str(script_not_found(script)))
     if cluster.remote:
         from .remote import job_spec
 

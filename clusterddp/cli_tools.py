@@ -95,73 +95,13 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, clu
       clusterddp stacks clusterddp-runs/train-local-20261130-120000-4242
     """
     import json
-    import re
 
-    from . import hostlist, slurm
-    from .errors import ClusterDDPError
-    from .record import JobRecord, for_job
-    from .stacks import Target, collect, report
+    from .stacks import roll_call
 
-    if re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
-        chosen = for_job(job, cluster, note=_note)
-        record = JobRecord.load(job, chosen.name)
-        if record is None:
-            raise SpecError(f"job {job} was not submitted with clusterddp here, so its run directory is unknown; "
-                            "pass the run directory instead: clusterddp stacks RUN_DIR")
-        with slurm.on(chosen):
-            info = slurm.info(job)
-        if info.state != "RUNNING":
-            raise ClusterDDPError(f"job {job} is {info.state}: only a running job has stacks to show"
-                                  + (f" (its logs: clusterddp logs {job})" if info.done else ""))
-        target = Target(Path(record.run_dir), record.nodes * record.procs_per_node, record.launcher,
-                        record.procs_per_node, job, hostlist.expand(info.node_list) if info.node_list else ())
-        if chosen.remote:
-            call, text = _remote_stacks(chosen, record.python, target, timeout, no_py_spy)
-            click.echo(json.dumps(call, indent=1) if as_json else text.rstrip("\n"))
-            if not call["groups"]:
-                sys.exit(EXIT["RUNTIME"])
-            return
-    elif Path(job).is_dir():
-        target = Target(Path(job))
-    else:
-        raise SpecError(f"{job!r} is neither a job id (digits) nor an existing run directory")
-    call = collect(target, timeout, note=lambda line: click.echo(f"clusterddp: {line}", err=True),
-                   fallback=not no_py_spy)
-    click.echo(json.dumps(call, indent=1) if as_json else report(call, target.run_dir).rstrip("\n"))
+    call, text = roll_call(job, cluster, timeout, not no_py_spy, note=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(call, indent=1) if as_json else text.rstrip("\n"))
     if not call["groups"]:
         sys.exit(EXIT["RUNTIME"])
-
-
-def _remote_stacks(cluster: Any, python: str, target: Any, timeout: float, no_py_spy: bool) -> Any:
-    """clusterddp stacks for a remote job: collected on the login node (where the run directory is), by this
-    clusterddp's own modules run with the job's Python there."""
-    import json
-
-    from .errors import ClusterDDPError, SlurmError
-    from .remote import python_module
-    from .rollcall import printable
-
-    args = [str(target.run_dir), "--world-size", str(target.world_size), "--launcher", target.launcher,
-            "--per-node", str(target.per_node), "--job-id", str(target.job_id), "--nodes", ",".join(target.nodes),
-            "--timeout", str(timeout)] + (["--no-py-spy"] if no_py_spy else [])
-    click.echo(f"clusterddp: asking job {target.job_id}'s ranks on cluster {cluster.name}", err=True)
-    proc = python_module(cluster, python, "clusterddp.stacks", args, timeout=2 * timeout + 90)
-    for line in proc.stderr.splitlines():
-        if line.strip():
-            click.echo(f"clusterddp: {cluster.name}: {line}", err=True)
-    try:
-        answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave no answer", ["python", "-m",
-                         "clusterddp.stacks", *args], proc.returncode, proc.stderr) from None
-    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-        raise ClusterDDPError(f"cluster {cluster.name}: {answer['error']}")
-    call = answer.get("call") if isinstance(answer, dict) else None
-    if not isinstance(call, dict) or not isinstance(call.get("groups"), list) \
-            or not isinstance(answer.get("report"), str):  # a login node's answer is data: its shape is checked
-        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave an answer of another shape", ["python",
-                         "-m", "clusterddp.stacks", *args], proc.returncode, proc.stderr)
-    return call, printable(answer["report"])
 
 
 @cli.command("cancel")

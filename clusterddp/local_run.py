@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from .local import Plan
 
 KILL_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
-_DEFAULT_PREFIX = re.compile(r"^\[default(\d+)\]:")
+# torchrun's line prefix (contract.TORCHRUN_PREFIX) with the local rank captured
+_DEFAULT_PREFIX = re.compile("^" + re.escape(contract.TORCHRUN_PREFIX).replace(re.escape("{local_rank}"), r"(\d+)"))
 
 
 class _Runner:
@@ -164,16 +165,12 @@ def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = pr
     runner.join_output()
     if first is not None:
         from .logscan import summary, tracebacks
-        from .rollcall import hang_report, rendezvous_failure
+        from .rollcall import runtime_failure
 
-        hang, rendezvous = hang_report(Path(plan.run_dir)), rendezvous_failure(Path(plan.run_dir))
-        if hang is not None:  # the runtime's watchdog ended the job: its roll call says more than tracebacks
-            note(f"clusterddp: the hang watchdog ended the job ({hang['summary']}). Roll call:\n"
-                 f"{hang['text'].rstrip()}\nclusterddp: every rank's stacks: {hang['dir']}/")
-            return contract.HANG_EXIT
-        if rendezvous is not None:
-            note(f"clusterddp: {rendezvous}")
-            return contract.RENDEZVOUS_EXIT
+        ended = runtime_failure(Path(plan.run_dir))
+        if ended is not None:
+            note(ended[1])
+            return ended[0]
         note(f"clusterddp: {plan.procs[first].label} exited with code {code}; stopped the others")
         found = tracebacks(sorted(Path(plan.run_dir).glob("*.out")))
         note(summary(found, plan.run_dir))

@@ -20,11 +20,18 @@ def _mem_mb(mem: str) -> int:
     return math.ceil(value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit])
 
 
+def script_not_found(script: str) -> PreflightError:
+    """The one wording of a training script that is not there (the CLI, the pre-flight check and the API)."""
+    hint = " (a directory: give the script inside it)" if Path(script).is_dir() else ""
+    return PreflightError(f"training script {script!r} not found{hint}: give a path relative to the directory you "
+                          "submit from, or a module (-m package.module)")
+
+
 def check_local(spec: JobSpec, here: bool = True) -> None:
     """On this machine: the entry point exists and the output directory can be written. For a remote cluster
     (``here`` False) the script must lie in the directory submitted from, which is what is copied there."""
     if not spec.module and not Path(spec.script).is_file():
-        raise PreflightError(f"training script {spec.script!r} not found")
+        raise script_not_found(spec.script)
     if not here:
         if not spec.module and (Path(spec.script).is_absolute() or ".." in Path(spec.script).parts):
             raise PreflightError(f"training script {spec.script!r} is not a path inside the directory you submit "

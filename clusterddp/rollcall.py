@@ -294,3 +294,16 @@ def rendezvous_failure(run_dir: Path) -> Optional[str]:
     found = sorted(Path(run_dir).glob(contract.RENDEZVOUS_REPORT.format(restarts="*")))
     raw = read_bounded(found[-1], 1 << 16) if found else None
     return None if raw is None else printable(raw.decode("utf-8", "replace").strip()).replace("\n", "?")
+
+
+def runtime_failure(run_dir: Path) -> Optional[Tuple[int, str]]:
+    """Why the runtime ended a job, as shown after it (``--wait``, a local run): (exit code, lines), or None. The
+    batch script writes the same into its log with shell lines of its own (templates/base.sh.j2)."""
+    hang = hang_report(run_dir)
+    if hang is not None:  # the runtime's watchdog ended the job: its roll call says more than tracebacks
+        return contract.HANG_EXIT, (f"clusterddp: the hang watchdog ended the job ({hang['summary']}). Roll call:\n"
+                                    f"{hang['text'].rstrip()}\nclusterddp: every rank's stacks: {hang['dir']}/")
+    rendezvous = rendezvous_failure(run_dir)
+    if rendezvous is not None:
+        return contract.RENDEZVOUS_EXIT, f"clusterddp: {rendezvous}"
+    return None

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import contract, rollcall
 from .contract import EXIT
@@ -141,6 +141,72 @@ def report(call: Dict[str, Any], run_dir: Path) -> str:
                      f"{run_dir / contract.NCCL_TRACE_DIR} -p rank_)")
     lines.append(f"every rank's stacks: {call['dir']}/")
     return rollcall.printable("\n".join(lines) + "\n")  # dump files are data
+
+
+def roll_call(job: str, cluster_option: Optional[str], timeout: float, fallback: bool,
+              note: Callable[[str], None]) -> Tuple[Dict[str, Any], str]:
+    """``clusterddp stacks JOB``: the roll call and its text, for a job id (its record gives the run directory;
+    on a remote cluster it is collected on the login node) or the run directory of a --local run."""
+    from . import backends, hostlist
+    from .errors import SpecError
+    from .ids import check_job_id
+    from .record import JobRecord, for_job
+
+    try:
+        job_id: Optional[str] = check_job_id(job)
+    except SpecError:
+        job_id = None
+    if job_id is None:
+        if not Path(job).is_dir():
+            raise SpecError(f"{job!r} is neither a job id (digits) nor an existing run directory")
+        target = Target(Path(job))
+        call = collect(target, timeout, note=lambda line: note(f"clusterddp: {line}"), fallback=fallback)
+        return call, report(call, target.run_dir)
+    chosen = for_job(job_id, cluster_option, note=lambda line: note(f"clusterddp: {line}"))
+    record = JobRecord.load(job_id, chosen.name)
+    if record is None:
+        raise SpecError(f"job {job_id} was not submitted with clusterddp here, so its run directory is unknown; "
+                        "pass the run directory instead: clusterddp stacks RUN_DIR")
+    info = backends.get(chosen).info(job_id)
+    if info.state != "RUNNING":
+        raise ClusterDDPError(f"job {job_id} is {info.state}: only a running job has stacks to show"
+                              + (f" (its logs: clusterddp logs {job_id})" if info.done else ""))
+    target = Target(Path(record.run_dir), record.nodes * record.procs_per_node, record.launcher,
+                    record.procs_per_node, job_id, hostlist.expand(info.node_list) if info.node_list else ())
+    if chosen.remote:
+        return _remote(chosen, record.python, target, timeout, fallback, note)
+    call = collect(target, timeout, note=lambda line: note(f"clusterddp: {line}"), fallback=fallback)
+    return call, report(call, target.run_dir)
+
+
+def _remote(cluster: Any, python: str, target: Target, timeout: float, fallback: bool,
+            note: Callable[[str], None]) -> Tuple[Dict[str, Any], str]:
+    """The roll call of a remote job: collected on the login node (where the run directory is), by this
+    clusterddp's own modules run with the job's Python there (``main`` below)."""
+    from .remote import python_module
+
+    args = [str(target.run_dir), "--world-size", str(target.world_size), "--launcher", target.launcher,
+            "--per-node", str(target.per_node), "--job-id", str(target.job_id), "--nodes", ",".join(target.nodes),
+            "--timeout", str(timeout)] + ([] if fallback else ["--no-py-spy"])
+    note(f"clusterddp: asking job {target.job_id}'s ranks on cluster {cluster.name}")
+    proc = python_module(cluster, python, "clusterddp.stacks", args, timeout=2 * timeout + 90)
+    for line in proc.stderr.splitlines():
+        if line.strip():
+            note(f"clusterddp: {cluster.name}: {line}")
+    argv = ["python", "-m", "clusterddp.stacks", *args]
+    try:
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave no answer", argv, proc.returncode,
+                         proc.stderr) from None
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        raise ClusterDDPError(f"cluster {cluster.name}: {answer['error']}")
+    call = answer.get("call") if isinstance(answer, dict) else None
+    if not isinstance(call, dict) or not isinstance(call.get("groups"), list) \
+            or not isinstance(answer.get("report"), str):  # a login node's answer is data: its shape is checked
+        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave an answer of another shape", argv,
+                         proc.returncode, proc.stderr)
+    return call, rollcall.printable(answer["report"])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

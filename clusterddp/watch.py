@@ -49,16 +49,11 @@ def show_failure(record: Any) -> None:
     """The hang watchdog's roll call, or ranks that never arrived, or else every log with a traceback and the most
     likely root cause in full (``record``'s files readable here: Backend.readable)."""
     from .logscan import summary, tracebacks
-    from .rollcall import hang_report, rendezvous_failure
+    from .rollcall import runtime_failure
 
-    hang = hang_report(Path(record.run_dir))
-    if hang is not None:
-        click.echo(f"clusterddp: the hang watchdog ended the job ({hang['summary']}). Roll call:\n"
-                   f"{hang['text'].rstrip()}\nclusterddp: every rank's stacks: {hang['dir']}/", err=True)
-        return
-    rendezvous = rendezvous_failure(Path(record.run_dir))
-    if rendezvous is not None:
-        click.echo(f"clusterddp: {rendezvous}", err=True)
+    ended = runtime_failure(Path(record.run_dir))
+    if ended is not None:
+        click.echo(ended[1], err=True)
         return
 
     found = tracebacks([Path(p) for p in record.logs()] + [Path(record.batch_log)])
