@@ -35,7 +35,6 @@ HANG_STARTUP_FACTOR = 2
 #: counter in the rendezvous store, which anyone who reaches MASTER_PORT could otherwise write.
 WATCH_KEY = "CLUSTERDDP_WATCH_KEY"
 EXPORTED += (WATCH_KEY,)
-STACKS_DIR = "stacks"                        # everything below lives here
 HELLO_FILE = "stacks/ranks/rank-{rank}.json"  # written by each rank at init(): node, pid, state, restart count
 REQUEST_FILE = "stacks/request"              # `clusterddp stacks` writes a dump name here; every rank answers
 DUMP_DIR = "stacks/{name}"                   # rank-N.json (for tools) and rank-N.txt (for people) per rank

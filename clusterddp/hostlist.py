@@ -149,54 +149,6 @@ def first(nodelist: str) -> str:
 _TRAILING_NUM = re.compile(r"^(.*?)(\d+)(\D*)$")
 
 
-def _fits(num: str, n: int, width: int) -> bool:
-    return str(n).zfill(width) == num
-
-
-def compress(hosts: Sequence[str]) -> str:
-    """The reverse of :func:`expand`: ``expand(compress(h)) == list(h)`` for every valid list.
-
-    Adjacent names that differ only in their last number are merged into one bracket group; order and
-    duplicates are kept (so a compressed list may be longer than Slurm's sorted form).
-    """
-    out: List[str] = []
-    group_key: Tuple[str, str] | None = None
-    ranges: List[Tuple[int, int, str]] = []  # (low, high, low as written)
-
-    def flush() -> None:
-        if group_key is None:
-            return
-        prefix, suffix = group_key
-        if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
-            out.append(f"{prefix}{ranges[0][2]}{suffix}")
-        else:
-            body = ",".join(s if lo == hi else f"{s}-{str(hi).zfill(len(s))}" for lo, hi, s in ranges)
-            out.append(f"{prefix}[{body}]{suffix}")
-
-    for host in hosts:
-        if not host or any(c in host for c in "[]" + _SEPARATORS):
-            raise HostlistError(f"host name {host!r} cannot appear in a host list")
-        m = _TRAILING_NUM.match(host)
-        if not m:
-            flush()
-            group_key, ranges = None, []
-            out.append(host)
-            continue
-        prefix, num, suffix = m.groups()
-        n = int(num)
-        if (prefix, suffix) == group_key:
-            lo, hi, lo_s = ranges[-1]
-            if n == hi + 1 and _fits(num, n, len(lo_s)):
-                ranges[-1] = (lo, n, lo_s)
-                continue
-            ranges.append((n, n, num))
-            continue
-        flush()
-        group_key, ranges = (prefix, suffix), [(n, n, num)]
-    flush()
-    return ",".join(out)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m clusterddp.hostlist [expand|first] LIST``: a scontrol stand-in for job scripts."""
     import sys

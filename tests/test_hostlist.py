@@ -1,11 +1,57 @@
 import shutil
 import subprocess
+from typing import List, Sequence, Tuple
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp.hostlist import MAX_RANGE, HostlistError, compress, expand, first, iter_hosts
+from clusterddp.hostlist import _SEPARATORS, _TRAILING_NUM, MAX_RANGE, HostlistError, expand, first, iter_hosts
+
+
+def compress(hosts: Sequence[str]) -> str:
+    """The reverse of clusterddp.hostlist.expand, for the round-trip tests (clusterddp itself never compresses):
+    ``expand(compress(h)) == list(h)`` for every valid list.
+
+    Adjacent names that differ only in their last number are merged into one bracket group; order and
+    duplicates are kept (so a compressed list may be longer than Slurm's sorted form).
+    """
+    out: List[str] = []
+    group_key: Tuple[str, str] | None = None
+    ranges: List[Tuple[int, int, str]] = []  # (low, high, low as written)
+
+    def flush() -> None:
+        if group_key is None:
+            return
+        prefix, suffix = group_key
+        if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+            out.append(f"{prefix}{ranges[0][2]}{suffix}")
+        else:
+            body = ",".join(s if lo == hi else f"{s}-{str(hi).zfill(len(s))}" for lo, hi, s in ranges)
+            out.append(f"{prefix}[{body}]{suffix}")
+
+    for host in hosts:
+        if not host or any(c in host for c in "[]" + _SEPARATORS):
+            raise HostlistError(f"host name {host!r} cannot appear in a host list")
+        m = _TRAILING_NUM.match(host)
+        if not m:
+            flush()
+            group_key, ranges = None, []
+            out.append(host)
+            continue
+        prefix, num, suffix = m.groups()
+        n = int(num)
+        if (prefix, suffix) == group_key:
+            lo, hi, lo_s = ranges[-1]
+            if n == hi + 1 and str(n).zfill(len(lo_s)) == num:
+                ranges[-1] = (lo, n, lo_s)
+                continue
+            ranges.append((n, n, num))
+            continue
+        flush()
+        group_key, ranges = (prefix, suffix), [(n, n, num)]
+    flush()
+    return ",".join(out)
 
 
 @pytest.mark.parametrize("text,hosts", [
