@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import contract, sbatch_options, slurm
+from .clusters import Cluster
 from .errors import ClusterDDPError, PreflightError, SlurmError
 from .hosts import host_for
 from .preflight import check_cluster, check_local
@@ -19,17 +20,17 @@ if TYPE_CHECKING:
     from .spec import JobSpec
 
 
-def submit(spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
+def submit(spec: "JobSpec", cluster: Cluster, template_dirs: Sequence[str] = (), check: bool = True,
            note: Callable[[str], None] = lambda line: None) -> JobRecord:
-    """Submit ``spec`` to the current cluster (``slurm.on``): pre-flight checks (local, then the partition offer
-    from sinfo; skipped with ``check=False``), the script written under the output directory, ``sbatch
-    --test-only``, ``sbatch``, the record.
+    """Submit ``spec`` to ``cluster`` (its Slurm commands run through ``slurm.on(cluster)``): pre-flight checks
+    (local, then the partition offer from sinfo; skipped with ``check=False``), the script written under the output
+    directory, ``sbatch --test-only``, ``sbatch``, the record.
 
     On a remote cluster the directory submitted from is first copied there (only what changed) and the job runs
     from its own snapshot of that copy. The script keeps the name sbatch saw (``scontrol show job`` reports it as
     the Command); when submission fails, the error says where the script was kept.
     """
-    host = host_for(slurm.current())
+    host = host_for(cluster)
     spec = host.job_spec(spec)
     text = render(spec, template_dirs=template_dirs)
     if check:

@@ -24,7 +24,7 @@ class SlurmBackend:
         from ..submit import submit
 
         with slurm.on(self.cluster):
-            return submit(spec, template_dirs, check=check, note=note)
+            return submit(spec, self.cluster, template_dirs, check=check, note=note)
 
     def info(self, job_id: str) -> "JobInfo":
         with slurm.on(self.cluster):
