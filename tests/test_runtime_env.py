@@ -97,3 +97,38 @@ def test_shutdown_leaves_no_state_behind():
     with runtime.init(allow_single=True, environ={}, timeout=30) as again:
         assert again.rank == 0 and runtime.world_size() == 1
     assert group._STATE == {}
+
+
+def test_a_counter_that_fails_from_the_first_beat_starts_the_clock_not_a_hang(monkeypatch):
+    """CI, submitit job: a short job's rank 0 ended and took the TCP store with it before rank 2's first beat; the
+    failed first reading left the watchdog's clock at 0 (the machine's boot) and rank 2 declared a hang of
+    17099 s while shutting down (exit 79, no result). The clock starts at the first beat; a stopping thread never
+    declares a hang. (A store that fails at once: the error path a real store gives only at teardown.)"""
+    import threading
+    import time
+
+    from clusterddp import contract
+    from clusterddp.runtime import control
+    from clusterddp.runtime.env import DistEnv
+
+    class Gone:
+        def add(self, key, value):
+            raise ConnectionError("Connection was likely closed")
+
+    hung = []
+    monkeypatch.setattr(control, "POLL_S", 0.05)
+    monkeypatch.setattr(control, "BEAT_S", 0.1)
+    monkeypatch.setattr(control.Control, "_hung", lambda self, idle, limit: hung.append((idle, limit)))
+    env = DistEnv(2, 0, 4, 2, 1, 2, "node1", 20001, "srun")
+    watch = control.Control(env, None, 60.0, {contract.HANG_TIMEOUT: "1"})
+    watch.start()
+    watch.joined(Gone())
+    time.sleep(1.0)  # the limit before the first progress is 2 s: nothing yet
+    assert hung == [], hung
+    time.sleep(1.6)  # past it: the watchdog still acts (a broken counter never turns it off)
+    assert hung and 1.9 < hung[0][0] < 3.5 and hung[0][1] == 2.0, hung
+    count = len(hung)
+    watch.stopping.set()
+    time.sleep(0.3)
+    watch.thread.join(timeout=5)
+    assert not watch.thread.is_alive() and len(hung) <= count + 1 and threading.active_count() >= 1

@@ -171,7 +171,8 @@ class Control:
 
     def _run(self) -> None:
         last_beat = 0.0
-        sent, total, progressed, last_progress = 0, -1, False, 0.0
+        sent, total, progressed = 0, -1, False
+        last_progress: Optional[float] = None  # the clock starts at the first beat, whatever the store says then
         complained = False
         while not self.stopping.wait(POLL_S):
             try:
@@ -184,6 +185,8 @@ class Control:
                 if self.hang_timeout <= 0 or now - last_beat < BEAT_S:
                     continue
                 last_beat = now
+                if last_progress is None:
+                    last_progress = now
                 beats = _BEATS[0]
                 try:
                     seen = int(self.store.add(self.key, beats - sent))
@@ -198,7 +201,8 @@ class Control:
                     progressed = progressed or total >= 0
                     total, last_progress = seen, now
                 limit = self.hang_timeout * (1 if progressed else contract.HANG_STARTUP_FACTOR)
-                if now - last_progress >= limit:
+                # (a store gone because the other ranks finished first is no hang of a rank that is shutting down)
+                if now - last_progress >= limit and not self.stopping.is_set():
                     self._hung(now - last_progress, limit)
             except Exception as exc:  # the control plane must never take the training down
                 if self.stopping.is_set():
