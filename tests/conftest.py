@@ -72,6 +72,13 @@ def slurm_cluster(slurm_release):
     why = cluster_impossible()
     if why:
         pytest.skip(why)
+    base = os.path.realpath(sys.base_prefix)
+    if slurm_release != "22.05" and (base == "/usr" or base.startswith("/usr/") and not base.startswith("/usr/local")):
+        # The 24.11 root keeps its own /usr (Debian 13's); a venv of the machine's /usr/bin/python3 has no interpreter
+        # there ("bad interpreter"), so every job would fail for a reason that is not clusterddp's.
+        pytest.skip(f"Slurm {slurm_release} runs in a Debian 13 root that keeps its own /usr, and the tests' Python "
+                    f"is based on the machine's {base}: run them with a Python outside /usr (pyenv, /usr/local, "
+                    "/opt), or choose --slurm-release 22.05")
     release = {**os.environ, "CLUSTERDDP_SLURM_RELEASE": slurm_release, "CLUSTERDDP_PYTHON": sys.executable}
     root = os.environ.get("CLUSTERDDP_SLURM_ROOT", "/var/lib/clusterddp/slurm-24.11")
     if not shutil.which("slurmctld") or not shutil.which("sshd", path="/usr/sbin") or (
