@@ -143,10 +143,15 @@ def _rsync_reads_differently(local_dir: Path) -> Optional[str]:
     return None
 
 
+def _output_top(spec: "JobSpec") -> Optional[str]:
+    """The top directory of a relative --output-dir (the local runs' outputs, never copied), or None."""
+    out = Path(spec.output_dir)
+    return out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
+
+
 def _selected_names(spec: "JobSpec", local_dir: Path) -> Optional[List[str]]:
     """What of ``local_dir`` is copied, as relative names (git's rules); None without git (rsync filters then)."""
-    out = Path(spec.output_dir)
-    out_top = out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
+    out_top = _output_top(spec)
     names = _git_files(local_dir)
     if names is None:
         return None
@@ -161,8 +166,7 @@ def _filters(spec: "JobSpec", local_dir: Path) -> List[str]:
         raise PreflightError(f"without git, rsync reads the .gitignore files, and it reads {differs} otherwise "
                              "than git (a trailing space, a backslash escape or a negation): install git, which "
                              "then decides what is copied, or rewrite that line")
-    out = Path(spec.output_dir)
-    out_top = out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
+    out_top = _output_top(spec)
     return ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"] + \
         ([f"--exclude=/{out_top}/"] if out_top else [])
 
