@@ -94,7 +94,12 @@ class _Runner:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        """SIGTERM every process group we started, SIGKILL what is left after a grace period."""
+        """SIGTERM every process group we started, SIGKILL what is left after a grace period, descendants in
+        other sessions included."""
+        # torchrun starts each worker in a session of its own, out of reach of the agent's group; a worker that
+        # ignores SIGTERM (a rank that asked for should_stop()) would outlive its agent's SIGKILL, orphaned and
+        # holding its GPU. So every descendant is listed now, while the agents still are their parents.
+        below = _descendants([p.pid for p in self.popens])
         for p in self.popens:
             if p.poll() is None:
                 _signal_group(p.pid, signal.SIGTERM)
@@ -106,11 +111,60 @@ class _Runner:
                 pass
         for p in self.popens:
             _signal_group(p.pid, signal.SIGKILL)  # also children that outlived their parent
+        for pid, started in below:
+            if _start_time(pid) == started:  # still that process, not a new one with a reused pid
+                _kill(pid)
+        for p in self.popens:
             p.wait()
 
     def join_output(self) -> None:
         for t in getattr(self, "threads", []):
             t.join(timeout=5)
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time (field 22 of /proc/PID/stat), None once it is gone: tells a pid's reuse apart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants(roots: List[int]) -> List[Tuple[int, str]]:
+    """Every living process below ``roots`` as (pid, start time), from /proc (Linux; elsewhere none)."""
+    children: Dict[int, List[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: List[Tuple[int, str]] = []
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            started = _start_time(child)
+            if started is not None:
+                found.append((child, started))
+                todo.append(child)
+    return found
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL one process, and its group where it leads one (a torchrun worker's own session)."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

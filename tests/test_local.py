@@ -98,18 +98,20 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="process tree from /proc (Linux)")
 def _sigint_default() -> None:
     """Ctrl-C as at a terminal: a shell running the suite in the background makes children ignore SIGINT."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
-def test_ctrl_c_leaves_no_process(tmp_path, launcher):
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="process tree from /proc (Linux)")
+@pytest.mark.parametrize("launcher, ranks_ignore_term", [("torchrun", False), ("srun", False), ("torchrun", True)])
+def test_ctrl_c_leaves_no_process(tmp_path, launcher, ranks_ignore_term):
+    """Also where the ranks ignore SIGTERM: torchrun's workers live in sessions of their own, out of reach of their
+    agent's process group, and would outlive it."""
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
                             "--nodes", "2", "--gpus", "2", "--output-dir", str(tmp_path), str(SCRIPTS / "sleeper.py"),
-                            "--", "300"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            "--", "300", *(["ignore-term"] if ranks_ignore_term else [])], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            preexec_fn=_sigint_default)
     deadline = time.monotonic() + 90
     started = 0
