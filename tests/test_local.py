@@ -111,7 +111,8 @@ def test_ctrl_c_leaves_no_process(tmp_path, launcher, ranks_ignore_term):
     agent's process group, and would outlive it."""
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
                             "--nodes", "2", "--gpus", "2", "--output-dir", str(tmp_path), str(SCRIPTS / "sleeper.py"),
-                            "--", "300", *(["ignore-term"] if ranks_ignore_term else [])], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            "--", "300", *(["ignore-term"] if ranks_ignore_term else [])], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            preexec_fn=_sigint_default)
     deadline = time.monotonic() + 90
     started = 0
