@@ -49,9 +49,10 @@ demo: install
 	@echo "      what the job will be (ranks, environment):          clusterddp explain --nodes 2 --gpus 8 examples/train_ddp.py"
 	@$(if $(VENV),echo "      (clusterddp is installed in $(VENV): . $(VENV)/bin/activate)",true)
 
-# Lint first (seconds), then every test, the real-Slurm ones included.
+# Lint first (seconds), then every test, the real-Slurm ones included: two pytest runs side by side, the cluster's
+# tests and the rest (tests/run_both.py; one part alone: pytest -m slurm, pytest -m "not slurm").
 test: install-test lint
-	$(PYTHON) -m pytest -ra --durations=25
+	$(PYTHON) tests/run_both.py -ra --durations=25
 
 # The edit loop: no cluster tests, none marked slow, none that starts a real job's ranks (make test runs them all).
 test-fast: install-test lint

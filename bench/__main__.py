@@ -254,6 +254,37 @@ def item9_control_overhead(rows: List[Row], work: Path) -> None:
                  "overhead < 1%"))
 
 
+def item12_checkpoints(rows: List[Row], work: Path) -> None:
+    """Step time with a checkpoint every 10 steps (about 400 MB each), background and written at save() against
+    none: 1 rank (a core left for the writing thread, as on a GPU node whose CPU waits for the GPU) and 2 ranks
+    (every core busy)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    env.pop("CLUSTERDDP_RUN_DIR", None)
+    for ranks in (1, 2):
+        times: Dict[str, List[float]] = {"none": [], "sync": [], "background": []}
+        size, final = 0.0, []
+        for i in range(3):  # interleaved, each mode first in turn; medians
+            for mode in (["none", "sync", "background"] * 2)[i:i + 3]:
+                shutil.rmtree(work / "ck", ignore_errors=True)
+                out = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+                                      str(BENCH / "checkpoint_cost.py"), mode, "30", "10", str(work / "ck")],
+                                     capture_output=True, text=True, check=True, env=env, cwd=work,
+                                     timeout=600).stdout
+                result = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+                times[mode].append(result["step_s"])
+                size = max(size, result["mb_per_checkpoint"])
+                if mode == "background":
+                    final.append(result["final_wait_s"])
+        none, sync, background = (statistics.median(times[m]) for m in ("none", "sync", "background"))
+        spread = min(t for ts in times.values() for t in ts), max(t for ts in times.values() for t in ts)
+        rows.append(("12", f"step time, {ranks} rank(s) on 2 CPU cores, a {size:.0f} MB checkpoint every 10 steps: "
+                     "background / none", f"{background * 1000:.0f} / {none * 1000:.0f} ms = {background / none:.3f} "
+                     f"(then once per run, the last write: {statistics.median(final):.2f} s)", "within 5%"))
+        rows.append(("12", f"the same, {ranks} rank(s), written before save() returns / none (runs' spread: "
+                     f"{spread[0] * 1000:.0f}-{spread[1] * 1000:.0f} ms)",
+                     f"{sync * 1000:.0f} / {none * 1000:.0f} ms = {sync / none:.3f}", ""))
+
+
 def item10_stacks(rows: List[Row], work: Path) -> None:
     """Time from `clusterddp stacks` to the printed roll call of a hung 4-rank local job."""
     out = work / "hang-runs"
@@ -344,7 +375,7 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12", help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     which = set(args.only.split(","))
@@ -360,7 +391,7 @@ def main() -> int:
                  ("3", lambda: item3_hostlist(rows, work)), ("4", lambda: item4_startup(rows, work)),
                  ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows)),
                  ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work)),
-                 ("11", lambda: item11_ssh(rows, work))]
+                 ("11", lambda: item11_ssh(rows, work)), ("12", lambda: item12_checkpoints(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:

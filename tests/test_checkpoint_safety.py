@@ -79,3 +79,4 @@ def test_a_planted_checkpoint_runs_nothing(tmp_path):
     line = next(x for x in loaded.stdout.splitlines() if x.startswith("refused:"))
     assert "ckpt-0000000009.pt holds more than tensors and plain data, so it was not loaded" in line
     assert "load_latest(..., weights_only=False)" in line and "Traceback" not in loaded.stderr
+

@@ -158,3 +158,54 @@ def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, reference):
     assert identical(tmp_path / "run.pt", reference)
     assert rank_steps(tmp_path / "run.log") == rank_steps(reference.parent / "ref.log")
     assert os.path.exists(tmp_path / "run-ck")
+
+
+def _rank_pids(cli_pid: int) -> list:
+    """The job's rank processes: every process below the local runner (srun launcher: its direct children)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == cli_pid:
+                children.append(int(entry.name))
+    return children
+
+
+@pytest.mark.ranks
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="the job's processes from /proc (Linux)")
+def test_background_checkpoints_survive_a_kill_bit_identical(tmp_path, reference):
+    """Checkpoints written in the background every 4 steps; every rank SIGKILLed mid-run (no stop request, no
+    last save: a lost node). The rerun resumes from the last checkpoint on disk, a multiple of 4, and ends
+    bit-identical to the uninterrupted run: the copy saved is the state at its step, not a later one."""
+    shutil.copy(SCRIPTS / "resumable.py", tmp_path)
+    args = [*job_args(tmp_path, "run", 0.25), "--ckpt-every", "4", "--background"]
+    cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "srun",
+                            *LOCAL_SHAPE, *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    deadline = time.monotonic() + 90
+    while len(steps(tmp_path / "run.log")) < 14 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ranks = _rank_pids(cli.pid)
+    assert len(ranks) == RANKS, ranks
+    for pid in ranks:
+        os.kill(pid, signal.SIGKILL)
+    cli.communicate(timeout=60)
+    assert cli.returncode != 0
+    killed_at = len(steps(tmp_path / "run.log"))
+    assert killed_at < TOTAL_STEPS and not (tmp_path / "run.pt").exists()
+    saved = sorted(int(p.stem.split("-")[1]) for p in (tmp_path / "run-ck").glob("ckpt-*.pt"))
+    assert saved and all(s % 4 == 0 for s in saved) and saved[-1] <= killed_at, (saved, killed_at)
+    again = run_cli("submit", "--local", "--launcher", "srun", *LOCAL_SHAPE,
+                    *[a if a != "0.25" else "0" for a in args], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"RESUME from step {saved[-1]}" in again.stdout
+    assert identical(tmp_path / "run.pt", reference)
+    # every rank's steps after the resume, loss for loss, as in the uninterrupted run
+    reference_steps, resumed = rank_steps(reference.parent / "ref.log"), rank_steps(tmp_path / "run.log")
+    for rank in range(RANKS):
+        lines = resumed[rank]
+        rerun = next(i for i in range(1, len(lines)) if int(lines[i][0]) <= int(lines[i - 1][0]))
+        assert lines[rerun][0] == str(saved[-1] + 1) and lines[rerun:] == reference_steps[rank][saved[-1]:], rank

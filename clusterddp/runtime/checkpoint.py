@@ -8,8 +8,9 @@ import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..errors import RuntimeEnvError
+from . import writer
 from .collect import broadcast_json, gather_json
-from .group import is_main, print0, rank, save_on_main, unwrap, world_size
+from .group import atomic_save, is_main, print0, rank, save_on_main, unwrap, world_size
 
 
 def _rng_state() -> Dict[str, Any]:
@@ -71,6 +72,20 @@ def _saved(state: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def _cpu_copy(obj: Any) -> Any:
+    """``obj`` with every tensor copied to CPU memory of its own (state dicts alias the live parameters and the
+    optimizer's buffers, which the next step changes in place)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return obj.__class__((k, _cpu_copy(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return obj.__class__(_cpu_copy(v) for v in obj)
+    return obj
+
+
 def _set_rng_state(state: Mapping[str, Any]) -> None:
     import random
 
@@ -102,12 +117,17 @@ class Checkpointer:
 
     ``save`` is collective: rank 0 writes model, optimizer, the loader's position and every rank's RNG states
     atomically (temp file + rename) and keeps the last ``keep`` checkpoints.
+
+    ``background=True``: ``save`` returns once rank 0 holds a copy in memory (CPU) and writes it on a thread while
+    training goes on, so frequent checkpoints cost little. The next ``save``, ``should_stop()`` when it says stop,
+    ``wait()``, ``latest()`` and ``runtime.shutdown()`` wait for that write; one that failed raises on every rank
+    there (the checkpoints before it are untouched). Memory: one more copy of the model and optimizer state.
     """
 
-    def __init__(self, directory: str, keep: int = 3) -> None:
+    def __init__(self, directory: str, keep: int = 3, background: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
-        self.directory, self.keep = directory, keep
+        self.directory, self.keep, self.background = directory, keep, bool(background)
 
     def _paths(self) -> List[str]:
         try:
@@ -117,22 +137,44 @@ class Checkpointer:
         steps = sorted((int(m.group(1)), n) for n in names if (m := re.fullmatch(r"ckpt-(\d+)\.pt", n)))
         return [os.path.join(self.directory, n) for _, n in steps]
 
+    def _prune(self) -> None:
+        for old in self._paths()[:-self.keep]:
+            os.unlink(old)
+
     def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
-        """Write checkpoint ``step`` (collective: call it on every rank); returns its path."""
+        """Write checkpoint ``step`` (collective: call it on every rank); returns its path (in the background:
+        the path it will have once written)."""
+        if self.background:
+            writer.used()
+            writer.settle()  # one write in flight at most; a failed one raises here, on every rank
         states = [_saved(state) for state in gather_json(_rng_state())]
         path = os.path.join(self.directory, f"ckpt-{int(step):010d}.pt")
         payload = {"step": int(step), "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "loader": loader.state_dict() if loader is not None else None,
                    "rng": states, "world_size": world_size(), "extra": extra}
-        save_on_main(payload, path)  # atomic, then a barrier
-        if is_main():
-            for old in self._paths()[:-self.keep]:
-                os.unlink(old)
+        if not self.background:
+            save_on_main(payload, path)  # atomic, then a barrier
+            if is_main():
+                self._prune()
+        elif is_main():
+            copy = _cpu_copy(payload)
+
+            def write() -> None:
+                atomic_save(copy, path)
+                self._prune()
+
+            writer.start(path, write)
         return path
+
+    def wait(self) -> None:
+        """Until the background write in flight is on disk (collective); raises on every rank if it failed."""
+        if self.background:
+            writer.settle()
 
     def latest(self) -> Optional[str]:
         """The newest checkpoint's path, as rank 0 sees it (every rank gets the same answer)."""
+        self.wait()
         paths = self._paths() if is_main() else []
         return broadcast_json(paths[-1] if paths else None)
 

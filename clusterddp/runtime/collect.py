@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, List
 
-from .group import channel, distributed, rank, world_size
+from .state import channel, distributed, rank, world_size
 
 
 def _tensor(data: bytes, length: int) -> Any:

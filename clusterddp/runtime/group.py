@@ -145,8 +145,14 @@ def shutdown() -> None:
     """Destroy the process group and forget every piece of runtime state (idempotent)."""
     import torch.distributed as dist
 
-    from . import stop
+    from . import stop, writer
 
+    failed = None
+    if "writer" in _STATE:  # background checkpoints were saved: the last one is written before the group goes
+        try:
+            writer.settle(peers_may_be_gone=True)
+        except RuntimeEnvError as exc:  # raised once everything below is released
+            failed = exc
     # A DDP reducer that outlives its process group can abort the process at exit ("terminate called without
     # an active exception", seen with gloo under mp.spawn): release the reducers of wrapped models first.
     for model in list(_STATE.get("wrapped", ())):
@@ -159,6 +165,8 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _STATE.clear()
+    if failed is not None:
+        raise failed
 
 
 def collective_timeout(rendezvous_s: float, hang_s: float) -> float:
@@ -304,23 +312,28 @@ def unwrap(model: Any) -> Any:
 
 def save_on_main(obj: Any, path: str) -> None:
     """torch.save on rank 0, atomically (temp file in the same directory, then rename); all ranks wait for it."""
+    if is_main():
+        atomic_save(obj, path)
+    barrier()
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """torch.save to a temp file in the same directory, fsync, rename: a reader sees the old file or the new one."""
     import torch
 
-    if is_main():
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                torch.save(obj, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    barrier()
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def spawn(fn: Any, nprocs: Optional[int] = None, args: tuple = ()) -> None:

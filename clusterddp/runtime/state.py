@@ -8,7 +8,8 @@ from ..errors import RuntimeEnvError
 from .env import DistEnv
 
 # env, device, backend, wrapped (DDP modules made by wrap(), released by shutdown), stop (see stop.py),
-# control (the control thread, control.py), channel (the CPU gloo group for control traffic)
+# control (the control thread, control.py), channel (the CPU gloo group for control traffic), writer (the background
+# checkpoint write in flight, writer.py)
 _STATE: Dict[str, Any] = {}
 
 

@@ -6,6 +6,7 @@ import signal
 from typing import Any, Dict
 
 from .. import contract
+from . import writer
 from .control import heartbeat
 from .state import _STATE, channel, distributed
 
@@ -49,19 +50,25 @@ def uninstall() -> None:
 
 def should_stop() -> bool:
     """True on every rank at the same call once a stop was requested (the time-limit warning, SIGUSR2, SIGTERM,
-    or the job's stop file): checkpoint and return. The ranks agree collectively, so none runs ahead."""
+    or the job's stop file): checkpoint and return. The ranks agree collectively, so none runs ahead. A background
+    checkpoint (Checkpointer(background=True)) is waited for when the answer is True; one that failed raises here
+    on every rank."""
     state = _stop()
     state["polled"] = True
     heartbeat()
     stop_file = os.environ.get(contract.STOP_FILE)
     local = state["signal"] is not None or bool(stop_file and os.path.exists(stop_file))
+    write_failed = writer.failed()
     if distributed():
         import torch
         import torch.distributed as dist
 
         # On the CPU control channel (a gloo group beside the training group): with NCCL, a flag on the GPU
-        # read back with .item() would synchronise the CUDA stream at every call.
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=channel())
-        return bool(flag.item())
+        # read back with .item() would synchronise the CUDA stream at every call. The second flag: rank 0's
+        # background checkpoint write failed (every rank raises at this same call).
+        flags = torch.tensor([1 if local else 0, 1 if write_failed else 0], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=channel())
+        local, write_failed = bool(flags[0].item()), bool(flags[1].item())
+    if write_failed or (local and "writer" in _STATE):
+        writer.settle()  # stopping: the checkpoint in flight is on disk before the script saves its last one
     return local

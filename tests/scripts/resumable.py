@@ -3,7 +3,8 @@
 Rank 0 appends one line per optimizer step to --steps-log ("<restart count> <global step>"); every rank R appends
 "<restart count> <global step> <loss as float.hex()>" to --steps-log.rankR; rank 0 writes the final parameters to
 --out. A model with several parameter tensors, dropout and SGD with momentum; meant for 4 ranks on 2 nodes, where
-the order of a sum is visible (with 2 ranks a + b == b + a hides it). Used by the requeue tests (Slurm and local).
+the order of a sum is visible (with 2 ranks a + b == b + a hides it). Used by the requeue tests (Slurm and local)
+and the background-checkpoint tests (--ckpt-every, --background).
 """
 import argparse
 import os
@@ -23,6 +24,8 @@ def main():
     p.add_argument("--steps-log", required=True)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--step-sleep", type=float, default=0.2)
+    p.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps")
+    p.add_argument("--background", action="store_true", help="Checkpointer(background=True)")
     args = p.parse_args()
     runtime.init(timeout=120, allow_single=True)
     torch.manual_seed(1234)
@@ -32,7 +35,7 @@ def main():
                                        nn.Linear(12, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     batches = runtime.loader(data, batch_size=4, seed=7)
-    ckpt = runtime.Checkpointer(args.ckpt_dir, keep=2)
+    ckpt = runtime.Checkpointer(args.ckpt_dir, keep=2, background=args.background)
     state = ckpt.load_latest(model, opt, batches)
     step = state["step"] if state else 0
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
@@ -50,6 +53,8 @@ def main():
                 with open(args.steps_log, "a") as fh:
                     fh.write(f"{restart} {step}\n")
             time.sleep(args.step_sleep)
+            if args.ckpt_every and step % args.ckpt_every == 0:
+                ckpt.save(step, model, opt, batches)
             if runtime.should_stop():
                 path = ckpt.save(step, model, opt, batches)
                 runtime.print0(f"STOPPED at step {step}, checkpoint {path}")
