@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import click
 
@@ -51,6 +51,11 @@ def spec_options(f: Callable) -> Callable:
         click.option("-q", "--qos", help="Quality of service."),
         click.option("-C", "--constraint", help="Node features (sbatch --constraint)."),
         click.option("--exclusive", is_flag=True, help="Do not share nodes with other jobs."),
+        click.option("-x", "--exclude", multiple=True, metavar="NODES",
+                     help="Leave these nodes out: names or host lists, comma-separated (repeatable); nodes "
+                          "quarantined after a fault are left out too (clusterddp nodes)."),
+        click.option("--no-quarantine", is_flag=True,
+                     help="Use the nodes quarantined after faults too (clusterddp nodes lists them)."),
         click.option("-J", "--job-name", help="Job name [default: the script's name]."),
         click.option("--output-dir", default=D("output_dir"), show_default=True,
                      help="Where scripts and logs go: <dir>/<name>-<jobid>.out and <dir>/<name>-<jobid>/."),
@@ -107,7 +112,7 @@ def spec_options(f: Callable) -> Callable:
 
 
 def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = (), profile: Optional[str] = None,
-               **opts: Any) -> Any:
+               local: bool = False, **opts: Any) -> Any:
     """Options as Click parsed them, over the configured defaults -> (validated JobSpec, template directories).
 
     An option given on the command line wins; otherwise a value from the profile/config/environment layers;
@@ -120,6 +125,7 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
 
     ctx = click.get_current_context()
     cluster = choose(opts.pop("cluster", None), profile)
+    no_quarantine = opts.pop("no_quarantine", False)
     skipped: list = []
     configured = {k: v for k, (v, _) in resolve(profile, skipped=skipped).items()}
     for path, why in skipped:
@@ -131,10 +137,14 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
             values["env"] = tuple({**configured.get("env", {}), **dict(parse_env(value))}.items())
         elif name in ("setup", "sbatch_args"):
             values[name] = tuple(configured.get(name, [])) + tuple(value)
+        elif name == "exclude":
+            values[name] = tuple(configured.get(name, [])) + tuple(n for v in value for n in split_nodes(v))
         elif given or name not in configured:
             values[name] = value
         else:
             values[name] = configured[name]
+    if not no_quarantine and not local:
+        values["exclude"] = with_quarantine(values.get("exclude", ()), cluster.name)
     spec = JobSpec(script=script, args=tuple(args), **values)
     if not spec.module and not Path(script).is_file():
         from .preflight import script_not_found
@@ -145,6 +155,33 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
 
         spec = job_spec(spec, cluster)  # as it will run there (clusterddp's job modules come with the code)
     return spec, tuple(configured.get("template_dirs", [])) + tuple(template_dirs), cluster
+
+
+def split_nodes(value: str) -> List[str]:
+    """'node1,gpu[01-03,07],node9' -> its names and host lists (commas inside brackets belong to the list)."""
+    parts, depth, current = [], 0, ""
+    for ch in value:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    return [p for p in parts + [current] if p]
+
+
+def with_quarantine(exclude: Sequence[str], cluster: str) -> Tuple[str, ...]:
+    """``exclude`` and the nodes quarantined on ``cluster`` after faults (saying which, and why)."""
+    from . import quarantine
+
+    held = quarantine.active(cluster)
+    new = [n for n in sorted(held) if n not in exclude]
+    if new:
+        click.echo("clusterddp: leaving out node(s) quarantined after a fault: " + "; ".join(
+            f"{n} (job {held[n]['job']}: {held[n]['reason']})" for n in new)
+            + f"; clusterddp nodes{'' if cluster == 'here' else ' --cluster ' + cluster} lists them, "
+              "--no-quarantine uses them", err=True)
+    return tuple(exclude) + tuple(new)
 
 
 def _render(spec: JobSpec, template_dirs: Sequence[str]) -> str:
@@ -228,7 +265,7 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
 
     With --local, run the same job here, no Slurm needed (try it before you have a cluster).
     """
-    spec, template_dirs, cluster = build_spec(script, args, template_dirs, **opts)
+    spec, template_dirs, cluster = build_spec(script, args, template_dirs, local=local, **opts)
     if local:
         if cluster.remote:
             raise SpecError(f"--local runs on this machine; --cluster {cluster.name} submits to a remote cluster: "

@@ -29,7 +29,7 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     from .clusters import by_name
     from .errors import SlurmUnreachable
     from .record import for_job, recent
-    from .watch import reason, why_it_ended
+    from .watch import fault_line, reason, why_it_ended
 
     if job_ids:
         ids = [slurm.check_job_id(j) for j in job_ids]
@@ -42,6 +42,7 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     rows = [("CLUSTER",) * several + ("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
     failed = 0
     unreachable: dict = {}
+    faults: list = []
     for name, job_id in targets:
         where = (name,) * several
         if name in unreachable:
@@ -68,11 +69,46 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
             continue
         exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
         rows.append(where + (j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, why))
+        if len(targets) == 1 and j.done and j.return_code:
+            faults.append(fault_line(backend, job_id, name, j.node_list, j.state))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for line in faults:
+        if line:
+            click.echo(line)
     if failed:
         sys.exit(EXIT["RUNTIME"])
+
+
+@cli.command("nodes")
+@click.option("--forget", metavar="NODE", multiple=True, help="Drop NODE from the list (repeatable).")
+@CLUSTER_OPTION
+def nodes_command(forget: Sequence[str], cluster: Optional[str]) -> None:
+    """The nodes quarantined after a fault (a node killed, a hang, a rendezvous that missed it), which
+    submissions leave out for 24 h (submit --no-quarantine uses them anyway): node, since, job, reason."""
+    import datetime
+
+    from . import quarantine
+    from .clusters import choose
+
+    name = choose(cluster, None).name
+    for node in forget:
+        if not quarantine.forget(name, node):
+            raise SpecError(f"node {node!r} is not quarantined on cluster {name!r} (clusterddp nodes lists them)")
+        click.echo(f"clusterddp: {node} is no longer quarantined on cluster {name!r}", err=True)
+    if forget:
+        return
+    held = quarantine.active(name)
+    if not held:
+        click.echo(f"no node is quarantined on cluster {name!r}")
+        return
+    rows = [("NODE", "SINCE", "JOB", "REASON")] + [
+        (n, datetime.datetime.fromtimestamp(e["since"]).strftime("%Y-%m-%d %H:%M"), e["job"], e["reason"])
+        for n, e in sorted(held.items())]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
 
 
 @cli.command("stacks")

@@ -60,6 +60,7 @@ OWNED: Dict[str, str] = {
     "tres-per-task": "--gpus and --cpus-per-task (Slurm 24.11's per-task resources)",
     "mem": "--mem", "time": "--time", "partition": "--partition", "account": "--account", "qos": "--qos",
     "constraint": "--constraint", "job-name": "--job-name",
+    "exclude": "--exclude (clusterddp adds the quarantined nodes to it: clusterddp nodes)",
     "output": "--output-dir", "error": "--output-dir (stderr goes to the batch log that clusterddp reads)",
     "signal": "--signal-before (with --requeue)", "requeue": "--requeue", "no-requeue": "--no-requeue",
     "open-mode": "--requeue (a requeued job appends to its logs)", "array": "--array", "dependency": "--after",

@@ -19,6 +19,7 @@ GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MEM = re.compile(r"[0-9]+[KMGT]?")
+_NODES = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[0-9,-]+\][A-Za-z0-9._-]*)*")  # a node name or a host list
 _SBATCH_OPT = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
 _ARRAY = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?")
 
@@ -59,6 +60,7 @@ class JobSpec:
     apptainer: Optional[str] = None
     array: Optional[str] = None
     after: Tuple[str, ...] = ()
+    exclude: Tuple[str, ...] = ()
     requeue: Optional[bool] = None
     max_requeues: int = 3
     signal_seconds: int = 120
@@ -68,7 +70,7 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.
-        for name in ("args", "setup", "sbatch_args", "after"):
+        for name in ("args", "setup", "sbatch_args", "after", "exclude"):
             object.__setattr__(self, name, tuple(str(x) for x in getattr(self, name)))
         env = self.env
         if isinstance(env, Mapping):
@@ -167,6 +169,8 @@ class JobSpec:
             value = getattr(self, name)
             if value is not None:
                 d.append((name, value))
+        if self.exclude:
+            d.append(("exclude", ",".join(self.exclude)))
         if self.after:
             d.append(("dependency", "afterok:" + ":".join(self.after)))
         if self.exclusive:
@@ -249,6 +253,10 @@ class JobSpec:
         if self.module and not _MODULE.fullmatch(self.script):
             raise SpecError(f"invalid module name {shown(self.script)}: expected dotted Python identifiers "
                             "(e.g. -m mypkg.train)")
+        for node in self.exclude:
+            if not _NODES.fullmatch(node):
+                raise SpecError(f"invalid node to exclude {shown(node)}: expected node names or Slurm host lists "
+                                "(node7, gpu[01-04]), separated by commas")
         if self.time is not None:
             parse_time(self.time)
         if self.mem is not None and not _MEM.fullmatch(self.mem):

@@ -41,8 +41,34 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
     code = final.return_code
     click.echo(f"clusterddp: job {job_id} ended {final.state}, exit code {code}", err=True)
     if code != 0 and record is not None:
-        show_failure(backend.readable(record))
+        readable = backend.readable(record)
+        show_failure(readable)
+        fault = fault_of(readable, final.node_list, final.state)
+        if fault is not None:
+            click.echo(f"clusterddp: {fault.line()}", err=True)
+            if fault.kind == "infrastructure" and fault.nodes:
+                where = "" if record.cluster == "here" else f" --cluster {record.cluster}"
+                click.echo(f"clusterddp: quarantined {', '.join(fault.nodes)}: later submissions leave it out for "
+                           f"24 h (clusterddp nodes{where}; clusterddp nodes --forget NODE{where})", err=True)
     return code
+
+
+def fault_of(record: Any, node_list: str, state: str) -> Optional[Any]:
+    """The fault class of a failed job (faults.classify) from its files as readable here; a node at fault is
+    quarantined on the job's cluster."""
+    from . import quarantine
+    from .faults import INFRASTRUCTURE, classify
+    from .hostlist import expand
+
+    try:
+        nodes = expand(node_list) if node_list and node_list not in ("(null)", "None") else []
+    except ValueError:
+        nodes = []
+    fault = classify(Path(record.run_dir), [Path(p) for p in record.logs()], Path(record.batch_log), nodes,
+                     node_failed=state == "NODE_FAIL")
+    if fault is not None and fault.kind == INFRASTRUCTURE and fault.nodes:
+        quarantine.add(record.cluster, fault.nodes, fault.why, record.job_id)
+    return fault
 
 
 def show_failure(record: Any) -> None:
@@ -73,6 +99,17 @@ def why_it_ended(backend: Any, job_id: str, cluster: str) -> str:
     if hang is not None:
         return hang["summary"]
     return rendezvous_failure(Path(record.run_dir)) or ""
+
+
+def fault_line(backend: Any, job_id: str, cluster: str, node_list: str, state: str) -> str:
+    """``status JOBID``'s fault line for a job that failed ('' when nothing tells)."""
+    from .record import JobRecord
+
+    record = JobRecord.load(job_id, cluster)
+    if record is None:
+        return ""
+    fault = fault_of(backend.readable(record), node_list, state)
+    return "" if fault is None else fault.line()
 
 
 def reason(job: Any) -> str:

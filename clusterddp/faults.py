@@ -1,0 +1,175 @@
+"""Was it the program or a node? The first failure of a job that ended, from what it left behind (the batch log's
+srun lines, torchrun's root-cause reports, the ranks' tracebacks, the hang watchdog's roll call, the rendezvous
+report), classified once:
+
+- **infrastructure**: a rank or node killed by a signal with no Python traceback of its own, srun reporting a node
+  failure, the hang watchdog (79), a rendezvous that missed ranks (78), a transport error as the first failure;
+  with the node(s) at fault where they are known;
+- **program**: a Python exception as the first failure (it would fail again on any node).
+
+Collateral errors of the other ranks ("connection closed by peer" after a peer died, srun ending the rest with
+SIGTERM) are never the cause. Pure over text and the run directory; log text is data (bounded, printable).
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+from . import logscan
+from .rollcall import hang_report, printable, read_hellos, read_json, rendezvous_failure
+
+INFRASTRUCTURE = "infrastructure"
+PROGRAM = "program"
+
+# srun: "srun: error: node2: tasks 2-3: Killed", "srun: error: node1: task 0: Exited with exit code 1",
+# "srun: error: Node failure on node2" (slurm/src/srun/.../step_launch.c and srun_job.c).
+_SRUN_TASKS = re.compile(r"^srun: error: ([A-Za-z0-9._-]+): tasks? ([0-9,-]+): (.+)$")
+_SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9._-]+)")
+# What srun (and the shell) call the signals that end a process. Terminated (SIGTERM) is what ending a step sends
+# to the tasks that are left: collateral, never a cause.
+_SIGNAL_WORDS = ("Killed", "Segmentation fault", "Bus error", "Aborted", "Illegal instruction", "Floating point",
+                 "Hangup", "Broken pipe", "Trace/breakpoint trap")
+# torchrun's "Root Cause (first observed failure)" block (torch/distributed/elastic/multiprocessing/errors).
+_ROOT = re.compile(r"^\s*(time|host|rank|exitcode|traceback)\s*: (.*)$")
+_MAX_LOG = 1 << 22  # a batch log read for srun lines: its last 4 MiB
+
+
+class Fault(NamedTuple):
+    kind: str                 # INFRASTRUCTURE or PROGRAM
+    nodes: Tuple[str, ...]    # the node(s) at fault, where known (infrastructure)
+    why: str                  # one line for people
+
+    def line(self) -> str:
+        at = f" on {','.join(self.nodes)}" if self.nodes else ""
+        what = "a node or the network, not the program" if self.kind == INFRASTRUCTURE else "the program"
+        return f"fault: {self.kind}{at}: {self.why} ({what})"
+
+
+def _tail(path: Path, limit: int = _MAX_LOG) -> List[str]:
+    """The last ``limit`` bytes of a log as lines: a regular file, never through a link (logs are data)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return []
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return []
+        os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
+        raw = os.read(fd, limit)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return raw.decode("utf-8", "replace").splitlines()
+
+
+def _short(host: str, nodes: Sequence[str]) -> str:
+    """torchrun's host is the FQDN; Slurm names the node by its short name."""
+    short = host.split(".", 1)[0]
+    return short if short in nodes or not nodes else (host if host in nodes else short)
+
+
+def srun_first(lines: Iterable[str]) -> Optional[Tuple[str, str, str]]:
+    """The first failure srun saw, as (node, tasks, what): lines come in the order srun learned of them."""
+    for line in lines:
+        m = _SRUN_NODE_FAIL.match(line)
+        if m:
+            return m.group(1), "", "node failure"
+        m = _SRUN_TASKS.match(line)
+        if m and not m.group(3).startswith("Terminated"):
+            return m.group(1), m.group(2), m.group(3).strip()
+    return None
+
+
+def torchrun_roots(paths: Iterable[Path]) -> List[dict]:
+    """Every torchrun agent's root cause ({time, host, rank, exitcode, traceback}), earliest first."""
+    found = []
+    for path in paths:
+        lines = _tail(path)
+        for i, line in enumerate(lines):
+            if "Root Cause (first observed failure):" not in line:
+                continue
+            root: dict = {"log": path.name}
+            for follow in lines[i + 1:i + 12]:
+                m = _ROOT.match(re.sub(r"^\[[^\]]*\]:?\s?", "", follow) if follow.startswith("[") else follow)
+                if m:
+                    root.setdefault(m.group(1), m.group(2).strip())
+            found.append(root)
+    return sorted(found, key=lambda r: r.get("time", ""))
+
+
+def _exitcode(root: dict) -> Optional[int]:
+    m = re.match(r"-?\d+", root.get("exitcode", ""))
+    return int(m.group()) if m else None
+
+
+def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nodes: Sequence[str] = (),
+             node_failed: bool = False) -> Optional[Fault]:
+    """The fault class of a job that failed, or None when nothing tells (then it is reported as today).
+    ``nodes``: the job's node names (to map torchrun's host names); ``node_failed``: Slurm said NODE_FAIL."""
+    run_dir = Path(run_dir)
+    hang = hang_report(run_dir)
+    if hang is not None:
+        call = read_json(Path(hang["dir"]) / "rollcall.json")
+        groups = call.get("groups") if isinstance(call, dict) else None
+        odd: List[str] = []
+        if isinstance(groups, list) and len(groups) > 1:
+            odd = sorted({str(n) for g in groups[1:] if isinstance(g, dict) for n in g.get("nodes", [])})
+        return Fault(INFRASTRUCTURE, tuple(_clean(odd)), f"the hang watchdog ended the job ({hang['summary']})")
+    rendezvous = rendezvous_failure(run_dir)
+    if rendezvous is not None:
+        hellos = read_hellos(run_dir)
+        seen = {str(h.get("node")) for h in hellos.values()}
+        absent = tuple(n for n in nodes if n not in seen) if hellos else ()
+        return Fault(INFRASTRUCTURE, _clean(absent), rendezvous)
+    found = logscan.tracebacks(list(logs))
+    primary = [t for t in found if not t.secondary]
+    first = srun_first(_tail(batch_log)) if batch_log is not None else None
+    roots = torchrun_roots(logs)
+    if roots:
+        root = roots[0]
+        code = _exitcode(root)
+        host = _short(root.get("host", ""), nodes)
+        if code is not None and code < 0 and code != -15:
+            return Fault(INFRASTRUCTURE, _clean([host]), printable(
+                f"rank {root.get('rank', '?').split()[0]} on {host} ended by {root.get('traceback', 'a signal')}, "
+                "no Python traceback"))
+    if first is not None and first[2] != "node failure" and any(first[2].startswith(w) for w in _SIGNAL_WORDS):
+        node, tasks, what = first
+        if not primary or srun_is_first_for(primary, tasks):
+            return Fault(INFRASTRUCTURE, _clean([node]),
+                         printable(f"rank(s) {tasks} on {node}: {what.lower()} (a signal, no Python traceback)"))
+    if first is not None and first[2] == "node failure" or node_failed:
+        node = first[0] if first is not None else ""
+        return Fault(INFRASTRUCTURE, _clean([node] if node else []), "Slurm reported a node failure")
+    if primary:
+        return Fault(PROGRAM, (), printable(f"{primary[0].label}: {primary[0].last[:200]}"))
+    if found:  # only collateral errors: a peer vanished without saying why
+        return Fault(INFRASTRUCTURE, (), printable(f"only errors of a lost peer ({found[0].last[:160]})"))
+    return None
+
+
+def srun_is_first_for(primary: Sequence[logscan.Traceback], tasks: str) -> bool:
+    """A traceback exists, but the first task srun saw end was killed by a signal: the traceback is the other
+    tasks' (they raised once their peer was gone), unless it is one of the killed tasks' own."""
+    killed = set(_expand(tasks))
+    own = {int(m.group(1)) for t in primary if (m := re.search(r"rank-(\d+)\.out", t.label))}
+    return not (own & killed)
+
+
+def _expand(ranges: str) -> List[int]:
+    out: List[int] = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out[:1 << 17]
+
+
+def _clean(nodes: Iterable[str]) -> Tuple[str, ...]:
+    """Node names as data: only hostname characters (they may reach an #SBATCH --exclude line)."""
+    return tuple(sorted({n for n in nodes if n and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", n)}))

@@ -1,0 +1,153 @@
+"""Issue 25, points 1 and 5 without a cluster: how a job's leftovers are classified (faults.classify over the files
+a job leaves, in the formats srun and torchrun write; the real thing runs in test_faults.py), the quarantine list,
+`clusterddp nodes`, --exclude and --no-quarantine through the CLI."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clusterddp import quarantine
+from clusterddp.cli import cli
+from clusterddp.faults import INFRASTRUCTURE, PROGRAM, classify
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/home/u/train.py", line 40, in <module>
+    main()
+  File "/home/u/train.py", line 33, in main
+    raise ValueError("bad batch")
+ValueError: bad batch
+"""
+PEER_GONE = """Traceback (most recent call last):
+  File "/home/u/train.py", line 30, in main
+    dist.all_reduce(t)
+RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.200.0.2]:1234
+"""
+TORCHRUN_ROOT = """[W] torch.distributed.elastic.multiprocessing.api: Sending process 77 closing signal SIGTERM
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : {time}
+  host      : {host}
+  rank      : {rank} (local_rank: 0)
+  exitcode  : {code} (pid: 4711)
+  error_file: <N/A>
+  traceback : {why}
+============================================================
+"""
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path
+
+
+def job(tmp_path: Path, batch: str, logs: dict) -> tuple:
+    run = tmp_path / "run"
+    run.mkdir()
+    for name, text in logs.items():
+        (run / name).write_text(text)
+    (tmp_path / "batch.out").write_text(batch)
+    return run, sorted(run.glob("*.out")), tmp_path / "batch.out"
+
+
+def test_ranks_killed_by_a_signal_first_are_the_node_at_fault(tmp_path):
+    run, logs, batch = job(tmp_path, "srun: error: node2: tasks 2-3: Killed\n"
+                                     "srun: Terminating StepId=5.0\n"
+                                     "srun: error: node1: tasks 0-1: Terminated\n",
+                           {"rank-0.out": PEER_GONE, "rank-1.out": PEER_GONE, "rank-2.out": "", "rank-3.out": ""})
+    fault = classify(run, logs, batch, ["node1", "node2"])
+    assert fault.kind == INFRASTRUCTURE and fault.nodes == ("node2",)
+    assert fault.line() == ("fault: infrastructure on node2: rank(s) 2-3 on node2: killed (a signal, no Python "
+                            "traceback) (a node or the network, not the program)")
+
+
+def test_a_python_exception_first_is_the_program(tmp_path):
+    run, logs, batch = job(tmp_path, "srun: error: node2: task 3: Exited with exit code 1\n"
+                                     "srun: error: node1: tasks 0-1: Killed\n",
+                           {"rank-0.out": PEER_GONE, "rank-3.out": TRACEBACK})
+    fault = classify(run, logs, batch, ["node1", "node2"])
+    assert fault.kind == PROGRAM and fault.nodes == ()
+    assert fault.why == "rank-3.out: ValueError: bad batch"
+
+
+def test_torchrun_s_earliest_root_cause_decides(tmp_path):
+    killed = TORCHRUN_ROOT.format(time="2026-12-01_10:00:05", host="node2.cluster.example", rank=2, code=-9,
+                                  why="Signal 9 (SIGKILL) received by PID 4711")
+    collateral = TORCHRUN_ROOT.format(time="2026-12-01_10:00:07", host="node1.cluster.example", rank=0, code=1,
+                                      why=PEER_GONE.replace("\n", "\n  "))
+    run, logs, batch = job(tmp_path, "srun: error: node1: task 0: Exited with exit code 1\n"
+                                     "srun: error: node2: task 1: Exited with exit code 1\n",
+                           {"node-node1.out": collateral, "node-node2.out": killed})
+    fault = classify(run, logs, batch, ["node1", "node2"])
+    assert fault.kind == INFRASTRUCTURE and fault.nodes == ("node2",), fault
+    assert "rank 2 on node2 ended by Signal 9 (SIGKILL)" in fault.why
+
+
+def test_srun_s_node_failure_and_slurm_s_node_fail(tmp_path):
+    run, logs, batch = job(tmp_path, "srun: error: Node failure on node7\n", {})
+    assert classify(run, logs, batch).nodes == ("node7",)
+    (tmp_path / "batch.out").write_text("")
+    fault = classify(run, logs, batch, node_failed=True)
+    assert fault.kind == INFRASTRUCTURE and fault.nodes == ()
+
+
+def test_nothing_to_tell_is_none_and_names_are_data(tmp_path):
+    run, logs, batch = job(tmp_path, "srun: error: node1: task 0: Exited with exit code 3\n", {"rank-0.out": "x\n"})
+    assert classify(run, logs, batch) is None
+    (tmp_path / "batch.out").write_text("srun: error: $(reboot): tasks 0: Killed\n")  # not a node name
+    assert classify(run, logs, batch) is None
+
+
+def test_quarantine_lists_times_out_and_forgets(state, monkeypatch):
+    assert quarantine.add("here", ["node2", "bad name;"], "rank 2 killed", "17") == ["node2"]
+    first = quarantine.active("here")["node2"]["since"]
+    quarantine.add("here", ["node2"], "rank 2 killed", "17")  # the same job seen again keeps its time
+    assert quarantine.active("here")["node2"]["since"] == first
+    assert quarantine.active("here", now=first + quarantine.DEFAULT_SECONDS + 1) == {}
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["nodes"])
+    assert listed.exit_code == 0 and listed.output.splitlines()[0].split() == ["NODE", "SINCE", "JOB", "REASON"]
+    assert listed.output.splitlines()[1].startswith("node2  ") and listed.output.rstrip().endswith("rank 2 killed")
+    missing = runner.invoke(cli, ["nodes", "--forget", "node9"])
+    assert missing.exit_code == 2 and "node 'node9' is not quarantined on cluster 'here'" in missing.output
+    assert runner.invoke(cli, ["nodes", "--forget", "node2"]).exit_code == 0
+    assert runner.invoke(cli, ["nodes"]).output == "no node is quarantined on cluster 'here'\n"
+
+
+def test_a_planted_or_broken_list_is_data(state):
+    path = quarantine.path("here")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"node1": {"reason": "\x1b[2Jx", "job": "1", "since": time.time()},
+                                "--partition=x": {"reason": "r", "job": "1", "since": time.time()},
+                                "node3": "not an entry"}))
+    assert list(quarantine.active("here")) == ["node1"] and "\x1b" not in quarantine.active("here")["node1"]["reason"]
+    path.write_text("{not json")
+    assert quarantine.active("here") == {}
+
+
+def test_dry_run_leaves_quarantined_and_excluded_nodes_out(state, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    runner = CliRunner()
+    quarantine.add("here", ["node2"], "rank 2 killed", "17")
+    out = runner.invoke(cli, ["submit", "--dry-run", "-x", "gpu[01-03,07],node9", "train.py"])
+    assert out.exit_code == 0, out.output
+    assert '#SBATCH --exclude="gpu[01-03,07],node9,node2"' in out.stdout.splitlines(), out.stdout
+    assert "leaving out node(s) quarantined after a fault: node2 (job 17: rank 2 killed)" in out.stderr
+    plain = runner.invoke(cli, ["submit", "--dry-run", "--no-quarantine", "train.py"])
+    assert "--exclude" not in plain.stdout and "quarantined" not in plain.stderr
+    bad = runner.invoke(cli, ["submit", "--dry-run", "-x", "node1;reboot", "train.py"])
+    assert bad.exit_code == 2 and "invalid node to exclude 'node1;reboot'" in bad.output
+    owned = runner.invoke(cli, ["submit", "--dry-run", "--sbatch-arg=--exclude=node4", "train.py"])
+    assert owned.exit_code == 2 and "use --exclude (clusterddp adds the quarantined nodes" in owned.output
