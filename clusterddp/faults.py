@@ -131,12 +131,15 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     first = srun_first(_tail(batch_log)) if batch_log is not None else None
     roots = torchrun_roots(logs)
     if roots:
-        root = roots[0]
-        code = _exitcode(root)
-        host = _short(root.get("host", ""), nodes)
-        if code is not None and code < 0 and code != -15:
-            return Fault(INFRASTRUCTURE, _clean([host]), printable(
-                f"rank {root.get('rank', '?').split()[0]} on {host} ended by {root.get('traceback', 'a signal')}, "
+        # torchrun's times are whole seconds: a failure and its collateral can share one, and then the signal is
+        # the cause (the collateral comes after it).
+        tied = [r for r in roots if r.get("time", "") == roots[0].get("time", "")]
+        signalled = [r for r in tied if (_exitcode(r) or 0) < 0 and _exitcode(r) != -15]
+        if signalled:
+            root = signalled[0]
+            hosts = [_short(r.get("host", ""), nodes) for r in signalled]
+            return Fault(INFRASTRUCTURE, _clean(hosts), printable(
+                f"rank {root.get('rank', '?').split()[0]} on {hosts[0]} ended by {root.get('traceback', 'a signal')}, "
                 "no Python traceback"))
     if first is not None and first[2] != "node failure" and any(first[2].startswith(w) for w in _SIGNAL_WORDS):
         node, tasks, what = first

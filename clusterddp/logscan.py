@@ -68,4 +68,6 @@ def summary(found: List[Traceback], where: str) -> str:
         return f"clusterddp: no traceback found; see {where}"
     head = "clusterddp: tracebacks in " + "; ".join(f"{t.label}: {t.last[:120]}" for t in found)
     # Log text is data: shown through the one printable filter (no terminal control sequences).
-    return printable(head + f"\nclusterddp: first failure ({found[0].label} in {where}):\n" + "\n".join(found[0].lines))
+    what = ("first traceback, a reaction to a lost peer rather than a cause" if found[0].secondary
+            else "first failure")
+    return printable(head + f"\nclusterddp: {what} ({found[0].label} in {where}):\n" + "\n".join(found[0].lines))

@@ -78,6 +78,17 @@ def _check_partition(spec: JobSpec, p: Partition) -> None:
         per = spec.tasks_per_node
         raise PreflightError(f"partition {name} has {p.nodes} node(s); you asked for {spec.nodes}: use at most "
                              f"--nodes {p.nodes}" + (f" (world size {p.nodes * per})" if per else ""))
+    if spec.exclude and p.names:
+        from .hostlist import expand
+
+        excluded = {n for entry in spec.exclude for n in expand(entry)}
+        left = [n for n in p.names if n not in excluded]
+        if spec.nodes > len(left):
+            out = sorted(excluded & set(p.names))
+            raise PreflightError(f"partition {name} has {p.nodes} node(s) and {len(out)} of them are left out "
+                                 f"({','.join(out)}: --exclude or quarantined after a fault), so {len(left)} "
+                                 f"remain; you asked for {spec.nodes}: use fewer --nodes, or the left-out nodes "
+                                 "anyway (clusterddp nodes --forget NODE, or submit --no-quarantine)")
     if spec.gpus_per_node > p.gpus_per_node:
         if p.gpus_per_node == 0:
             raise PreflightError(f"partition {name} has no GPUs; you asked for {spec.gpus_per_node} per node: choose "

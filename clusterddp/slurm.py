@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .clusters import Cluster
 from .contract import without_parent_job
@@ -169,6 +169,7 @@ class Partition:
     cpus_per_node: int
     mem_mb_per_node: int
     default: bool = False
+    names: Tuple[str, ...] = ()  # its nodes
 
 
 def _gpu_count(gres: str) -> int:
@@ -201,6 +202,7 @@ def partitions() -> Dict[str, Partition]:
         p = out[name]
         nodes.setdefault(name, set()).add(node)
         p.nodes = len(nodes[name])
+        p.names = tuple(sorted(nodes[name]))
         p.gpus_per_node = max(p.gpus_per_node, _gpu_count(gres))
         p.cpus_per_node = max(p.cpus_per_node, int(cpus.rstrip("+") or 0))
         p.mem_mb_per_node = max(p.mem_mb_per_node, int(re.sub(r"\D.*", "", mem) or 0))

@@ -11,6 +11,9 @@ import click
 
 from .contract import EXIT
 
+#: The end states a fault class is looked for in (a cancelled job or one at its time limit had none).
+FAULT_STATES = ("FAILED", "NODE_FAIL")
+
 
 def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
     """Follow ``job_id`` of ``backend`` (--wait): its states as they change; its exit code, or 130 on Ctrl-C."""
@@ -43,7 +46,7 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
     if code != 0 and record is not None:
         readable = backend.readable(record)
         show_failure(readable)
-        fault = fault_of(readable, final.node_list, final.state)
+        fault = fault_of(readable, final.node_list, final.state) if final.state in FAULT_STATES else None
         if fault is not None:
             click.echo(f"clusterddp: {fault.line()}", err=True)
             if fault.kind == "infrastructure" and fault.nodes:

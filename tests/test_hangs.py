@@ -293,11 +293,21 @@ def test_stacks_lists_a_rank_that_never_started_as_missing(tmp_path, local_jobs)
 @pytest.mark.ranks
 def test_stacks_of_an_unmodified_script_through_py_spy(tmp_path, local_jobs):
     raw = SCRIPTS / "hang_raw.py"
-    job = LocalJob(tmp_path, raw, "--launcher", "torchrun", str(raw), "--", "--rank", "3")
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    job = LocalJob(tmp_path, raw, "--launcher", "torchrun", str(raw), "--", "--rank", "3", "--ready-dir", str(ready))
     local_jobs.append(job)
     run_dir = job.run_dir()
-    time.sleep(12)  # no hello files: nothing tells us when the ranks are in place
-    proc, took = stacks(str(run_dir), "--timeout", "2", cwd=tmp_path)
+    # No hello files (the script does not use the runtime): it leaves its own marker once past its imports.
+    deadline = time.monotonic() + 120
+    while len(list(ready.glob("ready-*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)
+    for _ in range(5):
+        proc, took = stacks(str(run_dir), "--timeout", "2", cwd=tmp_path)
+        if proc.stdout.startswith("3 of 4 ranks wait at the same place: all_reduce"):
+            break
+        time.sleep(3)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     sleep_line = line_of(raw, "time.sleep(3600)")
@@ -470,18 +480,25 @@ ONCE = pytest.mark.slurm_releases("22.05")  # this launcher on 22.05 only; srun 
 @pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE)])
 def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work, launcher):
     d, env = work
+    ready = d / "ready"
+    ready.mkdir()
     proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "hang_raw.py",
-                   "--", "--rank", "3", cwd=d, env=env)
+                   "--", "--rank", "3", "--ready-dir", str(ready), cwd=d, env=env)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.split()[0]
     try:
+        # Every rank past its imports (on a loaded 2-core machine importing torch took over 10 s), then a moment
+        # for the three to enter all_reduce; the roll call is asked again a few times until it settles.
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if "RUNNING" in run_cli("status", job_id, cwd=d, env=env).stdout:
+        while len(list(ready.glob("ready-*"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(list(ready.glob("ready-*"))) == 4, "the ranks never got past their imports"
+        time.sleep(2)
+        for _ in range(5):
+            out, took = stacks(job_id, "--timeout", "2", cwd=d)
+            if out.stdout.startswith("3 of 4 ranks wait at the same place: all_reduce"):
                 break
-            time.sleep(1)
-        time.sleep(10)  # python and torch start on both nodes
-        out, took = stacks(job_id, "--timeout", "2", cwd=d)
+            time.sleep(3)
         assert out.returncode == 0, out.stdout + out.stderr
         lines = out.stdout.splitlines()
         assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang_raw.py:"), out.stdout

@@ -92,6 +92,9 @@ def test_torchrun_s_earliest_root_cause_decides(tmp_path):
     fault = classify(run, logs, batch, ["node1", "node2"])
     assert fault.kind == INFRASTRUCTURE and fault.nodes == ("node2",), fault
     assert "rank 2 on node2 ended by Signal 9 (SIGKILL)" in fault.why
+    # torchrun's times are whole seconds: the collateral failure in the same second does not hide the signal
+    (run / "node-node1.out").write_text(collateral.replace("10:00:07", "10:00:05"))
+    assert classify(run, logs, batch, ["node1", "node2"]) == fault
 
 
 def test_srun_s_node_failure_and_slurm_s_node_fail(tmp_path):

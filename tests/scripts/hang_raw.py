@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 p = argparse.ArgumentParser()
 p.add_argument("--rank", type=int, default=3)
+p.add_argument("--ready-dir", default="", help="each rank leaves ready-RANK here once it is past its imports")
 args = p.parse_args()
 
 
@@ -18,6 +19,8 @@ def stuck():
 
 def main():
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    if args.ready_dir:
+        open(f"{args.ready_dir}/ready-{dist.get_rank()}", "w").close()
     if dist.get_rank() == args.rank:
         stuck()
     t = torch.ones(1)

@@ -1,0 +1,109 @@
+"""Issue 25, points 1 and 5: a node fault told from a program fault, and the node at fault quarantined. On the real
+test cluster: every rank process on node2 SIGKILLed mid-run (a lost node, as far as the job can tell) against a
+Python exception in one rank; 4 ranks on 2 nodes, srun and torchrun."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import SCRIPTS, run_cli
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def work(slurm_env, tmp_path):
+    for script in ("resumable.py", "allreduce.py"):
+        shutil.copy(SCRIPTS / script, tmp_path)
+    return tmp_path
+
+
+def _rank_pids(node: str, script: str) -> list:
+    """The training processes on ``node`` (its network namespace): the script's own, not torchrun's agent."""
+    pids = subprocess.run(["ip", "netns", "pids", f"cddp-{node}"], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        if any(w.endswith(script) for w in words) and not any("torchrun" in w or w.endswith("/bash") or w == "bash"
+                                                               for w in words[:2]):
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=pytest.mark.slurm_releases("22.05"))])
+def test_a_killed_node_is_an_infrastructure_fault_and_quarantined(work, launcher):
+    log = work / "run.log"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "clusterddp", "submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2",
+         "--time", "10", "--wait", "resumable.py", "--", "--ckpt-dir", str(work / "ck"), "--out", str(work / "o.pt"),
+         "--steps-log", str(log), "--step-sleep", "0.3"], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.monotonic() + 120
+    while (not log.exists() or len(log.read_text().splitlines()) < 4) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    victims = _rank_pids("node2", "resumable.py")
+    assert len(victims) == 2, victims  # ranks 2 and 3
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, err = job.communicate(timeout=180)
+    assert job.returncode != 0, err
+    job_id = out.strip().splitlines()[0]
+    assert "clusterddp: fault: infrastructure on node2: " in err, err
+    assert "no Python traceback" in err and "(a node or the network, not the program)" in err, err
+    assert "clusterddp: quarantined node2: later submissions leave it out for 24 h" in err, err
+    assert "clusterddp: first failure" not in err  # the others' tracebacks are reactions, not the cause
+    status = run_cli("status", job_id, cwd=work)
+    assert "fault: infrastructure on node2: " in status.stdout, status.stdout + status.stderr
+    listed = run_cli("nodes", cwd=work)
+    assert listed.returncode == 0 and listed.stdout.splitlines()[1].startswith("node2 "), listed.stdout
+    assert f"  {job_id}  " in listed.stdout.splitlines()[1], listed.stdout
+    dry = run_cli("submit", "--dry-run", "--nodes", "1", "resumable.py", cwd=work)
+    assert dry.returncode == 0, dry.stderr
+    assert "#SBATCH --exclude=node2" in dry.stdout.splitlines(), dry.stdout
+    assert "leaving out node(s) quarantined after a fault: node2 (job " in dry.stderr, dry.stderr
+    anyway = run_cli("submit", "--dry-run", "--no-quarantine", "--nodes", "1", "resumable.py", cwd=work)
+    assert "--exclude" not in anyway.stdout
+    forgot = run_cli("nodes", "--forget", "node2", cwd=work)
+    assert forgot.returncode == 0 and "node2 is no longer quarantined" in forgot.stderr
+    assert "--exclude" not in run_cli("submit", "--dry-run", "--nodes", "1", "resumable.py", cwd=work).stdout
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+@pytest.mark.slurm_releases("22.05")
+def test_a_python_exception_is_a_program_fault_and_quarantines_nothing(work, launcher):
+    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "--wait",
+                   "allreduce.py", "--", "--fail-rank", "3", cwd=work, timeout=240)
+    assert proc.returncode != 0
+    assert "deliberate failure on rank 3" in proc.stderr  # the traceback, as before
+    fault = [line for line in proc.stderr.splitlines() if line.startswith("clusterddp: fault: ")]
+    assert len(fault) == 1 and fault[0].startswith("clusterddp: fault: program: "), proc.stderr
+    assert fault[0].endswith("(the program)") and "deliberate failure on rank 3" in fault[0], fault
+    assert "quarantined" not in proc.stderr
+    assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined on cluster 'here'")
+
+
+@pytest.mark.slurm_releases("22.05")
+def test_a_job_that_cannot_fit_beside_the_quarantine_is_refused(work):
+    """Never exclude so many nodes that the job cannot run: one line, nothing submitted."""
+    from clusterddp import quarantine
+
+    quarantine.add("here", ["node2"], "rank 2 killed", "41")
+    before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout
+    proc = run_cli("submit", "--nodes", "2", "--gpus", "1", "allreduce.py", cwd=work)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # as every request the cluster cannot hold
+    assert proc.stdout == "" and proc.stderr.splitlines()[-1] == (
+        "clusterddp: error: partition debug has 2 node(s) and 1 of them are left out (node2: --exclude or "
+        "quarantined after a fault), so 1 remain; you asked for 2: use fewer --nodes, or the left-out nodes anyway "
+        "(clusterddp nodes --forget NODE, or submit --no-quarantine)"), proc.stderr
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
