@@ -69,6 +69,8 @@ def executor_params(spec: JobSpec) -> Dict[str, Any]:
             params[name] = value
     if spec.exclusive:
         params["exclusive"] = True
+    if spec.exclude:
+        params["exclude"] = ",".join(spec.exclude)
     # --ignore-pbs: sbatch would read #PBS/#BSUB lines near the top of submitit's script as options.
     extra: Dict[str, Any] = {"ignore_pbs": True}
     for arg in spec.sbatch_args:

@@ -44,13 +44,14 @@ def pickle_this_module_by_value():
 def test_mapping_every_field():
     spec = JobSpec(nodes=3, gpus_per_node=4, cpus_per_task=6, mem="64G", time="1-00:00:30", partition="gpu",
                    account="proj", qos="high", constraint="a100", exclusive=True, job_name="sweep",
+                   exclude=("node7", "gpu[01-03]"),
                    env=(("NCCL_DEBUG", "INFO"), ("ODD", "a b")), setup=("module load cuda",),
                    sbatch_args=("--mail-type=END", "--no-kill"))
     p = executor_params(spec)
     assert (p["nodes"], p["ntasks_per_node"], p["gpus_per_node"], p["cpus_per_task"]) == (3, 4, 4, 6)
     assert (p["mem"], p["time"], p["partition"], p["account"], p["qos"], p["constraint"]) == \
         ("64G", 24 * 60 + 1, "gpu", "proj", "high", "a100")
-    assert p["exclusive"] is True and p["job_name"] == "sweep"
+    assert p["exclusive"] is True and p["job_name"] == "sweep" and p["exclude"] == "node7,gpu[01-03]"
     assert p["additional_parameters"] == {"ignore_pbs": True, "mail_type": "END", "no_kill": True}
     assert "--kill-on-bad-exit=1" in p["srun_args"] and "--cpus-per-task=6" in p["srun_args"]
     setup = "\n".join(p["setup"])
