@@ -119,7 +119,7 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         odd: List[str] = []
         if isinstance(groups, list) and len(groups) > 1:
             odd = sorted({str(n) for g in groups[1:] if isinstance(g, dict) for n in g.get("nodes", [])})
-        return Fault(INFRASTRUCTURE, tuple(_clean(odd)), f"the hang watchdog ended the job ({hang['summary']})")
+        return Fault(INFRASTRUCTURE, _clean(odd), f"the hang watchdog ended the job ({hang['summary']})")
     rendezvous = rendezvous_failure(run_dir)
     if rendezvous is not None:
         hellos = read_hellos(run_dir)
@@ -165,12 +165,15 @@ def srun_is_first_for(primary: Sequence[logscan.Traceback], tasks: str) -> bool:
 
 
 def _expand(ranges: str) -> List[int]:
+    """srun's '2-3,7' -> [2, 3, 7], bounded (log text is data: '0-999999999' is not a job's)."""
     out: List[int] = []
-    for part in ranges.split(","):
+    for part in ranges.split(",")[:1024]:
         lo, _, hi = part.partition("-")
         if lo.isdigit() and (not hi or hi.isdigit()):
-            out.extend(range(int(lo), int(hi or lo) + 1))
-    return out[:1 << 17]
+            out.extend(range(int(lo), min(int(hi or lo), int(lo) + (1 << 17)) + 1))
+        if len(out) > 1 << 17:
+            break
+    return out
 
 
 def _clean(nodes: Iterable[str]) -> Tuple[str, ...]:

@@ -15,6 +15,7 @@ from clusterddp import JobSpec
 from clusterddp.local import describe, make_plan
 
 from .conftest import SCRIPTS, run_cli
+from .procs import descendants
 
 SPAWN_ARGS = ["--dist-url", "tcp://{master_addr}:{master_port}", "--world-size", "{nnodes}", "--rank", "{node_rank}",
               "--procs", "{gpus_per_node}"]
@@ -73,23 +74,6 @@ def test_failing_rank_ends_everything_fast(tmp_path, launcher):
     assert time.monotonic() - start < 60  # no hang (a broken job would wait for the 60 s gloo timeout)
 
 
-def _descendants(pid: int) -> set:
-    children: dict = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            found.add(c)
-            todo.append(c)
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -120,7 +104,7 @@ def test_ctrl_c_leaves_no_process(tmp_path, launcher, ranks_ignore_term):
         time.sleep(0.3)
         started = sum(p.read_text().count("started pid") for p in tmp_path.glob("sleeper-local-*/*.out"))
     assert started == 4
-    pids = _descendants(cli.pid)
+    pids = descendants(cli.pid)
     assert len(pids) >= 4
     cli.send_signal(signal.SIGINT)
     out, err = cli.communicate(timeout=60)

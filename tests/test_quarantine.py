@@ -154,3 +154,10 @@ def test_dry_run_leaves_quarantined_and_excluded_nodes_out(state, tmp_path, monk
     assert bad.exit_code == 2 and "invalid node to exclude 'node1;reboot'" in bad.output
     owned = runner.invoke(cli, ["submit", "--dry-run", "--sbatch-arg=--exclude=node4", "train.py"])
     assert owned.exit_code == 2 and "use --exclude (clusterddp adds the quarantined nodes" in owned.output
+
+
+def test_srun_task_ranges_from_a_log_are_bounded(tmp_path):
+    """A log is data: a task range of a billion is read in bounded memory (unbounded, it would be a list of a
+    billion ints, ~36 GB); the traceback of one of the killed tasks is its own: the program's."""
+    run, logs, batch = job(tmp_path, "srun: error: node2: tasks 0-999999999: Killed\n", {"rank-5.out": TRACEBACK})
+    assert classify(run, logs, batch, ["node1", "node2"]).kind == PROGRAM

@@ -15,6 +15,7 @@ import torch
 from clusterddp import slurm
 
 from .conftest import SCRIPTS, run_cli
+from .procs import children
 
 TOTAL_STEPS = 36  # resumable.py: 3 epochs x 192 samples / (4 ranks x batch 4)
 RANKS = 4
@@ -160,20 +161,6 @@ def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, reference):
     assert os.path.exists(tmp_path / "run-ck")
 
 
-def _rank_pids(cli_pid: int) -> list:
-    """The job's rank processes: every process below the local runner (srun launcher: its direct children)."""
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == cli_pid:
-                children.append(int(entry.name))
-    return children
-
-
 @pytest.mark.ranks
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="the job's processes from /proc (Linux)")
 def test_background_checkpoints_survive_a_kill_bit_identical(tmp_path, reference):
@@ -188,7 +175,7 @@ def test_background_checkpoints_survive_a_kill_bit_identical(tmp_path, reference
     deadline = time.monotonic() + 90
     while len(steps(tmp_path / "run.log")) < 14 and time.monotonic() < deadline:
         time.sleep(0.1)
-    ranks = _rank_pids(cli.pid)
+    ranks = children().get(cli.pid, [])  # the srun launcher's ranks are the local runner's children
     assert len(ranks) == RANKS, ranks
     for pid in ranks:
         os.kill(pid, signal.SIGKILL)
