@@ -72,17 +72,24 @@ def _saved(state: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _cpu_copy(obj: Any) -> Any:
+def _cpu_copy(obj: Any, old: Any = None) -> Any:
     """``obj`` with every tensor copied to CPU memory of its own (state dicts alias the live parameters and the
-    optimizer's buffers, which the next step changes in place)."""
+    optimizer's buffers, which the next step changes in place). ``old``: the previous copy, whose write is done:
+    its tensors of the same shape and type are written over instead of allocated again (fresh memory costs page
+    faults on every save)."""
     import torch
 
     if isinstance(obj, torch.Tensor):
+        if (isinstance(old, torch.Tensor) and old.shape == obj.shape and old.dtype == obj.dtype
+                and old.device.type == "cpu" and not old.is_sparse and not obj.is_sparse and obj.is_contiguous()):
+            return old.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return obj.__class__((k, _cpu_copy(v)) for k, v in obj.items())
+        kept = old if isinstance(old, dict) else {}
+        return obj.__class__((k, _cpu_copy(v, kept.get(k))) for k, v in obj.items())
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return obj.__class__(_cpu_copy(v) for v in obj)
+        items = old if isinstance(old, (list, tuple)) and len(old) == len(obj) else [None] * len(obj)
+        return obj.__class__(_cpu_copy(v, b) for v, b in zip(obj, items))
     return obj
 
 
@@ -158,7 +165,8 @@ class Checkpointer:
             if is_main():
                 self._prune()
         elif is_main():
-            copy = _cpu_copy(payload)
+            # The previous copy's write is settled (above): its memory is reused.
+            copy = self._copy = _cpu_copy(payload, getattr(self, "_copy", None))
 
             def write() -> None:
                 atomic_save(copy, path)
