@@ -63,7 +63,11 @@ def test_the_readme_demo_in_a_fresh_environment(tmp_path):
     assert "NumPy" not in out and "Traceback" not in out, out[-4000:]
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     final = next(i for i, line in enumerate(lines) if re.search(r"final loss \d+\.\d+", line))
-    assert lines[final + 1].startswith("Next: the same job on a Slurm cluster"), lines[final:]
+    # Between them only a torchrun agent's own lines may come ("[node N] ", not a rank's): seen once on a loaded
+    # machine, torch's rendezvous shutdown racing the other agent's exit (a c10d warning with its C++ stack trace
+    # and "failed to shutdown the rendezvous"), after every rank had ended well.
+    after = [line for line in lines[final + 1:] if not line.startswith("[node ")]
+    assert after[0].startswith("Next: the same job on a Slurm cluster"), lines[final:]
     assert "clusterddp submit --dry-run" in proc.stdout and "clusterddp explain" in proc.stdout
     assert ". .venv/bin/activate" in proc.stdout
 
