@@ -49,10 +49,14 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
         fault = fault_of(readable, final.node_list, final.state) if final.state in FAULT_STATES else None
         if fault is not None:
             click.echo(f"clusterddp: {fault.line()}", err=True)
-            if fault.kind == "infrastructure" and fault.nodes:
+            from .faults import INFRASTRUCTURE
+            from .quarantine import DEFAULT_SECONDS
+
+            if fault.kind == INFRASTRUCTURE and fault.nodes:
                 where = "" if record.cluster == "here" else f" --cluster {record.cluster}"
                 click.echo(f"clusterddp: quarantined {', '.join(fault.nodes)}: later submissions leave it out for "
-                           f"24 h (clusterddp nodes{where}; clusterddp nodes --forget NODE{where})", err=True)
+                           f"{DEFAULT_SECONDS // 3600} h (clusterddp nodes{where}; clusterddp nodes --forget "
+                           f"NODE{where})", err=True)
     return code
 
 
