@@ -78,6 +78,14 @@ def spec_options(f: Callable) -> Callable:
                           "[default: on when --time is given]."),
         click.option("--max-requeues", type=int, default=D("max_requeues"), show_default=True,
                      help="Requeue at most this often (SLURM_RESTART_COUNT)."),
+        click.option("--retries", type=int, default=D("retries"), show_default=True,
+                     help="After a node fault (a rank killed with no traceback, a lost node, a hang, ranks that never "
+                          "arrived), run the job step again from its last checkpoint without the node at fault: on "
+                          "a spare, or else requeued with that node excluded (0 = off). A Python exception is never "
+                          "retried."),
+        click.option("--spare-nodes", type=int, default=D("spare_nodes"), show_default=True, metavar="K",
+                     help="Ask Slurm for --nodes + K nodes; each attempt runs on --nodes healthy ones, and a node at "
+                          "fault is replaced by a spare without leaving the queue."),
         click.option("--signal-before", "signal_seconds", type=int, default=D("signal_seconds"), show_default=True,
                      metavar="SECONDS", help="Ask for the stop signal this long before the time limit."),
         click.option("--stop-grace", type=int, default=D("stop_grace"), show_default=True, metavar="SECONDS",

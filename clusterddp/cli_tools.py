@@ -29,7 +29,7 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     from .clusters import by_name
     from .errors import SlurmUnreachable
     from .record import for_job, recent
-    from .watch import FAULT_STATES, fault_line, reason, why_it_ended
+    from .watch import FAULT_STATES, attempt_lines, fault_line, reason, why_it_ended
 
     if job_ids:
         ids = [slurm.check_job_id(j) for j in job_ids]
@@ -69,6 +69,8 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
             continue
         exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
         rows.append(where + (j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, why))
+        if len(targets) == 1:
+            faults += attempt_lines(backend, job_id, name, j.done)
         if len(targets) == 1 and j.done and j.return_code and j.state in FAULT_STATES:
             faults.append(fault_line(backend, job_id, name, j.node_list, j.state))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -133,6 +133,15 @@ RANK_LOG = "rank-{rank}.out"        # srun launcher: srun's --output=rank-%t.out
 NODE_LOG = "node-{node}.out"        # torchrun and spawn: srun's --output=node-%n.out
 RANK_LOG_PATTERN, NODE_LOG_PATTERN = "rank-%t.out", "node-%n.out"
 STOP_FILE_NAME = "stop-requested-{restarts}"    # one per restart: a requeued job does not see the old request
+#: One line per attempt that ended (the batch script appends; `status JOBID` reads), tab-separated fields:
+ATTEMPTS_FILE = "attempts.tsv"
+ATTEMPT_FIELDS = ("restart", "attempt", "start", "end", "nodes", "exit", "fault", "fault_nodes", "why", "next")
+#: What ``next`` says: the step ran again in this allocation, the job requeued itself without the node at fault,
+#: or the job ended (done: the step succeeded or stopped at the time limit).
+NEXT_RETRY, NEXT_REQUEUE, NEXT_END = "retry", "requeue", "end"
+#: A failed attempt's logs and reports, moved here before the next attempt starts with fresh ones.
+ATTEMPT_DIR = "attempts/{restarts}.{attempt}"
+STEP_ERR = "srun-{restarts}.{attempt}.err"  # srun's own messages of one attempt (also in the batch log)
 #: torchrun --tee prefixes each line of a node log with the worker's local rank.
 TORCHRUN_PREFIX = "[default{local_rank}]:"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -156,6 +157,46 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     return None
 
 
+def hang_place(call: object) -> str:
+    """Where a hang's odd ones out wait (else everyone): the innermost frame as FILE:LINE, or ''."""
+    groups = call.get("groups") if isinstance(call, dict) else None
+    if not isinstance(groups, list) or not groups:
+        return ""
+    group = groups[1] if len(groups) > 1 else groups[0]
+    frames = group.get("frames") if isinstance(group, dict) else None
+    return printable(str(frames[0]))[:200] if isinstance(frames, list) and frames else ""
+
+
+def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str]) -> Fault:
+    """The fault of one failed attempt of the batch script's retry loop (the run directory holds only this
+    attempt's logs and reports; earlier attempts' are under attempts/). A hang at the place where an earlier
+    attempt hung is the program's, not a node's."""
+    run_dir = Path(run_dir)
+    logs = sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
+    fault = classify(run_dir, logs, step_err, nodes)
+    if fault is None:
+        return Fault("unknown", (), "nothing the job left tells a node fault from a program fault")
+    hang = hang_report(run_dir)
+    if hang is not None and fault.kind == INFRASTRUCTURE:
+        place = hang_place(read_json(Path(hang["dir"]) / "rollcall.json"))
+        earlier = {hang_place(read_json(p)) for p in run_dir.glob("attempts/*/stacks/hang-*/rollcall.json")}
+        if place and place in earlier:
+            return Fault(PROGRAM, (), f"the same hang twice at {place}: probably the program, not a node")
+    return fault
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m clusterddp.faults RUN_DIR STEP_ERR NODES``: one attempt's fault as one tab-separated line
+    (kind, nodes at fault comma-separated, why) for the batch script (templates/base.sh.j2)."""
+    if len(argv) != 3:
+        print("usage: python -m clusterddp.faults RUN_DIR STEP_ERR NODE[,NODE...]", file=sys.stderr)
+        return 2
+    fault = attempt(Path(argv[0]), Path(argv[1]), [n for n in argv[2].split(",") if n])
+    why = re.sub(r"[\t\r\n]+", " ", fault.why)
+    print(f"{fault.kind}\t{','.join(fault.nodes)}\t{why}")
+    return 0
+
+
 def srun_is_first_for(primary: Sequence[logscan.Traceback], tasks: str) -> bool:
     """A traceback exists, but the first task srun saw end was killed by a signal: the traceback is the other
     tasks' (they raised once their peer was gone), unless it is one of the killed tasks' own."""
@@ -179,3 +220,7 @@ def _expand(ranges: str) -> List[int]:
 def _clean(nodes: Iterable[str]) -> Tuple[str, ...]:
     """Node names as data: only hostname characters (they may reach an #SBATCH --exclude line)."""
     return tuple(sorted({n for n in nodes if n and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", n)}))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 #: What is copied back from a run directory: logs and reports, never checkpoints or data.
 PULL_FILTER = ["--include=*/", "--include=*.out", "--include=*.txt", "--include=*.json", "--include=*.log",
-               "--include=rank_*", "--exclude=*"]
+               "--include=*.tsv", "--include=rank_*", "--exclude=*"]
 #: How a run directory comes back: recursive, times kept, symlinks skipped (no -l), empty directories left out.
 PULL_ARGS = ["-rt", "--no-links", "--prune-empty-dirs", *PULL_FILTER]
 
@@ -56,7 +56,8 @@ def fetch(record: "JobRecord") -> "JobRecord":
 
 #: What `status` needs of an ended job: the roll call and the rendezvous report, nothing else.
 REPORT_FILTER = ["--include=/*/", "--include=/*/stacks/", "--include=/*/stacks/hang-*/",
-                 "--include=/*/stacks/hang-*/rollcall.*", "--include=/*/stacks/rendezvous-*.txt", "--exclude=*"]
+                 "--include=/*/stacks/hang-*/rollcall.*", "--include=/*/stacks/rendezvous-*.txt",
+                 "--include=/*/attempts.tsv", "--exclude=*"]
 _FINAL = ".reports-final"
 
 

@@ -74,6 +74,11 @@ def check_cluster(spec: JobSpec, partitions: Dict[str, Partition]) -> List[str]:
 def _check_partition(spec: JobSpec, p: Partition) -> None:
     """The job against one partition's offer; PreflightError naming the offer and the fix."""
     name = p.name
+    if spec.spare_nodes and spec.alloc_nodes > p.nodes:
+        raise PreflightError(f"partition {name} has {p.nodes} node(s); you asked for {spec.nodes} and "
+                             f"{spec.spare_nodes} spare(s), {spec.alloc_nodes} in all: use at most --spare-nodes "
+                             f"{max(0, p.nodes - spec.nodes)}" + (f" with --nodes {spec.nodes}" if spec.nodes <= p.nodes
+                                                                  else ""))
     if spec.nodes > p.nodes:
         per = spec.tasks_per_node
         raise PreflightError(f"partition {name} has {p.nodes} node(s); you asked for {spec.nodes}: use at most "
@@ -83,11 +88,11 @@ def _check_partition(spec: JobSpec, p: Partition) -> None:
 
         excluded = {n for entry in spec.exclude for n in expand(entry)}
         left = [n for n in p.names if n not in excluded]
-        if spec.nodes > len(left):
+        if spec.alloc_nodes > len(left):
             out = sorted(excluded & set(p.names))
             raise PreflightError(f"partition {name} has {p.nodes} node(s) and {len(out)} of them are left out "
                                  f"({','.join(out)}: --exclude or quarantined after a fault), so {len(left)} "
-                                 f"remain; you asked for {spec.nodes}: use fewer --nodes, or the left-out nodes "
+                                 f"remain; you asked for {spec.alloc_nodes}: use fewer --nodes, or the left-out nodes "
                                  "anyway (clusterddp nodes --forget NODE, or submit --no-quarantine)")
     if spec.gpus_per_node > p.gpus_per_node:
         if p.gpus_per_node == 0:

@@ -167,6 +167,12 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         "setup": list(spec.setup),
         "run_dir": f"{q(spec.output_dir)}/{q(contract.run_dir(spec.file_stem, ''))}\"$SLURM_JOB_ID\"",
         "srun_cpus": spec.cpus_per_task is not None,
+        # Each attempt's step: --nodes of the allocation's healthy nodes (with spares the job has more), and its own
+        # task count (srun would take the job's).
+        "step": (f"--nodes={spec.nodes} --ntasks={spec.nodes * spec.slurm_tasks_per_node} "
+                 '--nodelist="$CLUSTERDDP_STEP_NODES"'),
+        # A job requeued after a node fault keeps the nodes it excluded at submission out too.
+        "exclude_suffix": q("," + ",".join(spec.exclude)) if spec.exclude else "",
         # Containers: pyxis/enroot options go to srun; apptainer prefixes the command each task runs.
         "container_srun": (f"--container-image={q(spec.container_image)} --container-mounts=\"$PWD\" "
                            f"--container-workdir=\"$PWD\" " if spec.container_image else ""),

@@ -20,6 +20,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MEM = re.compile(r"[0-9]+[KMGT]?")
 _NODES = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[0-9,-]+\][A-Za-z0-9._-]*)*")  # a node name or a host list
+#: In-job retries after node faults: more than this many is a broken program or cluster, not bad luck.
+MAX_RETRIES = 20
 _SBATCH_OPT = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
 _ARRAY = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?")
 
@@ -63,6 +65,8 @@ class JobSpec:
     exclude: Tuple[str, ...] = ()
     requeue: Optional[bool] = None
     max_requeues: int = 3
+    retries: int = 2
+    spare_nodes: int = 0
     signal_seconds: int = 120
     stop_grace: int = 90
     hang_timeout: str = "15"
@@ -93,6 +97,11 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def alloc_nodes(self) -> int:
+        """Nodes asked of Slurm: the job's own and its spares (each attempt runs on ``nodes`` healthy ones)."""
+        return self.nodes + self.spare_nodes
 
     @property
     def backend(self) -> str:
@@ -154,7 +163,7 @@ class JobSpec:
         """The ordered ``#SBATCH`` options as (name, value or None for a flag); render.py encodes them."""
         # --ignore-pbs first: sbatch would otherwise turn #PBS/#BSUB lines near the top into options.
         d: List[Tuple[str, Optional[str]]] = [("ignore-pbs", None), ("job-name", self.job_name),
-                                               ("nodes", str(self.nodes)),
+                                               ("nodes", str(self.alloc_nodes)),
                                                ("ntasks-per-node", str(self.slurm_tasks_per_node))]
         if self.gpus_per_node:
             if self.gpu_request == "gres":
@@ -223,6 +232,17 @@ class JobSpec:
         if self.cpus_per_task is not None:
             positive_int("cpus_per_task", self.cpus_per_task, 1)
         positive_int("max_requeues", self.max_requeues, 0)
+        positive_int("retries", self.retries, 0)
+        if self.retries > MAX_RETRIES:
+            raise SpecError(f"retries must be at most {MAX_RETRIES} (each retry follows a node fault; more than that "
+                            f"is a broken program or cluster, not bad luck), got {self.retries}")
+        positive_int("spare_nodes", self.spare_nodes, 0)
+        if self.spare_nodes and not self.retries:
+            raise SpecError(f"spare_nodes={self.spare_nodes} with retries=0: spares replace a node at fault when the "
+                            "job step is retried; drop --spare-nodes or give --retries 1 or more")
+        if self.alloc_nodes > MAX_COUNT:
+            raise SpecError(f"nodes + spare_nodes must be at most {MAX_COUNT} (what Slurm accepts), got "
+                            f"{self.nodes} + {self.spare_nodes}")
         positive_int("signal_seconds", self.signal_seconds, 10)
         positive_int("stop_grace", self.stop_grace, 1)
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import click
 
@@ -24,8 +24,10 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
         why = f" ({job.reason})" if job.reason and job.reason not in ("None", "") and not job.done else ""
         click.echo(f"clusterddp: job {job_id} {job.state}{where}{why} [{time.monotonic() - start:.1f} s]", err=True)
 
+    follower = _AttemptFollower(record)
     try:
-        final = backend.wait(job_id, on_change=show)
+        with follower:
+            final = backend.wait(job_id, on_change=show)
         if not final.done:  # pending on a dependency that can no longer be met
             click.echo(f"clusterddp: {reason(final)}", err=True)
             return EXIT["RUNTIME"]
@@ -43,6 +45,8 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
         return EXIT["INTERRUPTED"]
     code = final.return_code
     click.echo(f"clusterddp: job {job_id} ended {final.state}, exit code {code}", err=True)
+    if record is not None:
+        follower.finish(backend.readable(record, reports_only=True))
     if code != 0 and record is not None:
         readable = backend.readable(record)
         show_failure(readable)
@@ -50,14 +54,69 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
         if fault is not None:
             click.echo(f"clusterddp: {fault.line()}", err=True)
             from .faults import INFRASTRUCTURE
-            from .quarantine import DEFAULT_SECONDS
 
             if fault.kind == INFRASTRUCTURE and fault.nodes:
-                where = "" if record.cluster == "here" else f" --cluster {record.cluster}"
-                click.echo(f"clusterddp: quarantined {', '.join(fault.nodes)}: later submissions leave it out for "
-                           f"{DEFAULT_SECONDS // 3600} h (clusterddp nodes{where}; clusterddp nodes --forget "
-                           f"NODE{where})", err=True)
+                click.echo(quarantine_note(fault.nodes, record.cluster), err=True)
     return code
+
+
+class _AttemptFollower:
+    """--wait: each attempt of the job's retry loop as it ends (a thread reading attempts.tsv of a job whose run
+    directory is on this machine; a remote job's attempts come once it has ended), and the nodes at fault
+    quarantined."""
+
+    def __init__(self, record: Optional[Any]) -> None:
+        import threading
+
+        self.record, self.shown, self.stop = record, 0, threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "_AttemptFollower":
+        if self.record is not None and self.record.cluster in ("", "here"):
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self.stop.wait(1.0):
+            self._show(Path(self.record.run_dir))
+
+    def _show(self, run_dir: Path) -> List[Any]:
+        """Print the attempts not shown yet: all of them once there is more than one or a fault."""
+        from .attempts import read
+
+        with self.lock:
+            found = read(run_dir)
+            for i, a in enumerate(found[self.shown:], start=self.shown):
+                if a.fault or a.next != "end" or i > 0:
+                    click.echo(f"clusterddp: {a.line()}", err=True)
+            self.shown = max(self.shown, len(found))
+            return found
+
+    def finish(self, readable: Any) -> None:
+        """The attempts not shown yet; the nodes at fault in any of them quarantined."""
+        from . import quarantine
+        from .attempts import at_fault
+
+        found = self._show(Path(readable.run_dir))
+        held: List[str] = []
+        for nodes, why in at_fault(found):
+            held += quarantine.add(readable.cluster, nodes, why, readable.job_id)
+        if held:
+            click.echo(quarantine_note(sorted(set(held)), readable.cluster), err=True)
+
+
+def quarantine_note(nodes: Sequence[str], cluster: str) -> str:
+    from .quarantine import DEFAULT_SECONDS
+
+    where = "" if cluster == "here" else f" --cluster {cluster}"
+    return (f"clusterddp: quarantined {', '.join(nodes)}: later submissions leave it out for "
+            f"{DEFAULT_SECONDS // 3600} h (clusterddp nodes{where}; clusterddp nodes --forget NODE{where})")
 
 
 def fault_of(record: Any, node_list: str, state: str) -> Optional[Any]:
@@ -117,6 +176,24 @@ def fault_line(backend: Any, job_id: str, cluster: str, node_list: str, state: s
         return ""
     fault = fault_of(backend.readable(record), node_list, state)
     return "" if fault is None else fault.line()
+
+
+def attempt_lines(backend: Any, job_id: str, cluster: str, done: bool) -> List[str]:
+    """``status JOBID``'s history: one line per attempt once there is more than one or a fault (the nodes at fault
+    are quarantined, as --wait does)."""
+    from . import quarantine
+    from .attempts import at_fault, read
+    from .record import JobRecord
+
+    record = JobRecord.load(job_id, cluster)
+    if record is None or (not done and cluster not in ("", "here")):
+        return []
+    found = read(Path(backend.readable(record, reports_only=True).run_dir))
+    if len(found) < 2 and not any(a.fault for a in found):
+        return []
+    for nodes, why in at_fault(found):
+        quarantine.add(record.cluster, nodes, why, record.job_id)
+    return [a.line() for a in found]
 
 
 def reason(job: Any) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway 2-node Slurm 22.05 cluster on this one machine, for clusterddp's own tests (and by hand).
+# A throwaway 3-node Slurm 22.05 cluster on this one machine, for clusterddp's own tests (and by hand).
 #
 #   tests/slurm/cluster.sh install   # Debian packages: munge slurmctld slurmd slurm-client iproute2
 #   tests/slurm/cluster.sh up        # start munged, slurmctld, and slurmd "node1" and "node2"
@@ -27,7 +27,7 @@ set -euo pipefail
 
 DIR="${CLUSTERDDP_CLUSTER_DIR:-/tmp/clusterddp-cluster}"
 NAME="${CLUSTERDDP_CLUSTER_NAME:-cddptest}"
-read -r -a NODES <<<"${CLUSTERDDP_CLUSTER_NODES:-node1 node2}"
+read -r -a NODES <<<"${CLUSTERDDP_CLUSTER_NODES:-node1 node2 node3}"
 SUBNET="${CLUSTERDDP_CLUSTER_SUBNET:-10.200.0}"
 BRIDGE="${CLUSTERDDP_CLUSTER_BRIDGE:-cddpbr0}"
 IFPREFIX="${CLUSTERDDP_CLUSTER_IFPREFIX:-cddp-}"  # veth names: at most 15 bytes with the suffix
