@@ -105,6 +105,23 @@ def _batch_size(args: tuple) -> "int | None":
     return None
 
 
+def node_faults(spec: JobSpec) -> List[str]:
+    """What the job does after a node fault (templates/base.sh.j2's retry loop)."""
+    if not spec.retries:
+        return ["retries: off (--retries 0): a node fault ends the job"]
+    then = (f"on a spare while one is left ({spec.spare_nodes} spare node(s): Slurm allocates {spec.alloc_nodes}, "
+            f"each attempt runs on {spec.nodes})" if spec.spare_nodes else "no spare nodes (--spare-nodes)")
+    last = ("then the job requeues itself with the node(s) at fault excluded (within --max-requeues)"
+            if spec.requeues else "then the job ends (requeue is off: --time or --requeue turns it on)")
+    out = [f"retries: up to {spec.retries} after a node fault (a rank killed with no traceback, a lost node, a hang, "
+           "ranks that never arrived), from the last checkpoint, without the node(s) at fault; a Python exception "
+           "is never retried (--retries)", f"  {then}; {last}",
+           "a node at fault is quarantined on this cluster for later submissions (clusterddp nodes)"]
+    if spec.exclude:
+        out.append(f"left out now: {','.join(spec.exclude)} (--exclude and the quarantine)")
+    return out
+
+
 def explain(spec: JobSpec) -> str:
     per = spec.tasks_per_node
     how = (f"{spec.nodes} node(s) x {spec.gpus_per_node} GPU(s) per node" if spec.gpus_per_node
@@ -133,6 +150,7 @@ def explain(spec: JobSpec) -> str:
                      "or hang (TORCH_NCCL_TRACE_BUFFER_SIZE=2000; --no-flight-recorder)" if spec.flight_recorder
                      else "  flight recorder: off (--no-flight-recorder)")
     lines.append("  clusterddp stacks JOBID: where every rank is, while the job runs")
+    lines += ["", "node faults:"] + ["  " + line for line in node_faults(spec)]
     lines += ["", "environment of the training script:"]
     lines += ["  " + line for line in environment(spec)]
     found = warnings(spec)

@@ -20,8 +20,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MEM = re.compile(r"[0-9]+[KMGT]?")
 _NODES = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[0-9,-]+\][A-Za-z0-9._-]*)*")  # a node name or a host list
-#: In-job retries after node faults: more than this many is a broken program or cluster, not bad luck.
-MAX_RETRIES = 20
+MAX_RETRIES = 20  # in-job retries after node faults
 _SBATCH_OPT = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
 _ARRAY = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?")
 
@@ -233,16 +232,14 @@ class JobSpec:
             positive_int("cpus_per_task", self.cpus_per_task, 1)
         positive_int("max_requeues", self.max_requeues, 0)
         positive_int("retries", self.retries, 0)
-        if self.retries > MAX_RETRIES:
-            raise SpecError(f"retries must be at most {MAX_RETRIES} (each retry follows a node fault; more than that "
-                            f"is a broken program or cluster, not bad luck), got {self.retries}")
         positive_int("spare_nodes", self.spare_nodes, 0)
+        if self.retries > MAX_RETRIES:
+            raise SpecError(f"retries must be at most {MAX_RETRIES} (each follows a node fault: more is a broken "
+                            f"program or cluster, not bad luck), got {self.retries}")
         if self.spare_nodes and not self.retries:
             raise SpecError(f"spare_nodes={self.spare_nodes} with retries=0: spares replace a node at fault when the "
                             "job step is retried; drop --spare-nodes or give --retries 1 or more")
-        if self.alloc_nodes > MAX_COUNT:
-            raise SpecError(f"nodes + spare_nodes must be at most {MAX_COUNT} (what Slurm accepts), got "
-                            f"{self.nodes} + {self.spare_nodes}")
+        positive_int("nodes + spare_nodes", self.alloc_nodes, 1)
         positive_int("signal_seconds", self.signal_seconds, 10)
         positive_int("stop_grace", self.stop_grace, 1)
         try:

@@ -83,8 +83,9 @@ class _AttemptFollower:
             self.thread.join(timeout=5)
 
     def _run(self) -> None:
-        while not self.stop.wait(1.0):
-            self._show(Path(self.record.run_dir))
+        run_dir = Path(self.record.run_dir) if self.record is not None else None
+        while run_dir is not None and not self.stop.wait(1.0):
+            self._show(run_dir)
 
     def _show(self, run_dir: Path) -> List[Any]:
         """Print the attempts not shown yet: all of them once there is more than one or a fault."""

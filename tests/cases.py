@@ -32,6 +32,7 @@ CASES = {
     "pyxis": JobSpec("train.py", nodes=2, gpus_per_node=4, container_image="nvcr.io#nvidia/pytorch:24.05-py3",
                      array="0-3%2", after=("1234",)),
     "apptainer_srun": JobSpec("train.py", nodes=2, gpus_per_node=2, launcher="srun", apptainer="/images/my torch.sif"),
+    "spares": JobSpec("train.py", nodes=2, spare_nodes=1, retries=3, gpus_per_node=2, launcher="srun", time="4:00:00"),
     "hostile": JobSpec("my script.py", args=HOSTILE_ARGS, nodes=2, gpus_per_node=2,
                        job_name='x" --partition=evil # \\ $(id) `id` ;', output_dir="runs dir/100%",
                        partition="a b", env=(("WEIRD", "$(id) `id` 'q' \"dq\" \\ \n end"),),

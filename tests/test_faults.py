@@ -46,7 +46,8 @@ def test_a_killed_node_is_an_infrastructure_fault_and_quarantined(work, launcher
     log = work / "run.log"
     job = subprocess.Popen(
         [sys.executable, "-m", "clusterddp", "submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2",
-         "--time", "10", "--wait", "resumable.py", "--", "--ckpt-dir", str(work / "ck"), "--out", str(work / "o.pt"),
+         "--time", "10", "--retries", "0", "--wait", "resumable.py", "--", "--ckpt-dir", str(work / "ck"),
+         "--out", str(work / "o.pt"),
          "--steps-log", str(log), "--step-sleep", "0.3"], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     deadline = time.monotonic() + 120
@@ -98,12 +99,12 @@ def test_a_job_that_cannot_fit_beside_the_quarantine_is_refused(work):
     """Never exclude so many nodes that the job cannot run: one line, nothing submitted."""
     from clusterddp import quarantine
 
-    quarantine.add("here", ["node2"], "rank 2 killed", "41")
+    quarantine.add("here", ["node2", "node3"], "rank 2 killed", "41")
     before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout
     proc = run_cli("submit", "--nodes", "2", "--gpus", "1", "allreduce.py", cwd=work)
     assert proc.returncode == 2, proc.stdout + proc.stderr  # as every request the cluster cannot hold
     assert proc.stdout == "" and proc.stderr.splitlines()[-1] == (
-        "clusterddp: error: partition debug has 2 node(s) and 1 of them are left out (node2: --exclude or "
+        "clusterddp: error: partition debug has 3 node(s) and 2 of them are left out (node2,node3: --exclude or "
         "quarantined after a fault), so 1 remain; you asked for 2: use fewer --nodes, or the left-out nodes anyway "
         "(clusterddp nodes --forget NODE, or submit --no-quarantine)"), proc.stderr
     assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before

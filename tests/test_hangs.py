@@ -514,8 +514,8 @@ def test_the_watchdog_ends_a_hung_job_on_the_cluster(work, launcher):
     d, env = work
     start = time.monotonic()
     proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "--hang-timeout",
-                   "0:10", "--wait", "hang.py", "--", "--where", "loader", "--rank", "1", cwd=d, env=env,
-                   timeout=300)
+                   "0:10", "--retries", "0", "--wait", "hang.py", "--", "--where", "loader", "--rank", "1", cwd=d,
+                   env=env, timeout=300)
     took = time.monotonic() - start
     assert proc.returncode == contract.HANG_EXIT, proc.stderr
     job_id = proc.stdout.split()[0]
@@ -537,8 +537,8 @@ def test_the_watchdog_ends_a_hung_job_on_the_cluster(work, launcher):
 def test_a_rank_that_never_starts_on_the_cluster_is_named_with_its_node(work, launcher):
     d, env = work
     env = dict(env, **{contract.TIMEOUT: "15"})  # sbatch passes the submitting environment on
-    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "--wait",
-                   "hang.py", "--", "--where", "rendezvous", "--rank", "3", cwd=d, env=env, timeout=300)
+    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "--retries", "0",
+                   "--wait", "hang.py", "--", "--where", "rendezvous", "--rank", "3", cwd=d, env=env, timeout=300)
     assert proc.returncode == contract.RENDEZVOUS_EXIT, proc.stderr
     assert re.search(r"3 of 4 ranks arrived; missing rank 3 \(node2\): never started", proc.stderr), proc.stderr
     job_id = proc.stdout.split()[0]

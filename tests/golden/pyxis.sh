@@ -10,6 +10,7 @@
 #
 # Rendered by clusterddp <version>: 2 node(s) x 4 rank(s) per node = world size 8
 # launcher: torchrun, backend: nccl. Regenerate rather than edit: clusterddp render --help
+# retries after a node fault: 2; each attempt runs on 2 node(s) of the allocation; 0 spare(s)
 set -euo pipefail
 
 # Set here, not inherited: a stop file from the submitting shell would stop these ranks.
@@ -53,8 +54,8 @@ export MASTER_ADDR
 # nearby ids never collide; checked free below, with a fallback that every node then uses.
 MASTER_PORT=$(( 20000 + 10#$SLURM_JOB_ID % 10000 ))
 CLUSTERDDP_PORT_MODE=fallback
-# This batch shell runs on the first node, where the rendezvous will listen.
-MASTER_PORT="$(python3 - "$MASTER_PORT" "$CLUSTERDDP_PORT_MODE" 20000 10000 <<'CLUSTERDDP_PY'
+# The port check, also run on another node when a retry's rendezvous moves there (base.sh.j2).
+CLUSTERDDP_PORT_PY='
 import socket, sys
 port, mode, base, span = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 candidates = [port] if mode == "strict" else [base + (port - base + i) % span for i in range(span)]
@@ -69,8 +70,10 @@ for p in candidates:
     print(p)
     sys.exit(0)
 sys.exit("clusterddp: MASTER_PORT %d is already in use on %s; choose another --master-port" % (port, socket.gethostname()))
-CLUSTERDDP_PY
-)"
+'
+# This batch shell runs on the first node, where the rendezvous will listen.
+CLUSTERDDP_HEAD="$MASTER_ADDR"
+MASTER_PORT="$(python3 -c "$CLUSTERDDP_PORT_PY" "$MASTER_PORT" "$CLUSTERDDP_PORT_MODE" 20000 10000)"
 export MASTER_PORT
 
 RUN_DIR=clusterddp-runs/train-"$SLURM_JOB_ID"
@@ -94,36 +97,133 @@ mkdir -p -- "$RUN_DIR/nccl-trace"
 echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 8 (2 x 4), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
 
+# Attempts. After a node fault (clusterddp.faults tells one from a program fault: a rank killed with no traceback
+# of its own, a lost node, a hang, ranks that never arrived) the job step runs again from the last checkpoint on
+# 2 node(s) of the allocation without the node(s) at fault: at most 2 time(s) in all (--retries),
+# on a spare while one is left (--spare-nodes 0), else the job requeues itself with those nodes excluded.
+# A Python exception is never retried: it would fail again anywhere.
+CLUSTERDDP_ATTEMPT=0
+CLUSTERDDP_SIGNAL="${CLUSTERDDP_SIGNAL:-}"
+CLUSTERDDP_BAD=" "
+CLUSTERDDP_STEP_NODES=""
+clusterddp_choose() {
+    # The first 2 node(s) of the allocation not at fault (host names are data: read, never globbed).
+    local host n=0
+    CLUSTERDDP_STEP_NODES=""
+    while IFS= read -r host; do
+        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
+        CLUSTERDDP_STEP_NODES="${CLUSTERDDP_STEP_NODES:+$CLUSTERDDP_STEP_NODES,}$host"
+        n=$((n + 1))
+        [ "$n" -lt 2 ] || return 0
+    done <<<"$CLUSTERDDP_HOSTS"
+    return 1
+}
+clusterddp_record() {
+    # One line per attempt in $RUN_DIR/attempts.tsv (clusterddp status JOBID shows them): exit, fault, nodes at
+    # fault, why, what came next.
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$CLUSTERDDP_RESTARTS" "$CLUSTERDDP_ATTEMPT" "$CLUSTERDDP_START" \
+        "$(date +%s)" "$CLUSTERDDP_RAN_ON" "$1" "$2" "$3" "$4" "$5" >>"$RUN_DIR/attempts.tsv"
+}
+clusterddp_retry() {
+    # After a failed attempt: 0 = run again here; else requeue (does not return) or 1 = the job ends.
+    local used fault kind nodes why node to f
+    used="$(awk -F'\t' '$7 == "infrastructure" && ($10 == "retry" || $10 == "requeue") { n++ } END { print n + 0 }' \
+        "$RUN_DIR/attempts.tsv" 2>/dev/null || echo 0)"
+    fault="$(python3 -m clusterddp.faults "$RUN_DIR" "$CLUSTERDDP_STEP_ERR" "$CLUSTERDDP_STEP_NODES" 2>/dev/null)" ||
+        fault="$(printf 'unknown\t\tno fault report (clusterddp.faults failed with %s where the batch script runs)' python3)"
+    IFS=$'\t' read -r kind nodes why <<<"$fault" || true
+    echo "clusterddp: attempt $((CLUSTERDDP_ATTEMPT + 1)) failed: fault: $kind${nodes:+ on $nodes}: $why" >&2
+    if [ "$kind" != infrastructure ]; then
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
+        return 1
+    elif [ -z "$nodes" ]; then
+        echo "clusterddp: not retried: the node at fault is not known" >&2
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "" "$why" end
+        return 1
+    elif [ "$used" -ge 2 ]; then
+        echo "clusterddp: not retried: $used of --retries 2 used" >&2
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
+        return 1
+    fi
+    CLUSTERDDP_BAD="$CLUSTERDDP_BAD${nodes//,/ } "
+    # This attempt's logs and reports move aside: the next attempt starts with fresh ones (and the fault report
+    # of the next attempt reads only its own).
+    to="$RUN_DIR/attempts/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT"
+    mkdir -p -- "$to"
+    for f in "$RUN_DIR"/rank-*.out "$RUN_DIR"/node-*.out "$RUN_DIR/stacks"; do
+        [ ! -e "$f" ] || mv -- "$f" "$to/"
+    done
+    echo "clusterddp: the failed attempt's logs and reports: $to/" >&2
+    if [ -z "$CLUSTERDDP_SIGNAL" ] && clusterddp_choose; then
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" retry
+        echo "clusterddp: retrying on $CLUSTERDDP_STEP_NODES without $nodes (retry $((used + 1)) of 2), from the last checkpoint" >&2
+        return 0
+    fi
+    echo "clusterddp: not retried: no healthy node is left in this allocation (--spare-nodes adds some) and requeue is off (--time or --requeue turns it on)" >&2
+    clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
+    return 1
+}
+
+while :; do
+    clusterddp_choose || true
+    if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ]; then
+        # The rendezvous moves with the nodes; a new port (the old one may be held by a lost rank), checked free
+        # on the node where it will listen.
+        MASTER_ADDR="${CLUSTERDDP_STEP_NODES%%,*}"
+        MASTER_PORT=$(( 20000 + (MASTER_PORT - 20000 + 1) % 10000 ))
+        CLUSTERDDP_ON=()
+        [ "$MASTER_ADDR" = "$CLUSTERDDP_HEAD" ] || CLUSTERDDP_ON=(srun --nodes=1 --ntasks=1 --nodelist="$MASTER_ADDR")
+        MASTER_PORT="$("${CLUSTERDDP_ON[@]}" python3 -c "$CLUSTERDDP_PORT_PY" "$MASTER_PORT" "$CLUSTERDDP_PORT_MODE" 20000 10000)"
+    fi
+    [ "$CLUSTERDDP_ATTEMPT" -eq 0 ] || echo "clusterddp: attempt $((CLUSTERDDP_ATTEMPT + 1)) on $CLUSTERDDP_STEP_NODES: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+    CLUSTERDDP_START="$(date +%s)"
+    CLUSTERDDP_RAN_ON="$CLUSTERDDP_STEP_NODES"
+    # srun's own messages of this attempt also go to a file of their own, for its fault report.
+    CLUSTERDDP_STEP_ERR="$RUN_DIR/srun-$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT.err"
+    exec {CLUSTERDDP_ERR_FD}>&2 2> >(tee -a -- "$CLUSTERDDP_STEP_ERR" >&2)
+    CLUSTERDDP_TEE_PID=$!
 # One torchrun agent per node; the agents meet at a c10d rendezvous on MASTER_ADDR:MASTER_PORT.
-srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --container-image='nvcr.io#nvidia/pytorch:24.05-py3' --container-mounts="$PWD" --container-workdir="$PWD" \
+srun --nodes=2 --ntasks=2 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 --container-image='nvcr.io#nvidia/pytorch:24.05-py3' --container-mounts="$PWD" --container-workdir="$PWD" \
     --output="${RUN_DIR//%/%%}/node-%n.out" \
     torchrun --nnodes=2 --nproc-per-node=4 \
     --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
     --tee=3 --log-dir="$RUN_DIR/torchrun" \
     train.py &
 CLUSTERDDP_SRUN_PID=$!
+    exec 2>&"$CLUSTERDDP_ERR_FD" {CLUSTERDDP_ERR_FD}>&-
 
-# srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
-# a trap interrupts `wait`, so wait again while srun is still there.
-CLUSTERDDP_STATUS=0
-wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
-while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
+    # srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
+    # a trap interrupts `wait`, so wait again while srun is still there.
     CLUSTERDDP_STATUS=0
     wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+    while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
+        CLUSTERDDP_STATUS=0
+        wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+    done
+    for _ in 1 2 3 4 5 6 7 8 9 10; do  # tee has srun's last lines once srun is gone
+        kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    # What the ranks' control thread found (clusterddp.runtime): a hang's roll call, or ranks that never arrived.
+    # Only for a step that failed: the ranks' exit status decides, a file in the run directory only explains it.
+    if [ "$CLUSTERDDP_STATUS" -eq 0 ]; then
+        :
+    elif [ -f "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" ]; then
+        echo "clusterddp: the hang watchdog ended the job: no rank advanced for $CLUSTERDDP_HANG_TIMEOUT s. Roll call:" >&2
+        cat -- "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" >&2
+        echo "clusterddp: every rank's stacks: $RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/" >&2
+        CLUSTERDDP_STATUS=79
+    elif [ -f "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt" ]; then
+        echo "clusterddp: $(cat -- "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt")" >&2
+        CLUSTERDDP_STATUS=78
+    fi
+    if [ "$CLUSTERDDP_STATUS" -eq 0 ] || [ -n "$CLUSTERDDP_SIGNAL" ]; then
+        clusterddp_record "$CLUSTERDDP_STATUS" "" "" "${CLUSTERDDP_SIGNAL:+SIG$CLUSTERDDP_SIGNAL}" end
+        break
+    fi
+    clusterddp_retry || break
+    CLUSTERDDP_ATTEMPT=$((CLUSTERDDP_ATTEMPT + 1))
 done
-# What the ranks' control thread found (clusterddp.runtime): a hang's roll call, or ranks that never arrived.
-# Only for a step that failed: the ranks' exit status decides, a file in the run directory only explains it.
-if [ "$CLUSTERDDP_STATUS" -eq 0 ]; then
-    :
-elif [ -f "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" ]; then
-    echo "clusterddp: the hang watchdog ended the job: no rank advanced for $CLUSTERDDP_HANG_TIMEOUT s. Roll call:" >&2
-    cat -- "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" >&2
-    echo "clusterddp: every rank's stacks: $RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/" >&2
-    CLUSTERDDP_STATUS=79
-elif [ -f "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt" ]; then
-    echo "clusterddp: $(cat -- "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt")" >&2
-    CLUSTERDDP_STATUS=78
-fi
 if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
     echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
 fi

@@ -1,0 +1,146 @@
+"""Issue 25, points 2, 3 and 6 without a cluster: the options (--retries, --spare-nodes) and their bad values, what
+the rendered retry loop asks of Slurm, one attempt's fault report as the batch script runs it (a real
+`python -m clusterddp.faults`), and the attempt history read back as data. The loop itself runs on the real
+cluster in test_self_healing.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clusterddp import attempts, contract
+from clusterddp.cli import cli
+from clusterddp.render import render
+from clusterddp.spec import MAX_RETRIES, JobSpec
+
+from .test_quarantine import PEER_GONE, TRACEBACK
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "train.py").write_text("print(1)\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--spare-nodes", "-1"], "spare_nodes must be at least 0, got -1"),
+    (["--retries", "-2"], "retries must be at least 0, got -2"),
+    (["--retries", str(MAX_RETRIES + 1)], f"retries must be at most {MAX_RETRIES} (each follows a node fault"),
+    (["--spare-nodes", "1", "--retries", "0"], "spare_nodes=1 with retries=0: spares replace a node at fault"),
+    (["--nodes", "2147483647", "--spare-nodes", "1"], "nodes + spare_nodes must be at most 2147483647"),
+])
+def test_bad_retry_options_are_one_line_and_nothing_is_written(project, args, expected):
+    result = CliRunner().invoke(cli, ["submit", "--dry-run", *args, "train.py"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line]
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in result.output, result.output
+    assert not (project / "clusterddp-runs").exists()
+
+
+def test_spares_are_asked_of_slurm_and_each_attempt_runs_on_nodes_of_its_own():
+    text = render(JobSpec("train.py", nodes=2, spare_nodes=1, gpus_per_node=2, launcher="srun", time="1:00:00",
+                          exclude=("gpu7", "gpu[01-02]")))
+    assert "#SBATCH --nodes=3" in text.splitlines()
+    # The step takes 2 of the 3 nodes, by name, with its own task count (srun would take the job's 6 otherwise).
+    assert 'srun --nodes=2 --ntasks=4 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=2 ' in text
+    # Requeued after a fault: the nodes at fault and the ones excluded at submission, as one shell word each.
+    assert """sed 's/,$//')"',gpu7,gpu[01-02]'""" in text
+    assert "ExcNodeList=\"$1\" NumNodes=2-3" in text
+    plain = render(JobSpec("train.py", nodes=2, gpus_per_node=2, retries=0))
+    assert "#SBATCH --nodes=2" in plain.splitlines() and "clusterddp_retry" not in plain
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+
+
+def test_explain_and_dry_run_show_the_spares(project):
+    result = CliRunner().invoke(cli, ["submit", "--dry-run", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2",
+                                      "train.py"])
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --nodes=3" in result.output
+    assert "each attempt runs on 2 node(s) of the allocation; 1 spare(s)" in result.output
+
+
+def fault_report(run: Path, err: str, nodes: str = "node1,node2") -> list:
+    (run / "srun.err").write_text(err)
+    proc = subprocess.run([sys.executable, "-m", "clusterddp.faults", str(run), str(run / "srun.err"), nodes],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc.stderr
+    return proc.stdout.rstrip("\n").split("\t")
+
+
+def test_one_attempt_s_fault_as_the_batch_script_reads_it(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank, text in enumerate([PEER_GONE, PEER_GONE, "", ""]):
+        (run / f"rank-{rank}.out").write_text(text)
+    kind, nodes, why = fault_report(run, "srun: error: node2: tasks 2-3: Killed\n"
+                                         "srun: error: node1: tasks 0-1: Terminated\n")
+    assert (kind, nodes) == ("infrastructure", "node2") and "killed (a signal, no Python traceback)" in why
+    (run / "rank-1.out").write_text(TRACEBACK)
+    assert fault_report(run, "srun: error: node1: task 1: Exited with exit code 1\n")[:2] == ["program", ""]
+    for name in ("rank-0.out", "rank-1.out"):
+        (run / name).write_text("")
+    kind, nodes, why = fault_report(run, "srun: error: node1: task 1: Exited with exit code 3\n")
+    assert (kind, nodes) == ("unknown", "")  # nothing tells: not retried
+    # A name that is not a host name never reaches the loop (it would go into ExcNodeList).
+    assert fault_report(run, "srun: error: no\tde: tasks 0: Killed\nsrun: error: -x: tasks 0: Killed\n")[1] == ""
+
+
+def _hang(run: Path, restarts: int, place: str, node: str) -> None:
+    d = run / contract.HANG_DIR.format(restarts=restarts)
+    d.mkdir(parents=True)
+    groups = [{"ranks": [0, 1, 2], "nodes": ["node1", "node2"], "waiting_in": "all_reduce",
+               "frames": ["hang.py:30 main"]},
+              {"ranks": [3], "nodes": [node], "waiting_in": "", "frames": [place]}]
+    (d / "rollcall.json").write_text(json.dumps({"groups": groups, "summary": f"rank 3 at {place}"}))
+    (d / "rollcall.txt").write_text("roll call\n")
+
+
+def test_a_hang_is_a_node_s_once_and_the_program_s_when_it_comes_back_at_the_same_place(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    _hang(run, 0, "hang.py:41 __getitem__", "node2")
+    kind, nodes, why = fault_report(run, "")
+    assert (kind, nodes) == ("infrastructure", "node2") and why.startswith("the hang watchdog ended the job")
+    # The retry loop moves an attempt's reports aside; the next attempt hangs at the same line on another node.
+    (run / "attempts" / "0.0").mkdir(parents=True)
+    (run / "stacks").rename(run / "attempts" / "0.0" / "stacks")
+    _hang(run, 0, "hang.py:41 __getitem__", "node3")
+    assert fault_report(run, "", "node1,node3") == [
+        "program", "", "the same hang twice at hang.py:41 __getitem__: probably the program, not a node"]
+    # Elsewhere: a node's again.
+    (run / "stacks").rename(run / "attempts" / "0.0" / "stacks-b")
+    _hang(run, 0, "data.py:9 read", "node3")
+    assert fault_report(run, "", "node1,node3")[:2] == ["infrastructure", "node3"]
+
+
+def test_the_history_is_read_as_data(tmp_path):
+    now = int(time.time())
+    rows = [
+        ["0", "0", str(now - 60), str(now - 30), "node1,node2", "143", "infrastructure", "node2",
+         "rank(s) 2-3 on node2: killed", "retry"],
+        ["0", "1", str(now - 30), str(now), "node1,node3", "0", "", "", "", "end"],
+        ["0", "2", "x", "y", "node1,$(id),node3", "99999", "evil", "../etc", "\x1b[31mred", "rm -rf"],
+        ["too", "few"],
+    ]
+    (tmp_path / contract.ATTEMPTS_FILE).write_text("".join("\t".join(r) + "\n" for r in rows))
+    found = attempts.read(tmp_path)
+    assert len(found) == 3
+    first, second, odd = found
+    assert first.nodes == ("node1", "node2") and first.fault_nodes == ("node2",) and first.next == "retry"
+    assert first.line().endswith("exit 143: fault: infrastructure on node2: rank(s) 2-3 on node2: killed; retried "
+                                 "here without the node(s) at fault")
+    assert second.line().startswith("attempt 2 (restart 0) on node1,node3, ") and second.line().endswith("exit 0")
+    assert odd.nodes == ("node1", "node3") and odd.fault == "" and odd.fault_nodes == () and odd.next == ""
+    assert odd.exit == -1 and "\x1b" not in odd.why and odd.start == 0
+    assert attempts.at_fault(found) == [(("node2",), "rank(s) 2-3 on node2: killed")]
+    link = tmp_path / "elsewhere"
+    link.mkdir()
+    (link / contract.ATTEMPTS_FILE).symlink_to(tmp_path / contract.ATTEMPTS_FILE)
+    assert attempts.read(link) == []  # never through a link
