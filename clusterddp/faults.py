@@ -186,14 +186,15 @@ def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str]) -> Fault:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m clusterddp.faults RUN_DIR STEP_ERR NODES``: one attempt's fault as one tab-separated line
-    (kind, nodes at fault comma-separated, why) for the batch script (templates/base.sh.j2)."""
+    """``python -m clusterddp.faults RUN_DIR STEP_ERR NODES``: one attempt's fault for the batch script
+    (templates/base.sh.j2) as three lines: kind, the nodes at fault comma-separated (maybe empty), why. (Lines,
+    not tabs: `read` merges the tabs around an empty field, tab being white space to it.)"""
     if len(argv) != 3:
         print("usage: python -m clusterddp.faults RUN_DIR STEP_ERR NODE[,NODE...]", file=sys.stderr)
         return 2
     fault = attempt(Path(argv[0]), Path(argv[1]), [n for n in argv[2].split(",") if n])
     why = re.sub(r"[\t\r\n]+", " ", fault.why)
-    print(f"{fault.kind}\t{','.join(fault.nodes)}\t{why}")
+    print(f"{fault.kind}\n{','.join(fault.nodes)}\n{why}")
     return 0
 
 

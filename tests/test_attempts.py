@@ -70,8 +70,8 @@ def fault_report(run: Path, err: str, nodes: str = "node1,node2") -> list:
     (run / "srun.err").write_text(err)
     proc = subprocess.run([sys.executable, "-m", "clusterddp.faults", str(run), str(run / "srun.err"), nodes],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.count("\n") == 1, proc.stderr
-    return proc.stdout.rstrip("\n").split("\t")
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 3, proc.stderr
+    return proc.stdout.split("\n")[:3]
 
 
 def test_one_attempt_s_fault_as_the_batch_script_reads_it(tmp_path):

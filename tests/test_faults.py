@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from clusterddp import attempts
+
 from .conftest import SCRIPTS, run_cli
 
 pytestmark = pytest.mark.slurm
@@ -92,6 +94,9 @@ def test_a_python_exception_is_a_program_fault_and_quarantines_nothing(work, lau
     assert fault[0].endswith("(the program)") and "deliberate failure on rank 3" in fault[0], fault
     assert "quarantined" not in proc.stderr
     assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined on cluster 'here'")
+    job_id = proc.stdout.split()[0]
+    (only,) = attempts.read(work / "clusterddp-runs" / f"allreduce-{job_id}")  # one attempt: never retried
+    assert (only.fault, only.next) == ("program", "end") and "deliberate failure on rank 3" in only.why, only
 
 
 @pytest.mark.slurm_releases("22.05")

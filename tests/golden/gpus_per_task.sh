@@ -124,12 +124,12 @@ clusterddp_record() {
 }
 clusterddp_retry() {
     # After a failed attempt: 0 = run again here; else requeue (does not return) or 1 = the job ends.
-    local used fault kind nodes why node to f
+    local used fault kind nodes why to f
     used="$(awk -F'\t' '$7 == "infrastructure" && ($10 == "retry" || $10 == "requeue") { n++ } END { print n + 0 }' \
         "$RUN_DIR/attempts.tsv" 2>/dev/null || echo 0)"
     fault="$(python3 -m clusterddp.faults "$RUN_DIR" "$CLUSTERDDP_STEP_ERR" "$CLUSTERDDP_STEP_NODES" 2>/dev/null)" ||
-        fault="$(printf 'unknown\t\tno fault report (clusterddp.faults failed with %s where the batch script runs)' python3)"
-    IFS=$'\t' read -r kind nodes why <<<"$fault" || true
+        fault="$(printf 'unknown\n\nno fault report (clusterddp.faults failed with %s where the batch script runs)' python3)"
+    { IFS= read -r kind; IFS= read -r nodes; IFS= read -r why; } <<<"$fault" || true
     echo "clusterddp: attempt $((CLUSTERDDP_ATTEMPT + 1)) failed: fault: $kind${nodes:+ on $nodes}: $why" >&2
     if [ "$kind" != infrastructure ]; then
         clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end

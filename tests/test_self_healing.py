@@ -1,0 +1,149 @@
+"""Issue 25 on the real 3-node test cluster: every rank process on node2 SIGKILLed mid-run (a lost node, as far as
+the job can tell); the batch script's retry loop runs the step again on a spare (or requeues the job without
+node2), from the last checkpoint, and the result is bit-identical to an uninterrupted run, step for step. A hang
+that comes back at the same line on another node is the program's. 4 ranks on 2 nodes."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterddp import attempts, slurm
+
+from .conftest import SCRIPTS, run_cli
+from .test_faults import _rank_pids
+from .test_hangs import SLEEP_IN_LOADER
+from .test_requeue import LOCAL_SHAPE, RANKS, TOTAL_STEPS, identical, job_args, rank_steps, steps
+
+pytestmark = pytest.mark.slurm
+EVERY = 4  # checkpoint interval (steps)
+ONCE = pytest.mark.slurm_releases("22.05")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same job, never interrupted (local backend; the same gloo arithmetic on this machine)."""
+    d = tmp_path_factory.mktemp("reference")
+    shutil.copy(SCRIPTS / "resumable.py", d)
+    proc = run_cli("submit", "--local", "--launcher", "srun", *LOCAL_SHAPE, *job_args(d, "ref", 0), cwd=d)
+    assert proc.returncode == 0, proc.stderr
+    return d
+
+
+@pytest.fixture
+def work(slurm_env, tmp_path):
+    for script in ("resumable.py", "hang.py"):
+        shutil.copy(SCRIPTS / script, tmp_path)
+    return tmp_path
+
+
+def kill_node2_after(log: Path, n: int, script: str = "resumable.py") -> float:
+    """SIGKILL every rank process on node2 once rank 0 logged ``n`` steps; returns when (monotonic)."""
+    deadline = time.monotonic() + 150
+    while len(steps(log)) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    victims = _rank_pids("node2", script)
+    assert len(victims) == 2, victims  # ranks 2 and 3
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    return time.monotonic()
+
+
+def same_as_reference(work: Path, reference: Path) -> None:
+    """Final parameters bit for bit; every step every rank ran (redone ones too) with the reference's loss."""
+    assert identical(work / "run.pt", reference / "ref.pt")
+    ref, got = rank_steps(reference / "ref.log"), rank_steps(work / "run.log")
+    for rank in range(RANKS):
+        expected = dict(ref[rank])
+        assert len(expected) == TOTAL_STEPS
+        assert all(expected[step] == loss for step, loss in got[rank]), rank
+        assert {step for step, _ in got[rank]} == set(expected), rank
+        redone = len(got[rank]) - TOTAL_STEPS
+        assert 0 < redone <= EVERY, (rank, redone)  # at most one checkpoint interval
+
+
+@pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE)])
+def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work, reference, launcher):
+    job = subprocess.Popen(
+        [sys.executable, "-m", "clusterddp", "submit", "--launcher", launcher, "--nodes", "2", "--spare-nodes", "1",
+         "--gpus", "2", "--time", "10", "--wait", *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kill_node2_after(work / "run.log", EVERY + 3)
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err
+    job_id = out.split()[0]
+    assert f"job {job_id} ended COMPLETED, exit code 0" in err
+    same_as_reference(work, reference)
+    run_dir = work / "clusterddp-runs" / f"resumable-{job_id}"
+    first, second = attempts.read(run_dir)
+    assert first.nodes == ("node1", "node2") and first.fault == "infrastructure" and first.fault_nodes == ("node2",)
+    assert first.next == "retry" and second.nodes == ("node1", "node3") and second.exit == 0
+    assert second.restart == 0  # the same allocation: the job never left the queue
+    # --wait said so as it happened, and the node is quarantined
+    assert re.search(r"clusterddp: attempt 1 \(restart 0\) on node1,node2, .*: fault: infrastructure on node2: "
+                     r".*; retried here without the node\(s\) at fault", err), err
+    assert "clusterddp: quarantined node2: later submissions leave it out for 24 h" in err, err
+    status = run_cli("status", job_id, cwd=work)
+    lines = status.stdout.splitlines()
+    assert lines[1].split()[:2] == [job_id, "COMPLETED"], status.stdout
+    assert lines[2].startswith("attempt 1 (restart 0) on node1,node2") and "fault: infrastructure on node2" in lines[2]
+    assert lines[3].startswith("attempt 2 (restart 0) on node1,node3") and lines[3].endswith("exit 0"), lines
+    # the failed attempt's logs were kept aside; the batch log tells the story
+    assert sorted(p.name for p in (run_dir / "attempts" / "0.0").glob("*.out"))[:1] in (["node-0.out"],
+                                                                                        ["rank-0.out"])
+    batch = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
+    assert "clusterddp: retrying on node1,node3 without node2 (retry 1 of 2), from the last checkpoint" in batch
+    assert "clusterddp: attempt 2 on node1,node3: MASTER_ADDR=node1 MASTER_PORT=" in batch
+    dry = run_cli("submit", "--dry-run", "--nodes", "1", "resumable.py", cwd=work)
+    assert "#SBATCH --exclude=node2" in dry.stdout.splitlines(), dry.stdout
+
+
+@ONCE
+def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work, reference):
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "10",
+                   *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    kill_node2_after(work / "run.log", EVERY + 3)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        fields = slurm.parse_scontrol(subprocess.run(["scontrol", "--oneliner", "show", "job", job_id],
+                                                     capture_output=True, text=True).stdout)
+        if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
+            assert fields.get("ExcNodeList") == "node2" and fields.get("Restarts") == "1", fields
+            time.sleep(3)  # Slurm's own requeue delay is 2 min (see test_requeue.interrupt_and_release)
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError("the job did not requeue itself")
+    final = slurm.wait(job_id)
+    assert final.state == "COMPLETED" and final.node_list == "node[1,3]", final
+    same_as_reference(work, reference)
+    first, second = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
+    assert (first.restart, first.fault_nodes, first.next) == (0, ("node2",), "requeue")
+    assert (second.restart, second.nodes, second.exit, second.next) == (1, ("node1", "node3"), 0, "end")
+    assert {r for r, _ in steps(work / "run.log")} == {0, 1}
+
+
+@ONCE
+def test_a_hang_is_retried_once_without_its_node_and_the_same_hang_again_is_the_program(work):
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2", "--time", "5",
+                   "--hang-timeout", "0:10", "--wait", "hang.py", "--", "--where", "loader", "--rank", "3", cwd=work,
+                   timeout=400)
+    assert proc.returncode == 79, proc.stderr
+    job_id = proc.stdout.split()[0]
+    first, second = attempts.read(work / "clusterddp-runs" / f"hang-{job_id}")
+    assert (first.fault, first.fault_nodes, first.next) == ("infrastructure", ("node2",), "retry"), first
+    assert first.why.startswith("the hang watchdog ended the job")
+    assert second.nodes == ("node1", "node3") and second.fault == "program" and second.next == "end", second
+    assert second.why == (f"the same hang twice at hang.py:{SLEEP_IN_LOADER} __getitem__: probably the program, "
+                          "not a node")
+    assert f"the same hang twice at hang.py:{SLEEP_IN_LOADER} __getitem__" in proc.stderr
