@@ -352,6 +352,17 @@ def item11_ssh(rows: List[Row], work: Path) -> None:
                  f"{fmt(*floor)}; a login here is a local ed25519 key, no 2FA, no network latency)", "well under 1x"))
 
 
+def item13_self_healing(rows: List[Row], work: Path) -> None:
+    if not (shutil.which("sbatch") and CLUSTER_CONF.exists() and shutil.which("ip")):
+        rows.append(("13", "a lost node, kill to training again", "skipped: no test cluster "
+                     "(sudo tests/slurm/cluster.sh up)", ""))
+        return
+    from .self_healing import rows as healing
+
+    os.environ["SLURM_CONF"] = str(CLUSTER_CONF)
+    rows.extend(healing(work))
+
+
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
                  "skipped: no GPU on this machine", ""))
@@ -375,7 +386,7 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13", help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     which = set(args.only.split(","))
@@ -391,7 +402,8 @@ def main() -> int:
                  ("3", lambda: item3_hostlist(rows, work)), ("4", lambda: item4_startup(rows, work)),
                  ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows)),
                  ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work)),
-                 ("11", lambda: item11_ssh(rows, work)), ("12", lambda: item12_checkpoints(rows, work))]
+                 ("11", lambda: item11_ssh(rows, work)), ("12", lambda: item12_checkpoints(rows, work)),
+                 ("13", lambda: item13_self_healing(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:

@@ -1,0 +1,97 @@
+"""Bench item 13 (issue 25): a lost node on the test cluster, from the kill to training again.
+
+A 2-node job with --spare-nodes 1 (tests/scripts/resumable.py, 4 ranks, a checkpoint every EVERY steps); once rank 0
+has logged KILL_AT steps, every rank process on node2 is SIGKILLed. Measured in the same run: the job's own start,
+from sbatch to its first step (the baseline), and the time from the kill to the first step after it (fault report,
+new rendezvous on a spare, imports, checkpoint load), as a ratio of the two; and the steps run twice (at most one
+checkpoint interval). Root (network namespaces) and a running test cluster. ``python -m bench --only 13``.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+EVERY, KILL_AT, RUNS = 4, 7, 3
+
+
+def _rank_pids(node: str) -> List[int]:
+    pids = subprocess.run(["ip", "netns", "pids", f"cddp-{node}"], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            words = [w.decode() for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
+        except OSError:
+            continue
+        if any(w.endswith("resumable.py") for w in words) and not any(
+                "torchrun" in w or w.endswith("bash") for w in words[:2]):
+            found.append(int(pid))
+    return found
+
+
+def _lines(path: Path) -> int:
+    try:
+        return len(path.read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def one(work: Path, n: int, env: dict) -> Tuple[float, float, int]:
+    """(submit to first step s, kill to first step after it s, steps run twice) of one job."""
+    log, d = work / f"run{n}.log", work
+    argv = [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
+            "--gpus", "2", "--time", "10", "--wait", "resumable.py", "--", "--ckpt-dir", str(d / f"ck{n}"),
+            "--out", str(d / f"o{n}.pt"), "--steps-log", str(log), "--step-sleep", "0.3", "--ckpt-every", str(EVERY)]
+    start = time.monotonic()
+    job = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while _lines(log) == 0:
+        time.sleep(0.02)
+    first = time.monotonic() - start
+    while _lines(log) < KILL_AT:
+        time.sleep(0.02)
+    victims = _rank_pids("node2")
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    killed, before = time.monotonic(), _lines(log)
+    while _lines(log) <= before and job.poll() is None:
+        time.sleep(0.02)
+    again = time.monotonic() - killed
+    job.communicate(timeout=300)
+    if job.returncode != 0 or len(victims) != 2:
+        raise RuntimeError(f"job {n} ended {job.returncode} (killed {len(victims)} ranks)")
+    steps = [int(line.split()[1]) for line in log.read_text().splitlines()]
+    return first, again, len(steps) - len(set(steps))
+
+
+def rows(work: Path) -> List[Tuple[str, str, str, str]]:
+    import shutil
+
+    shutil.copy(ROOT / "tests" / "scripts" / "resumable.py", work)
+    env = dict(os.environ, XDG_STATE_HOME=str(work / "state"))
+    found = []
+    for n in range(RUNS):
+        found.append(one(work, n, env))
+        subprocess.run([sys.executable, "-m", "clusterddp", "nodes", "--forget", "node2"], env=env, cwd=work,
+                       capture_output=True)
+    first = statistics.median(f for f, _, _ in found)
+    again = statistics.median(a for _, a, _ in found)
+    redone = max(r for _, _, r in found)
+    return [("13", f"a lost node (node2's ranks SIGKILLed), 2x2 with 1 spare, srun: kill to training again / the "
+                   f"job's own start (sbatch to first step); medians of {RUNS}",
+             f"{again:.1f} s / {first:.1f} s = {again / first:.2f}x", "< 60 s"),
+            ("13", f"steps run twice after the kill (a checkpoint every {EVERY} steps), most of {RUNS} runs",
+             f"{redone} of at most {EVERY}", f"<= {EVERY}")]
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="clusterddp-bench-") as tmp:
+        for row in rows(Path(tmp)):
+            print(f"| {' | '.join(row)} |")
