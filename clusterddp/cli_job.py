@@ -86,6 +86,11 @@ def spec_options(f: Callable) -> Callable:
         click.option("--spare-nodes", type=int, default=D("spare_nodes"), show_default=True, metavar="K",
                      help="Ask Slurm for --nodes + K nodes; each attempt runs on --nodes healthy ones, and a node at "
                           "fault is replaced by a spare without leaving the queue."),
+        click.option("--health-check", metavar="CMD",
+                     help="Shell code run on every candidate node before each attempt (verbatim, as --setup); a "
+                          "non-zero exit keeps that node out. The gate also checks that the run directory is "
+                          "writable there and, where nvidia-smi is, that the node's GPUs are visible. It runs "
+                          "before every attempt with --health-check or --spare-nodes, else before retries."),
         click.option("--signal-before", "signal_seconds", type=int, default=D("signal_seconds"), show_default=True,
                      metavar="SECONDS", help="Ask for the stop signal this long before the time limit."),
         click.option("--stop-grace", type=int, default=D("stop_grace"), show_default=True, metavar="SECONDS",

@@ -116,6 +116,10 @@ def node_faults(spec: JobSpec) -> List[str]:
     out = [f"retries: up to {spec.retries} after a node fault (a rank killed with no traceback, a lost node, a hang, "
            "ranks that never arrived), from the last checkpoint, without the node(s) at fault; a Python exception "
            "is never retried (--retries)", f"  {then}; {last}",
+           "health gate: before " + ("every attempt" if spec.health_check or spec.spare_nodes else "each retry")
+           + ", each candidate node checks that the run directory is writable there and its GPUs are visible "
+           "(nvidia-smi)" + (f", and runs --health-check {spec.health_check!r}" if spec.health_check else "")
+           + "; a node that fails gets no rank",
            "a node at fault is quarantined on this cluster for later submissions (clusterddp nodes)"]
     if spec.exclude:
         out.append(f"left out now: {','.join(spec.exclude)} (--exclude and the quarantine)")

@@ -171,6 +171,9 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         # task count (srun would take the job's).
         "step": (f"--nodes={spec.nodes} --ntasks={spec.nodes * spec.slurm_tasks_per_node} "
                  '--nodelist="$CLUSTERDDP_STEP_NODES"'),
+        # The health gate's hook: shell code by design (the user wrote it), one word here, run by bash -c there.
+        "health_check": q(spec.health_check or ""),
+        "gate_always": bool(spec.health_check or spec.spare_nodes),
         # A job requeued after a node fault keeps the nodes it excluded at submission out too.
         "exclude_suffix": q("," + ",".join(spec.exclude)) if spec.exclude else "",
         # Containers: pyxis/enroot options go to srun; apptainer prefixes the command each task runs.

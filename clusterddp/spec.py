@@ -66,6 +66,7 @@ class JobSpec:
     max_requeues: int = 3
     retries: int = 2
     spare_nodes: int = 0
+    health_check: Optional[str] = None
     signal_seconds: int = 120
     stop_grace: int = 90
     hang_timeout: str = "15"
@@ -309,8 +310,8 @@ class JobSpec:
                                 "the RANK family, bash's own variables); clusterddp sets what the job needs")
             if "\0" in value:
                 raise SpecError(f"environment value of {name} contains a NUL byte, which no program can receive")
-        for line in self.setup:
-            check_one_line(line, "setup line")
+        for line in self.setup + ((self.health_check,) if self.health_check is not None else ()):
+            check_one_line(line, "setup line" if line in self.setup else "health_check")
         for arg in self.sbatch_args:
             if not _SBATCH_OPT.fullmatch(arg.split("=", 1)[0]):
                 raise SpecError(f"invalid --sbatch-arg {shown(arg)}: expected a long option as --name or "

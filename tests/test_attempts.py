@@ -35,6 +35,7 @@ def project(tmp_path, monkeypatch):
     (["--retries", str(MAX_RETRIES + 1)], f"retries must be at most {MAX_RETRIES} (each follows a node fault"),
     (["--spare-nodes", "1", "--retries", "0"], "spare_nodes=1 with retries=0: spares replace a node at fault"),
     (["--nodes", "2147483647", "--spare-nodes", "1"], "nodes + spare_nodes must be at most 2147483647"),
+    (["--health-check", "true\nrm -rf ~"], "health_check"),
 ])
 def test_bad_retry_options_are_one_line_and_nothing_is_written(project, args, expected):
     result = CliRunner().invoke(cli, ["submit", "--dry-run", *args, "train.py"])
@@ -64,6 +65,11 @@ def test_explain_and_dry_run_show_the_spares(project):
     assert result.exit_code == 0, result.output
     assert "#SBATCH --nodes=3" in result.output
     assert "each attempt runs on 2 node(s) of the allocation; 1 spare(s)" in result.output
+    explained = CliRunner().invoke(cli, ["explain", "--nodes", "2", "--spare-nodes", "1", "--health-check",
+                                         "nvidia-smi -q | grep -q 'Pending Page Blacklist *: No'", "train.py"])
+    assert explained.exit_code == 0, explained.output
+    assert "on a spare while one is left (1 spare node(s): Slurm allocates 3, each attempt runs on 2)" in explained.output
+    assert "health gate: before every attempt, " in explained.output and "Pending Page Blacklist" in explained.output
 
 
 def fault_report(run: Path, err: str, nodes: str = "node1,node2") -> list:

@@ -147,3 +147,18 @@ def test_a_hang_is_retried_once_without_its_node_and_the_same_hang_again_is_the_
     assert second.why == (f"the same hang twice at hang.py:{SLEEP_IN_LOADER} __getitem__: probably the program, "
                           "not a node")
     assert f"the same hang twice at hang.py:{SLEEP_IN_LOADER} __getitem__" in proc.stderr
+
+
+@ONCE
+def test_a_node_that_fails_the_health_hook_gets_no_rank_and_a_spare_is_used(work, reference):
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2", "--time", "5",
+                   "--health-check", 'test "$(hostname)" != node2 || { echo "node2: ECC errors"; exit 3; }', "--wait",
+                   *job_args(work, "run", 0), cwd=work, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.split()[0]
+    (only,) = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
+    assert only.nodes == ("node1", "node3") and only.exit == 0, only
+    batch = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
+    assert "clusterddp: health gate: node2 gets no rank: node2: ECC errors --health-check exited with 3" in batch
+    assert "health gate: node1" not in batch and "health gate: node3" not in batch
+    assert identical(work / "run.pt", reference / "ref.pt")

@@ -180,6 +180,36 @@ clusterddp_record() {
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$CLUSTERDDP_RESTARTS" "$CLUSTERDDP_ATTEMPT" "$CLUSTERDDP_START" \
         "$(date +%s)" "$CLUSTERDDP_RAN_ON" "$1" "$2" "$3" "$4" "$5" >>"$RUN_DIR/attempts.tsv"
 }
+clusterddp_gate() {
+    # The health gate: one task on every node of the allocation not at fault; a node whose check fails, or that
+    # says nothing within 120 s, gets no rank in this attempt (its output: the gate's directory).
+    local host candidates="" n=0 dir="$RUN_DIR/health/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT"
+    while IFS= read -r host; do
+        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
+        candidates="${candidates:+$candidates,}$host"
+        n=$((n + 1))
+    done <<<"$CLUSTERDDP_HOSTS"
+    [ "$n" -gt 0 ] || return 0
+    mkdir -p -- "$dir"
+    timeout 120 srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --nodelist="$candidates" --kill-on-bad-exit=0 \
+        --output="${dir//%/%%}/%N.out" \
+        bash --norc -c 'node="${SLURMD_NODENAME:-$(hostname -s)}"
+touch -- "$1/$node.probe" && rm -f -- "$1/$node.probe" || { echo "the run directory is not writable from $node"; exit 1; }
+if [ "$CLUSTERDDP_GPUS_PER_NODE" -gt 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
+    seen="$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)"
+    [ "$seen" -ge "$CLUSTERDDP_GPUS_PER_NODE" ] || { echo "$seen of $CLUSTERDDP_GPUS_PER_NODE GPUs visible (nvidia-smi -L)"; exit 1; }
+fi
+if [ -n "$2" ]; then
+    bash --norc -c "$2" || { echo "--health-check exited with $?"; exit 1; }
+fi
+touch -- "$1/$node.ok"' clusterddp-health "$dir" '' >/dev/null 2>&1 || true
+    while IFS= read -r host; do
+        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
+        [ ! -f "$dir/$host.ok" ] || continue
+        echo "clusterddp: health gate: $host gets no rank: $(tail -n 2 -- "$dir/$host.out" 2>/dev/null | tr '\n' ' ' | cut -c1-300)" >&2
+        CLUSTERDDP_BAD="$CLUSTERDDP_BAD$host "
+    done <<<"$CLUSTERDDP_HOSTS"
+}
 clusterddp_retry() {
     # After a failed attempt: 0 = run again here; else requeue (does not return) or 1 = the job ends.
     local used fault kind nodes why to f
@@ -217,11 +247,23 @@ clusterddp_retry() {
     fi
     clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" requeue
     echo "$nodes" >>"$RUN_DIR/excluded-nodes"
-    clusterddp_requeue "$(sort -u -- "$RUN_DIR/excluded-nodes" | tr '\n' ',' | sed 's/,$//')"
+    clusterddp_requeue "$(tr ',' '\n' <"$RUN_DIR/excluded-nodes" | sed '/^$/d' | sort -u | tr '\n' ',' | sed 's/,$//')"
 }
 
 while :; do
-    clusterddp_choose || true
+    [ "$CLUSTERDDP_ATTEMPT" -eq 0 ] || clusterddp_gate
+    if ! clusterddp_choose; then
+        echo "clusterddp: fewer than 4 healthy node(s) left in this allocation (not:$CLUSTERDDP_BAD)" >&2
+        CLUSTERDDP_STATUS=1
+        CLUSTERDDP_START="$(date +%s)"
+        CLUSTERDDP_RAN_ON=""
+        CLUSTERDDP_OUT="${CLUSTERDDP_BAD# }"
+        CLUSTERDDP_OUT="${CLUSTERDDP_OUT% }"
+        clusterddp_record "$CLUSTERDDP_STATUS" infrastructure "${CLUSTERDDP_OUT// /,}" "health gate" requeue
+        printf '%s\n' "${CLUSTERDDP_OUT// /,}" >>"$RUN_DIR/excluded-nodes"
+        clusterddp_requeue "$(tr ',' '\n' <"$RUN_DIR/excluded-nodes" | sed '/^$/d' | sort -u | tr '\n' ',' | sed 's/,$//')"
+        break
+    fi
     if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ]; then
         # The rendezvous moves with the nodes; a new port (the old one may be held by a lost rank), checked free
         # on the node where it will listen.
