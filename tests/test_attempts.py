@@ -68,7 +68,8 @@ def test_explain_and_dry_run_show_the_spares(project):
     explained = CliRunner().invoke(cli, ["explain", "--nodes", "2", "--spare-nodes", "1", "--health-check",
                                          "nvidia-smi -q | grep -q 'Pending Page Blacklist *: No'", "train.py"])
     assert explained.exit_code == 0, explained.output
-    assert "on a spare while one is left (1 spare node(s): Slurm allocates 3, each attempt runs on 2)" in explained.output
+    assert "on a spare while one is left (1 spare node(s): Slurm allocates 3, each attempt runs on 2)" in (
+        explained.output)
     assert "health gate: before every attempt, " in explained.output and "Pending Page Blacklist" in explained.output
 
 
