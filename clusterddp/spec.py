@@ -237,8 +237,8 @@ class JobSpec:
         if self.retries > MAX_RETRIES:
             raise SpecError(f"retries must be at most {MAX_RETRIES} (each follows a node fault: more is a broken "
                             f"program or cluster, not bad luck), got {self.retries}")
-        if self.spare_nodes and not self.retries:
-            raise SpecError(f"spare_nodes={self.spare_nodes} with retries=0: a spare replaces a node at fault")
+        if self.spare_nodes and not self.retries:  # a spare replaces a node at fault in a retry
+            raise SpecError(f"spare_nodes={self.spare_nodes} with retries=0: give --retries 1 or more, or no spares")
         positive_int("nodes + spare_nodes", self.alloc_nodes, 1)
         positive_int("signal_seconds", self.signal_seconds, 10)
         positive_int("stop_grace", self.stop_grace, 1)

@@ -33,7 +33,7 @@ def project(tmp_path, monkeypatch):
     (["--spare-nodes", "-1"], "spare_nodes must be at least 0, got -1"),
     (["--retries", "-2"], "retries must be at least 0, got -2"),
     (["--retries", str(MAX_RETRIES + 1)], f"retries must be at most {MAX_RETRIES} (each follows a node fault"),
-    (["--spare-nodes", "1", "--retries", "0"], "spare_nodes=1 with retries=0: a spare replaces a node at fault"),
+    (["--spare-nodes", "1", "--retries", "0"], "spare_nodes=1 with retries=0: give --retries 1 or more, or no spares"),
     (["--nodes", "2147483647", "--spare-nodes", "1"], "nodes + spare_nodes must be at most 2147483647"),
     (["--health-check", "true\nrm -rf ~"], "health_check"),
 ])
