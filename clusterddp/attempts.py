@@ -69,6 +69,25 @@ def read(run_dir: Path) -> List[Attempt]:
     return out
 
 
+def append(run_dir: Path, a: Attempt) -> None:
+    """Record one attempt as the batch script does (the local backend's retry loop)."""
+    fields = (a.restart, a.attempt, a.start, a.end, ",".join(a.nodes), a.exit, a.fault, ",".join(a.fault_nodes),
+              re.sub(r"[\t\r\n]+", " ", a.why), a.next)
+    with open(Path(run_dir) / contract.ATTEMPTS_FILE, "a", encoding="utf-8") as fh:
+        fh.write("\t".join(str(f) for f in fields) + "\n")
+
+
+def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
+    """A failed attempt's logs and reports moved to attempts/RESTART.ATTEMPT/ (as the batch script does)."""
+    run = Path(run_dir)
+    to = run / contract.ATTEMPT_DIR.format(restarts=restart, attempt=attempt)
+    to.mkdir(parents=True, exist_ok=True)
+    for path in sorted(run.glob("rank-*.out")) + sorted(run.glob("node-*.out")) + [run / "stacks", run / "torchrun"]:
+        if path.exists() and not path.is_symlink():
+            path.rename(to / path.name)
+    return to
+
+
 def at_fault(attempts: Sequence[Attempt]) -> List[Tuple[Tuple[str, ...], str]]:
     """(nodes, why) of every attempt that ended in a node fault with its node(s) known."""
     return [(a.fault_nodes, a.why) for a in attempts if a.fault == "infrastructure" and a.fault_nodes]

@@ -82,10 +82,13 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_available: Sequence[str]) -> Plan:
-    """Everything that will run, as data (pure: the dry run prints it)."""
+def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_available: Sequence[str],
+              emulated: Sequence[int] = ()) -> Plan:
+    """Everything that will run, as data (pure: the dry run prints it). ``emulated``: which of the job's emulated
+    nodes (its ``nodes`` and spares) this attempt uses, in order; their GPUs are theirs."""
     n, per = spec.nodes, spec.tasks_per_node
-    use_gpus = spec.gpus_per_node > 0 and len(gpus_available) >= spec.world_size
+    emulated = list(emulated) or list(range(n))
+    use_gpus = spec.gpus_per_node > 0 and len(gpus_available) >= spec.alloc_nodes * per
     threads = spec.cpus_per_task or max(1, cpu_count() // spec.world_size)
     if spec.gpus_per_node > 0 and not use_gpus:
         note = (f"clusterddp: {spec.world_size} ranks need {spec.world_size} GPUs, {len(gpus_available)} here: "
@@ -120,7 +123,8 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
         slurm.append(("SLURM_CPUS_PER_TASK", str(spec.slurm_cpus_per_task)))
 
     def devices(node: int) -> List[Tuple[str, str]]:
-        return [("CUDA_VISIBLE_DEVICES", ",".join(gpus_available[node * per:(node + 1) * per]))] if use_gpus else []
+        first = emulated[node] * per
+        return [("CUDA_VISIBLE_DEVICES", ",".join(gpus_available[first:first + per]))] if use_gpus else []
 
     procs: List[Proc] = []
     run = Path(run_dir)
@@ -157,8 +161,8 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
                            ("SLURM_TASKS_PER_NODE", f"1(x{n})"), ("NODE_RANK", str(node))] + devices(node)
             log = str(run / contract.NODE_LOG.format(node=node))
             procs.append(Proc(f"node {node}", (python, *args), tuple(env), log, node))
-    return Plan(spec, run_dir, port, list(gpus_available[:spec.world_size]) if use_gpus else None, tuple(common),
-                tuple(procs), note)
+    gpus = [d for node in range(n) for _, ids in devices(node) for d in ids.split(",")] if use_gpus else None
+    return Plan(spec, run_dir, port, gpus, tuple(common), tuple(procs), note)
 
 
 def describe(plan: Plan) -> str:
@@ -189,11 +193,74 @@ def not_applied(spec: JobSpec) -> List[str]:
 
 
 def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
-        note: Callable[[str], None] = print) -> int:
+        note: Callable[[str], None] = print, outcome: Optional[dict] = None) -> int:
     """Run the plan to its end; returns the job's exit code (130 after Ctrl-C). See local_run.py."""
     from .local_run import run_plan
 
-    return run_plan(plan, quiet, echo, note)
+    return run_plan(plan, quiet, echo, note, outcome)
+
+
+def node_name(emulated: int) -> str:
+    return f"local{emulated}"
+
+
+def node_at_fault(plan: Plan, outcome: dict) -> Optional[int]:
+    """The attempt's node (index into the plan's nodes) at fault, as faults.py tells it on Slurm: the process that
+    failed first was ended by a signal (not our SIGTERM), or it is a torchrun agent whose earliest root cause is."""
+    import signal
+
+    from .faults import torchrun_roots
+
+    first, code = outcome.get("first"), outcome.get("returncode")
+    if first is None or code is None:
+        return None
+    proc = plan.procs[first]
+    if code < 0 and code != -signal.SIGTERM:
+        return proc.node
+    roots = torchrun_roots([Path(proc.log)]) if plan.spec.launcher == "torchrun" else []
+    exit_ = roots[0].get("exitcode", "").split()[0] if roots and roots[0].get("exitcode") else ""
+    if exit_.lstrip("-").isdigit() and int(exit_) < 0 and int(exit_) != -signal.SIGTERM:
+        return proc.node
+    return None
+
+
+def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
+                 echo: Callable[[str], None], note: Callable[[str], None]) -> int:
+    """The batch script's retry loop on this machine: after a node fault (an emulated node's ranks ended by a
+    signal), the job runs again from its last checkpoint on healthy emulated nodes, a spare first."""
+    from . import attempts
+
+    healthy, attempt, used = list(range(spec.alloc_nodes)), 0, 0
+    while True:
+        chosen = healthy[:spec.nodes]
+        plan = make_plan(spec, run_dir, port, job_id, gpus, chosen)
+        if attempt:
+            note(f"clusterddp: attempt {attempt + 1} on {','.join(node_name(i) for i in chosen)} (MASTER_PORT {port})")
+        outcome: dict = {}
+        start = int(time.time())
+        code = run(plan, quiet=quiet, echo=echo, note=note, outcome=outcome)
+        bad = node_at_fault(plan, outcome) if code not in (0, contract.EXIT["INTERRUPTED"]) else None
+        names = tuple(node_name(i) for i in chosen)
+        record = attempts.Attempt(0, attempt, start, int(time.time()), names, code, "", (), "", contract.NEXT_END)
+        if bad is not None:
+            record = record._replace(fault="infrastructure", fault_nodes=(names[bad],),
+                                     why=f"{plan.procs[outcome['first']].label} ended by a signal, no Python traceback")
+        again = bad is not None and used < spec.retries and len(healthy) > spec.nodes
+        if spec.retries or spec.spare_nodes:
+            attempts.append(Path(run_dir), record._replace(next=contract.NEXT_RETRY if again else contract.NEXT_END))
+        if not again or bad is None:
+            if bad is not None:
+                why = (f"{used} of --retries {spec.retries} used" if used >= spec.retries
+                       else "no healthy emulated node left (--spare-nodes adds some)")
+                note(f"clusterddp: not retried: {why}")
+            return code
+        kept = attempts.set_aside(Path(run_dir), 0, attempt)
+        healthy.remove(chosen[bad])
+        used, attempt = used + 1, attempt + 1
+        port = pick_port(port + 1)
+        note(f"clusterddp: {record.line()}")
+        note(f"clusterddp: the failed attempt's logs: {kept}/; retrying without {names[bad]} (retry {used} of "
+             f"{spec.retries}), from the last checkpoint")
 
 
 def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo: Callable[[str], None] = print,
@@ -206,8 +273,8 @@ def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo
     job_id = os.getpid()
     run_dir = os.path.join(spec.output_dir, f"{spec.file_stem}-local-{time.strftime('%Y%m%d-%H%M%S')}-{job_id}")
     port = spec.master_port or pick_port(default_port(job_id))
-    plan = make_plan(spec, run_dir, port, job_id, visible_gpus() if spec.gpus_per_node else [])
+    gpus = visible_gpus() if spec.gpus_per_node else []
     if dry_run:
-        echo(describe(plan).rstrip("\n"))
+        echo(describe(make_plan(spec, run_dir, port, job_id, gpus)).rstrip("\n"))
         return 0
-    return run(plan, quiet=quiet, echo=echo, note=note)
+    return run_attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note)

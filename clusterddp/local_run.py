@@ -86,7 +86,10 @@ class _Runner:
             codes = [p.poll() for p in self.popens]
             failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
-                first = failed[0]
+                # Seen in one poll: a process ended by a signal (not our SIGTERM) is the cause, the others' errors
+                # its collateral (a peer gone), as faults.py reads srun and torchrun.
+                signalled = [i for i in failed if (codes[i] or 0) < 0 and codes[i] != -signal.SIGTERM]
+                first = (signalled or failed)[0]
                 self.stop()
                 return codes[first] or 1, first
             if all(c == 0 for c in codes):
@@ -184,8 +187,9 @@ def own_run_dir(path: Path) -> None:
 
 
 def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = print,
-             note: Callable[[str], None] = print) -> int:
-    """Run the plan to its end; returns the job's exit code (130 after Ctrl-C)."""
+             note: Callable[[str], None] = print, outcome: Optional[Dict[str, int]] = None) -> int:
+    """Run the plan to its end; returns the job's exit code (130 after Ctrl-C). ``outcome`` gets the index of the
+    process that failed first and its return code ("first", "returncode")."""
     Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
     own_run_dir(Path(plan.run_dir))
     trace = dict(plan.common).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -217,6 +221,8 @@ def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = pr
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGUSR2, previous_usr2)
     runner.join_output()
+    if first is not None and outcome is not None:
+        outcome.update(first=first, returncode=runner.popens[first].returncode)
     if first is not None:
         from .logscan import summary, tracebacks
         from .rollcall import runtime_failure

@@ -1,0 +1,81 @@
+"""Issue 25, point 7: the retry loop on one machine (`submit --local`), with emulated nodes: the ranks of emulated
+node 1 SIGKILLed mid-run, the job runs again from its last checkpoint on node 0 and the spare node 2, bit-identical
+to an uninterrupted run, step for step; without a spare, it ends as before. 4 ranks on 2 emulated nodes, srun and
+torchrun emulation."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterddp import attempts
+
+from .conftest import SCRIPTS
+from .procs import children
+from .test_requeue import LOCAL_SHAPE, job_args, steps
+from .test_self_healing import EVERY, reference, same_as_reference  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.ranks
+
+
+def _environ(pid: int) -> dict:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def node1_ranks(cli: int, launcher: str) -> list:
+    """The processes of ranks 2 and 3 (emulated node 1): the srun emulation's ranks are the runner's children;
+    torchrun's are its agents' children, and the agent of node 1 was started second."""
+    tree = children()
+    if launcher == "srun":
+        return [p for p in tree.get(cli, []) if _environ(p).get("RANK") in ("2", "3")]
+    agents = sorted(tree.get(cli, []))
+    return tree.get(agents[1], []) if len(agents) == 2 else []
+
+
+def run_and_kill(work: Path, launcher: str, *extra: str) -> tuple:
+    cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
+                            *LOCAL_SHAPE, *extra, *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
+                           cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(steps(work / "run.log")) < EVERY + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    victims = node1_ranks(cli.pid, launcher)
+    assert len(victims) == 2, victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, err = cli.communicate(timeout=180)
+    run_dir = next((work / "clusterddp-runs").glob("resumable-local-*"))
+    return cli.returncode, out, err, run_dir
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, launcher):  # noqa: F811
+    shutil.copy(SCRIPTS / "resumable.py", tmp_path)
+    code, out, err, run_dir = run_and_kill(tmp_path, launcher, "--spare-nodes", "1")
+    assert code == 0, err
+    same_as_reference(tmp_path, reference)
+    first, second = attempts.read(run_dir)
+    assert first.nodes == ("local0", "local1") and first.fault_nodes == ("local1",) and first.next == "retry"
+    assert second.nodes == ("local0", "local2") and second.exit == 0 and second.next == "end"
+    assert "retrying without local1 (retry 1 of 2), from the last checkpoint" in err, err
+    assert f"RESUME from step {EVERY}" in out
+    assert (run_dir / "attempts" / "0.0").is_dir()
+
+
+def test_without_a_spare_a_killed_emulated_node_ends_the_job(tmp_path):
+    shutil.copy(SCRIPTS / "resumable.py", tmp_path)
+    code, out, err, run_dir = run_and_kill(tmp_path, "srun")
+    assert code != 0
+    (only,) = attempts.read(run_dir)
+    assert only.fault_nodes == ("local1",) and only.next == "end", only
+    assert "clusterddp: not retried: no healthy emulated node left (--spare-nodes adds some)" in err, err
