@@ -10,9 +10,9 @@ from .errors import ClusterDDPError, SlurmError, SpecError, TemplateError  # noq
 from .version import __version__  # noqa: E402
 
 __all__ = ["JobSpec", "ClusterDDPError", "SpecError", "SlurmError", "TemplateError", "__version__",
-           "submit_function", "submit_script", "map_array"]
+           "submit_function", "submit_script", "map_array", "job_attempts"]
 
-_API = ("submit_function", "submit_script", "map_array", "Job", "JobFailed")
+_API = ("submit_function", "submit_script", "map_array", "job_attempts", "Job", "JobFailed")
 
 
 def __getattr__(name: str) -> object:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from . import contract, sbatch_options
@@ -313,4 +314,20 @@ def map_array(fn: Callable, spec: JobSpec, configs: Iterable[Any], max_parallel:
     return [Job(j, spec, kind) for j in _submit(submit_all, spec, kind)]
 
 
-__all__ = ["submit_function", "submit_script", "map_array", "executor_params", "Job", "JobFailed"]
+def job_attempts(job_id: str, cluster: Optional[str] = None) -> List[Any]:
+    """Every attempt of a job submitted with `clusterddp submit` (its batch script's retry loop, requeues included),
+    as `clusterddp status JOBID` shows them: clusterddp.attempts.Attempt (nodes, start, end, exit, fault, fault_nodes,
+    why, next). Its cluster is found from the records, as the CLI finds it. (Jobs of this API run no retry loop.)"""
+    from . import backends
+    from .attempts import read
+    from .clusters import by_name
+    from .record import JobRecord, for_job
+
+    name = for_job(job_id, cluster).name
+    record = JobRecord.load(job_id, name)
+    if record is None:
+        return []
+    return read(Path(backends.get(by_name(name)).readable(record, reports_only=True).run_dir))
+
+
+__all__ = ["submit_function", "submit_script", "map_array", "job_attempts", "executor_params", "Job", "JobFailed"]

@@ -113,3 +113,10 @@ def test_a_job_that_cannot_fit_beside_the_quarantine_is_refused(work):
         "quarantined after a fault), so 1 remain; you asked for 2: use fewer --nodes, or the left-out nodes anyway "
         "(clusterddp nodes --forget NODE, or submit --no-quarantine)"), proc.stderr
     assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+    quarantine.forget("here", "node2")
+    quarantine.forget("here", "node3")
+    spares = run_cli("submit", "--nodes", "2", "--spare-nodes", "2", "--gpus", "1", "allreduce.py", cwd=work)
+    assert spares.returncode == 2 and spares.stderr.splitlines()[-1] == (
+        "clusterddp: error: partition debug has 3 node(s); you asked for 2 and 2 spare(s), 4 in all: use at most "
+        "--spare-nodes 1 with --nodes 2"), spares.stderr
+    assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import clusterddp
 from clusterddp import attempts, slurm
 
 from .conftest import SCRIPTS, run_cli
@@ -90,6 +91,9 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert re.search(r"clusterddp: attempt 1 \(restart 0\) on node1,node2, .*: fault: infrastructure on node2: "
                      r".*; retried here without the node\(s\) at fault", err), err
     assert "clusterddp: quarantined node2: later submissions leave it out for 24 h" in err, err
+    # as it happened: the retry was told while the job still ran
+    assert err.index("clusterddp: attempt 1 (restart 0)") < err.index(f"job {job_id} ended COMPLETED"), err
+    assert clusterddp.job_attempts(job_id) == [first, second]  # the Python API reads the same history
     status = run_cli("status", job_id, cwd=work)
     lines = status.stdout.splitlines()
     assert lines[1].split()[:2] == [job_id, "COMPLETED"], status.stdout
@@ -105,7 +109,6 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert "#SBATCH --exclude=node2" in dry.stdout.splitlines(), dry.stdout
 
 
-@ONCE
 def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work, reference):
     proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "10",
                    *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY), cwd=work)
