@@ -18,8 +18,8 @@ from clusterddp import attempts
 
 from .conftest import SCRIPTS
 from .procs import children
-from .test_requeue import LOCAL_SHAPE, job_args, steps
-from .test_self_healing import EVERY, reference, same_as_reference  # noqa: F401 (a fixture)
+from .test_requeue import LOCAL_SHAPE, job_args, reference, steps  # noqa: F401 (a fixture)
+from .test_self_healing import EVERY, same_as_reference
 
 pytestmark = pytest.mark.ranks
 

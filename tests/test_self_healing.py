@@ -21,21 +21,11 @@ from clusterddp import attempts, slurm
 from .conftest import SCRIPTS, run_cli
 from .test_faults import _rank_pids
 from .test_hangs import SLEEP_IN_LOADER
-from .test_requeue import LOCAL_SHAPE, RANKS, TOTAL_STEPS, identical, job_args, rank_steps, steps
+from .test_requeue import RANKS, TOTAL_STEPS, identical, job_args, rank_steps, reference, steps  # noqa: F401
 
 pytestmark = pytest.mark.slurm
 EVERY = 4  # checkpoint interval (steps)
 ONCE = pytest.mark.slurm_releases("22.05")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The same job, never interrupted (local backend; the same gloo arithmetic on this machine)."""
-    d = tmp_path_factory.mktemp("reference")
-    shutil.copy(SCRIPTS / "resumable.py", d)
-    proc = run_cli("submit", "--local", "--launcher", "srun", *LOCAL_SHAPE, *job_args(d, "ref", 0), cwd=d)
-    assert proc.returncode == 0, proc.stderr
-    return d
 
 
 @pytest.fixture
@@ -57,10 +47,11 @@ def kill_node2_after(log: Path, n: int, script: str = "resumable.py") -> float:
     return time.monotonic()
 
 
-def same_as_reference(work: Path, reference: Path) -> None:
-    """Final parameters bit for bit; every step every rank ran (redone ones too) with the reference's loss."""
-    assert identical(work / "run.pt", reference / "ref.pt")
-    ref, got = rank_steps(reference / "ref.log"), rank_steps(work / "run.log")
+def same_as_reference(work: Path, ref_pt: Path) -> None:
+    """Final parameters bit for bit (``ref_pt``: the uninterrupted run's, test_requeue's fixture); every step
+    every rank ran (redone ones too) with the reference's loss."""
+    assert identical(work / "run.pt", ref_pt)
+    ref, got = rank_steps(ref_pt.parent / "ref.log"), rank_steps(work / "run.log")
     for rank in range(RANKS):
         expected = dict(ref[rank])
         assert len(expected) == TOTAL_STEPS
@@ -71,7 +62,7 @@ def same_as_reference(work: Path, reference: Path) -> None:
 
 
 @pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE)])
-def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work, reference, launcher):
+def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work, reference, launcher):  # noqa: F811
     job = subprocess.Popen(
         [sys.executable, "-m", "clusterddp", "submit", "--launcher", launcher, "--nodes", "2", "--spare-nodes", "1",
          "--gpus", "2", "--time", "10", "--wait", *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
@@ -109,7 +100,7 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert "#SBATCH --exclude=node2" in dry.stdout.splitlines(), dry.stdout
 
 
-def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work, reference):
+def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work, reference):  # noqa: F811
     proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "10",
                    *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY), cwd=work)
     assert proc.returncode == 0, proc.stderr
@@ -153,7 +144,7 @@ def test_a_hang_is_retried_once_without_its_node_and_the_same_hang_again_is_the_
 
 
 @ONCE
-def test_a_node_that_fails_the_health_hook_gets_no_rank_and_a_spare_is_used(work, reference):
+def test_a_node_that_fails_the_health_hook_gets_no_rank_and_a_spare_is_used(work, reference):  # noqa: F811
     proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2", "--time", "5",
                    "--health-check", 'test "$(hostname)" != node2 || { echo "node2: ECC errors"; exit 3; }', "--wait",
                    *job_args(work, "run", 0), cwd=work, timeout=300)
@@ -164,4 +155,4 @@ def test_a_node_that_fails_the_health_hook_gets_no_rank_and_a_spare_is_used(work
     batch = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
     assert "clusterddp: health gate: node2 gets no rank: node2: ECC errors --health-check exited with 3" in batch
     assert "health gate: node1" not in batch and "health gate: node3" not in batch
-    assert identical(work / "run.pt", reference / "ref.pt")
+    assert identical(work / "run.pt", reference)
