@@ -241,6 +241,11 @@ clusterddp_retry() {
         echo "clusterddp: retrying on $CLUSTERDDP_STEP_NODES without $nodes (retry $((used + 1)) of 3), from the last checkpoint" >&2
         return 0
     fi
+    if [ "$CLUSTERDDP_RESTARTS" -ge 3 ]; then
+        echo "clusterddp: not retried: no healthy node is left in this allocation and the requeue limit is reached ($CLUSTERDDP_RESTARTS of --max-requeues 3)" >&2
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
+        return 1
+    fi
     clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" requeue
     echo "$nodes" >>"$RUN_DIR/excluded-nodes"
     clusterddp_requeue "$(tr ',' '\n' <"$RUN_DIR/excluded-nodes" | sed '/^$/d' | sort -u | tr '\n' ',' | sed 's/,$//')"
