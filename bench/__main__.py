@@ -363,6 +363,12 @@ def item13_self_healing(rows: List[Row], work: Path) -> None:
     rows.extend(healing(work))
 
 
+def item14_drill(rows: List[Row], work: Path) -> None:
+    from .drill_cost import rows as drill
+
+    rows.extend(drill(work))
+
+
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
                  "skipped: no GPU on this machine", ""))
@@ -386,7 +392,7 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14", help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     which = set(args.only.split(","))
@@ -403,7 +409,7 @@ def main() -> int:
                  ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows)),
                  ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work)),
                  ("11", lambda: item11_ssh(rows, work)), ("12", lambda: item12_checkpoints(rows, work)),
-                 ("13", lambda: item13_self_healing(rows, work))]
+                 ("13", lambda: item13_self_healing(rows, work)), ("14", lambda: item14_drill(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:

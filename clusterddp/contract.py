@@ -22,6 +22,10 @@ RESTARTS = "CLUSTERDDP_RESTARTS"                # how often Slurm requeued this 
 HANG_TIMEOUT = "CLUSTERDDP_HANG_TIMEOUT"        # seconds without progress on any rank before the watchdog acts
 #: Read by the runtime, set by the user (not by the script): the rendezvous must complete within it.
 TIMEOUT = "CLUSTERDDP_TIMEOUT"
+#: Set by `clusterddp drill` only: where each rank records its steps, values and checkpoints (runtime/drill.py),
+#: and the step at which should_stop() answers True, as at a time limit.
+DRILL_DIR = "CLUSTERDDP_DRILL_DIR"
+DRILL_STOP_AT = "CLUSTERDDP_DRILL_STOP_AT"
 #: Exported by the batch script (templates/base.sh.j2) and by the local backend.
 EXPORTED: Tuple[str, ...] = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR, RESTARTS,
                             HANG_TIMEOUT)

@@ -401,7 +401,7 @@ def test_refused_key_unreachable_host_missing_python(laptop):
     _one_line(nopy, 2, "has no 'python3.99' on PATH", "setup = [\"module load python\"]")
     unknown = run_cli("submit", "--cluster", "tcc", "--gpus", "0", "probe.py", cwd=proj, env=env)
     _one_line(unknown, 2, "unknown cluster 'tcc' (did you mean 'tc'?)")
-    too_big = run_cli("submit", "--cluster", "tc", "--gpus", "0", "--nodes", "3", "probe.py", cwd=proj, env=env)
-    _one_line(too_big, 2, "partition debug has 2 node")  # sinfo of that cluster, over SSH
+    too_big = run_cli("submit", "--cluster", "tc", "--gpus", "0", "--nodes", "4", "probe.py", cwd=proj, env=env)
+    _one_line(too_big, 2, "partition debug has 3 node")  # sinfo of that cluster, over SSH
     outside = run_cli("submit", "--cluster", "tc", "--gpus", "0", str(proj / "probe.py"), cwd=proj, env=env)
     _one_line(outside, 2, "is not a path inside the directory you submit from")

@@ -8,7 +8,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..errors import RuntimeEnvError
-from . import writer
+from . import drill, writer
 from .collect import broadcast_json, gather_json
 from .group import atomic_save, is_main, print0, rank, save_on_main, unwrap, world_size
 
@@ -156,6 +156,7 @@ class Checkpointer:
             writer.settle()  # one write in flight at most; a failed one raises here, on every rank
         states = [_saved(state) for state in gather_json(_rng_state())]
         path = os.path.join(self.directory, f"ckpt-{int(step):010d}.pt")
+        drill.record({"e": "save", "step": int(step), "path": os.path.abspath(path)})
         payload = {"step": int(step), "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "loader": loader.state_dict() if loader is not None else None,
@@ -200,6 +201,7 @@ class Checkpointer:
 
         path = self.latest()
         if path is None:
+            drill.record({"e": "load", "step": None})
             return None
         try:
             payload = torch.load(path, map_location="cpu", weights_only=weights_only)
@@ -226,4 +228,8 @@ class Checkpointer:
                    "again after this first step: with 3 or more ranks the resumed run can differ from an "
                    "uninterrupted one in the last bits (runtime.wrap without static_graph resumes exactly)")
         payload["path"] = path
+        given = {"model": model, "optimizer": optimizer, "loader": loader}
+        drill.record({"e": "load", "step": payload["step"], "path": os.path.abspath(path),
+                      "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
+                      "held": sorted(k for k in given if payload.get(k) is not None)})
         return payload

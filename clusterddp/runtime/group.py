@@ -13,6 +13,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
+from . import drill
 from .control import heartbeat
 from .env import DistEnv
 from .state import _STATE, channel, device, distributed, is_main, rank, world_size
@@ -170,10 +171,9 @@ def shutdown() -> None:
 
 
 def collective_timeout(rendezvous_s: float, hang_s: float) -> float:
-    """torch's own timeout for collectives (and the store's): 2 minutes after the hang watchdog's longest limit,
-    the start-up window (``HANG_STARTUP_FACTOR`` x the timeout, before any progress: NCCL's lazy communicator set-up
-    in wrap(), the first batch), so that the report naming the stuck rank is what users see, never torch's abort.
-    With the watchdog off: never below torch's own NCCL default (10 min) nor the rendezvous bound."""
+    """torch's own timeout for collectives (and the store's): 2 min after the watchdog's longest limit, the start-up
+    window (``HANG_STARTUP_FACTOR`` x the timeout: NCCL's lazy set-up in wrap(), the first batch), so that users see
+    the report naming the stuck rank, never torch's abort. Watchdog off: at least NCCL's 10 min and the rendezvous."""
     if hang_s > 0:
         return max(rendezvous_s, hang_s * contract.HANG_STARTUP_FACTOR + 120)
     return max(rendezvous_s, TORCH_NCCL_DEFAULT_TIMEOUT_S)
@@ -229,7 +229,7 @@ def all_reduce_mean(value: Any) -> Any:
         moved = t.to(target)
         dist.all_reduce(moved, op=dist.ReduceOp.SUM)
         t = (moved / world_size()).to(t.device)
-    return t if is_tensor else float(t.item())
+    return drill.value(t if is_tensor else float(t.item()))
 
 
 def wrap(model: Any, **ddp_kwargs: Any) -> Any:

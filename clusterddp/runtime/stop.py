@@ -6,7 +6,7 @@ import signal
 from typing import Any, Dict
 
 from .. import contract
-from . import writer
+from . import drill, writer
 from .control import heartbeat
 from .state import _STATE, channel, distributed
 
@@ -58,6 +58,7 @@ def should_stop() -> bool:
     heartbeat()
     stop_file = os.environ.get(contract.STOP_FILE)
     local = state["signal"] is not None or bool(stop_file and os.path.exists(stop_file))
+    local = drill.step() or local
     write_failed = writer.failed()
     if distributed():
         import torch

@@ -1,0 +1,303 @@
+"""`clusterddp drill`: prove on this machine that a training script survives preemption and node loss.
+
+The same job (the local backend, emulated nodes) runs several times, each scenario in a directory of its own:
+the reference, uninterrupted; stopped at a step the drill chooses (should_stop() answers True there, as at a time
+limit) and started again; an emulated node's ranks SIGKILLed after the first checkpoint and retried (the
+self-healing loop, with a spare); where there are several nodes, the same at another node. Each rank records its
+steps, the values it reported (all_reduce_mean) and its checkpoints (runtime/drill.py); the drill compares them
+with the reference step by step and the last checkpoints tensor by tensor, and names the first difference.
+Login side: it never imports torch itself except to read checkpoints (weights_only).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from . import contract
+from .errors import ClusterDDPError
+from .spec import JobSpec
+
+OUTSIDE = ("everything the checkpoint holds was restored, yet the run differs at step {step} (resumed from step "
+           "{resumed}): state outside the checkpoint (an LR scheduler, a GradScaler, an EMA model, a counter, your own "
+           "random generator)")
+GENERATORS = {"python": "Python's random", "torch": "torch's CPU generator", "numpy": "numpy's global generator",
+              "cuda": "the CUDA generator"}
+
+
+class DrillError(ClusterDDPError):
+    """The script cannot be drilled as it is (one line saying what the drill needs)."""
+
+
+class Run(NamedTuple):
+    code: int
+    events: Dict[int, List[dict]]   # rank -> its events in order
+    log: Path
+
+
+class Verdict(NamedTuple):
+    scenario: str
+    identical: bool
+    why: str
+    step: Optional[int] = None
+
+    def as_json(self) -> dict:
+        return self._asdict()
+
+
+def _child() -> None:
+    """In the drill's child process: one local run of the spec given as JSON on stdin."""
+    from .local import submit_local
+
+    fields = json.load(sys.stdin)
+    sys.exit(submit_local(JobSpec(**fields), quiet=False))
+
+
+def _events(directory: Path) -> Dict[int, List[dict]]:
+    out: Dict[int, List[dict]] = {}
+    for path in sorted(directory.glob("rank-*.jsonl")):
+        rank = int(path.stem.split("-")[1])
+        out[rank] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+def _ranks_of_node(root: int, node: int, per: int) -> List[int]:
+    """The processes below ``root`` that are ranks of emulated node ``node`` (RANK in its block: srun's and
+    torchrun's ranks alike are laid out node by node)."""
+    tree: Dict[int, List[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                tree.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(
+                    int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], [root]
+    while todo:
+        for pid in tree.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                env = dict(i.split("=", 1) for i in Path(f"/proc/{pid}/environ").read_bytes().decode(
+                    errors="replace").split("\0") if "=" in i)
+            except OSError:
+                continue
+            rank = env.get("RANK", "")
+            if rank.isdigit() and int(rank) // per == node and env.get(contract.DRILL_DIR):
+                found.append(pid)
+    return found
+
+
+class Drill:
+    def __init__(self, spec: JobSpec, base: Path, timeout_s: float, note: Any = print) -> None:
+        if not spec.module:
+            spec = spec.replace(script=str(Path(spec.script).resolve()))
+        self.spec, self.base, self.timeout_s, self.note = spec, base, timeout_s, note
+
+    def run(self, scenario: str, part: str, spec: JobSpec, stop_at: Optional[int] = None,
+            kill_node: Optional[int] = None) -> Run:
+        """One local run in the scenario's directory (its cwd: relative checkpoint paths stay apart)."""
+        where = self.base / scenario
+        record = where / f"drill-{part}"
+        record.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **{contract.DRILL_DIR: str(record)})
+        env.pop(contract.DRILL_STOP_AT, None)
+        if stop_at is not None:
+            env[contract.DRILL_STOP_AT] = str(stop_at)
+        fields = dataclasses.asdict(spec.replace(output_dir=str(where / "runs")))
+        log = where / f"{part}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-c", "from clusterddp.drill import _child; _child()"],
+                                    cwd=where, env=env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(fields).encode())
+            proc.stdin.close()
+            deadline = time.monotonic() + self.timeout_s
+            killed = kill_node is None
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    raise DrillError(f"the {scenario} run ({part}) did not end within {self.timeout_s:.0f} s "
+                                     f"(--run-timeout); its output: {log}")
+                if not killed and any(e["e"] == "save" for e in _events(record).get(0, [])):
+                    victims = _ranks_of_node(proc.pid, kill_node, spec.tasks_per_node)  # type: ignore[arg-type]
+                    for pid in victims:
+                        os.kill(pid, signal.SIGKILL)
+                    killed = bool(victims)
+                time.sleep(0.05)
+        return Run(proc.returncode, _events(record), log)
+
+    # --- the scenarios --------------------------------------------------------------------------------------
+    def reference(self) -> Tuple[Run, int]:
+        ref = self.run("reference", "a", self.spec)
+        if ref.code != 0:
+            raise DrillError(f"the script fails on its own in the reference run (exit {ref.code}), before any "
+                             f"interruption: the drill needs a script that completes; its output: {ref.log}")
+        zero = ref.events.get(0, [])
+        steps = sum(1 for e in zero if e["e"] == "step")
+        saves = [e for e in zero if e["e"] == "save"]
+        if not saves:
+            raise DrillError("the script saved no checkpoint through clusterddp.runtime.Checkpointer (ckpt.save(step, "
+                             "model, optimizer, loader)): the drill compares the checkpoints it writes")
+        if steps < 3 or saves[0]["n"] >= steps:
+            raise DrillError(f"the script ran {steps} step(s) (should_stop() calls) and saved its first checkpoint at "
+                             f"step {saves[0]['n']}: the drill stops a run after its first checkpoint and before its "
+                             "end; give it more steps (a short epoch) or checkpoint earlier")
+        where = (self.base / "reference").resolve()
+        if all(Path(e["path"]).resolve().is_relative_to(where / "runs") for e in saves):
+            raise DrillError("the script writes its checkpoints into its run directory ($CLUSTERDDP_RUN_DIR), which a "
+                             "requeued or retried Slurm job keeps but every local run makes anew: give the drill a "
+                             "relative checkpoint directory (e.g. -- --ckpt-dir ckpt)")
+        if not all(Path(e["path"]).resolve().is_relative_to(where) for e in saves):
+            raise DrillError(f"the script writes its checkpoints outside the directory it runs in ({saves[0]['path']}):"
+                             " each scenario runs in a directory of its own, so give the checkpoint directory as a "
+                             "relative path")
+        return ref, steps
+
+    def scenarios(self, ref: Run, steps: int) -> List[Verdict]:
+        first_save = next(e["n"] for e in ref.events[0] if e["e"] == "save")
+        stop_at = max(first_save + 1, steps // 2)
+        out = []
+        a = self.run("stop", "a", self.spec, stop_at=stop_at)
+        if a.code != 0:
+            out.append(Verdict("stop", False, f"the run stopped at step {stop_at} ended with exit {a.code}: after "
+                               f"should_stop() is True the script saves and returns (see {a.log})"))
+        else:
+            b = self.run("stop", "b", self.spec)
+            out.append(compare("stop", f"stopped at step {stop_at} (the time-limit signal) and run again", ref,
+                               [a, b], stop_at))
+        nodes = range(self.spec.nodes - 1, -1, -1) if self.spec.nodes > 1 else [None]
+        for node in list(nodes)[:2]:
+            name = f"kill-node{node}" if node is not None else "kill"
+            if node is not None:
+                spec = self.spec.replace(spare_nodes=max(1, self.spec.spare_nodes), retries=max(1, self.spec.retries))
+                run = self.run(name, "a", spec, kill_node=node)
+                runs = [run]
+            else:  # one node: every rank killed, then the command run again
+                spec = self.spec.replace(retries=0)
+                runs = [self.run(name, "a", spec, kill_node=0), self.run(name, "b", spec)]
+            kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
+            what = (f"emulated node {node}'s ranks SIGKILLed after the first checkpoint, retried on a spare"
+                    if node is not None else "every rank SIGKILLed after the first checkpoint, run again")
+            out.append(compare(name, what, ref, runs, kill))
+        return out
+
+
+def _values(runs: Sequence[Run], rank: int) -> Tuple[Dict[int, List[list]], Optional[str]]:
+    """Global step -> the values reported at it, over the runs of a scenario (a resumed run counts from the step
+    it loaded); and why it did not resume, if it did not."""
+    out: Dict[int, List[list]] = {}
+    problem = None
+    for run in runs:
+        offset = 0
+        for e in run.events.get(rank, []):
+            if e["e"] == "load":  # a new process (a retry's too) counts its steps from 0: the step it loaded first
+                offset = int(e.get("step") or 0) - e["n"]
+            elif e["e"] == "value":  # reported during step n + 1 (n: the should_stop() calls before it)
+                out.setdefault(offset + e["n"] + 1, []).append(e["v"])
+        if run is not runs[0] or len(runs) == 1:
+            resumed = any(e["e"] == "load" and e.get("step") is not None for e in run.events.get(rank, []))
+            if not resumed and problem is None:
+                calls = any(e["e"] == "load" for e in run.events.get(rank, []))
+                problem = ("did not resume: started again at step 0" + ("" if calls else
+                           " (the script never calls load_latest)"))
+    return out, problem
+
+
+def _last_save(runs: Sequence[Run]) -> Optional[str]:
+    saves = [e["path"] for run in runs for e in run.events.get(0, []) if e["e"] == "save"]
+    return saves[-1] if saves else None
+
+
+def _differs(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                    and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() != b.keys() or any(_differs(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) != len(b) or any(_differs(x, y) for x, y in zip(a, b))
+    return bool(a != b)
+
+
+def component(path_a: str, path_b: str, generators: bool = False) -> Optional[str]:
+    """The first part of two checkpoints that differs: the model, the optimizer, the loader position, an extra
+    entry; with ``generators``, the random generators first (a generator the script never uses differs between
+    any two processes that did not seed it, so it only explains a difference found elsewhere)."""
+    import torch
+
+    a, b = (torch.load(p, map_location="cpu", weights_only=True) for p in (path_a, path_b))
+    if generators:
+        found = sorted({key for ra, rb in zip(a.get("rng") or [], b.get("rng") or []) for key in set(ra) | set(rb)
+                        if _differs(ra.get(key), rb.get(key))}, key=lambda k: list(GENERATORS).index(k)
+                       if k in GENERATORS else len(GENERATORS))
+        if found:
+            return " and ".join(GENERATORS.get(k, k) for k in found)
+    for key, name in (("model", "model"), ("optimizer", "optimizer"), ("loader", "loader position")):
+        if _differs(a.get(key), b.get(key)):
+            return name
+    for key in sorted(set(a.get("extra") or {}) | set(b.get("extra") or {})):
+        if _differs((a.get("extra") or {}).get(key), (b.get("extra") or {}).get(key)):
+            return f"extra entry {key!r}"
+    return None
+
+
+def compare(name: str, what: str, ref: Run, runs: Sequence[Run], interrupted: int) -> Verdict:
+    """The scenario against the reference: the first difference, where and in what."""
+    for rank in sorted(ref.events):
+        _, problem = _values(runs, rank)
+        if problem:
+            return Verdict(name, False, f"{what}: {problem}")
+    loads = [e for run in runs for e in run.events.get(0, []) if e["e"] == "load" and e.get("step")]
+    missing = sorted(set(loads[0].get("held", [])) - set(loads[0].get("restored", []))) if loads else []
+    first: Optional[int] = None
+    for rank in sorted(ref.events):
+        expected, _ = _values([ref], rank)
+        got, _ = _values(runs, rank)
+        for step in sorted(set(expected) | set(got)):
+            if got.get(step, [None])[-1] != expected.get(step, [None])[-1] or any(
+                    v != expected.get(step, [None])[-1] for v in got.get(step, [])):
+                first = step if first is None else min(first, step)
+                break
+    last_ref, last = _last_save([ref]), _last_save(runs)
+    part = component(last_ref, last) if last_ref and last else None
+    if first is None and part is None:
+        return Verdict(name, True, f"{what}: bit-identical")
+    if first is not None and first <= interrupted:
+        # The same step's checkpoint of both runs, where both are still on disk (Checkpointer keeps the last few).
+        kept = [{e["step"]: e["path"] for r in rs for e in r.events.get(0, []) if e["e"] == "save"
+                 and os.path.exists(e["path"])} for rs in ([ref], runs)]
+        common = sorted(set(kept[0]) & set(kept[1]))
+        gen = component(kept[0][common[0]], kept[1][common[0]], generators=True) if common else None
+        cause = (f"{gen}: not the same in two runs; seed what your data path uses" if gen else
+                 "data order, an unseeded generator, or the hardware")
+        return Verdict(name, False, f"{what}: differs from the reference at step {first}, before the interruption: "
+                       f"the script is not deterministic ({cause})", first)
+    if missing:
+        return Verdict(name, False, f"{what}: differs after the resume (step {first}): the checkpoint holds the "
+                       f"{' and '.join(missing)} but load_latest did not restore it (pass it: "
+                       f"load_latest(model, optimizer, loader))", first)
+    if first is not None:
+        resumed = loads[0]["step"] if loads else "?"
+        return Verdict(name, False, f"{what}: " + OUTSIDE.format(step=first, resumed=resumed), first)
+    return Verdict(name, False, f"{what}: every reported value matches, but the last checkpoint differs in the {part}")
+
+
+def report(spec: JobSpec, steps: int, verdicts: Sequence[Verdict]) -> str:
+    lines = [f"clusterddp drill: {spec.script}, {spec.nodes} node(s) x {spec.tasks_per_node} rank(s), {steps} steps "
+             "in the reference run"]
+    for v in verdicts:
+        lines.append(f"  {'PASS' if v.identical else 'FAIL'}  {v.scenario}: {v.why}")
+    good = all(v.identical for v in verdicts)
+    lines.append("clusterddp drill: every scenario bit-identical: the script resumes exactly" if good else
+                 "clusterddp drill: fix the first difference above, then drill again")
+    return "\n".join(lines)

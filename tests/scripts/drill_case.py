@@ -1,0 +1,72 @@
+"""A small training script for the drill's tests, correct or with one mistake of the kind the drill finds:
+
+--mistake none       saves and restores everything (model, optimizer, loader, its LR scheduler in extra=)
+--mistake scheduler  leaves its LR scheduler out of the checkpoint
+--mistake random     adds noise from Python's random, never seeded
+--mistake noload     never calls load_latest
+--mistake loader     saves the loader position but does not restore it
+--mistake nocheckpoint  never saves through the runtime's Checkpointer
+--mistake fails      raises at step 3
+Reports the mean loss of every step through runtime.all_reduce_mean; checkpoints every 3 steps and when asked to stop.
+"""
+import argparse
+import random
+
+import torch
+import torch.nn as nn
+from torch.utils.data import TensorDataset
+
+from clusterddp import runtime
+
+p = argparse.ArgumentParser()
+p.add_argument("--mistake", default="none")
+p.add_argument("--ckpt-dir", default="ckpt")
+p.add_argument("--epochs", type=int, default=2)
+args = p.parse_args()
+runtime.init(timeout=120, allow_single=True)
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(5)
+data = TensorDataset(torch.randn(48, 4, generator=g), torch.randn(48, 1, generator=g))
+model = runtime.wrap(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)  # closed form: a fresh one starts over
+batches = runtime.loader(data, batch_size=4, seed=3)
+ckpt = runtime.Checkpointer(args.ckpt_dir, keep=2)
+
+
+def save(step):
+    if args.mistake == "nocheckpoint":
+        return
+    extra = {} if args.mistake == "scheduler" else {"sched": sched.state_dict()}
+    ckpt.save(step, model, opt, batches, **extra)
+
+
+step = 0
+if args.mistake != "noload":
+    restore = (model, opt) if args.mistake == "loader" else (model, opt, batches)
+    state = ckpt.load_latest(*restore)
+    if state:
+        step = state["step"]
+        if "sched" in state["extra"]:
+            sched.load_state_dict(state["extra"]["sched"])
+for _epoch in range(batches.next_epoch, args.epochs):
+    for x, y in batches:
+        if args.mistake == "random":
+            x = x + random.random()
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        step += 1
+        if args.mistake == "fails" and step == 3:
+            raise RuntimeError("deliberate failure at step 3")
+        runtime.all_reduce_mean(loss.detach())
+        if step % 3 == 0:
+            save(step)
+        if runtime.should_stop():
+            save(step)
+            runtime.shutdown()
+            raise SystemExit(0)
+save(step)
+runtime.shutdown()

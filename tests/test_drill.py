@@ -1,0 +1,86 @@
+"""Issue 26: `clusterddp drill` on this machine, with small scripts written for it (tests/scripts/drill_case.py): a
+correct one passes every scenario; each mistake is named with its step and component; bad input is one line.
+Real local runs (the local backend, gloo on CPU, real SIGKILLs of emulated nodes)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import SCRIPTS
+
+pytestmark = pytest.mark.ranks
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def drill(tmp: Path, *args: str, shape=("--nodes", "1")) -> subprocess.CompletedProcess:
+    shutil.copy(SCRIPTS / "drill_case.py", tmp)
+    return subprocess.run([sys.executable, "-m", "clusterddp", "drill", *shape, "--json", "drill_case.py", "--", *args],
+                          cwd=tmp, capture_output=True, text=True, timeout=900)
+
+
+def verdicts(proc: subprocess.CompletedProcess) -> dict:
+    return {v["scenario"]: v for v in json.loads(proc.stdout)["scenarios"]}
+
+
+def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
+    proc = drill(tmp_path, shape=("--nodes", "2", "--procs-per-node", "1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = verdicts(proc)
+    assert set(found) == {"stop", "kill-node1", "kill-node0"}, found
+    assert all(v["identical"] and v["why"].endswith(": bit-identical") for v in found.values()), found
+    assert json.loads(proc.stdout)["steps"] == 12  # 2 epochs x 48 samples / (2 ranks x batch 4)
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    ("scheduler", r"everything the checkpoint holds was restored, yet the run differs at step (\d+) \(resumed from "
+                  r"step (\d+)\): state outside the checkpoint \(an LR scheduler"),
+    ("random", r"differs from the reference at step 1, before the interruption: the script is not deterministic "
+               r"\(Python's random"),
+    ("noload", r"did not resume: started again at step 0 \(the script never calls load_latest\)"),
+    ("loader", r"differs after the resume \(step (\d+)\): the checkpoint holds the loader but load_latest did not "
+               r"restore it"),
+])
+def test_each_mistake_is_named(tmp_path, mistake, expected):
+    proc = drill(tmp_path, "--mistake", mistake)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    stop = verdicts(proc)["stop"]
+    m = re.search(expected, stop["why"])
+    assert not stop["identical"] and m, stop
+    if mistake == "scheduler":  # the first difference comes after the resume, where the scheduler started over
+        assert int(m.group(1)) > int(m.group(2)) == 12, stop
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    ("nocheckpoint", "clusterddp: error: the script saved no checkpoint through clusterddp.runtime.Checkpointer"),
+    ("fails", "clusterddp: error: the script fails on its own in the reference run (exit 1), before any "
+              "interruption: the drill needs a script that completes; its output: "),
+])
+def test_a_script_the_drill_cannot_use_is_one_line(tmp_path, mistake, expected):
+    proc = drill(tmp_path, "--mistake", mistake)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(expected), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_too_few_steps_and_an_absolute_checkpoint_directory_are_one_line(tmp_path):
+    short = drill(tmp_path, "--epochs", "0")
+    assert short.returncode == 1 and "the script ran 0 step(s) (should_stop() calls)" in short.stderr.splitlines()[-1]
+    outside = drill(tmp_path, "--ckpt-dir", str(tmp_path / "abs"))
+    assert outside.returncode == 1, outside.stderr
+    assert "writes its checkpoints outside the directory it runs in" in outside.stderr.splitlines()[-1]
+
+
+def test_the_example_passes_the_drill_with_small_arguments(tmp_path):
+    shutil.copy(ROOT / "examples" / "train_ddp.py", tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--nodes", "2", "--procs-per-node", "1",
+                           "train_ddp.py", "--", "--images", "4", "--image-size", "64", "--patch", "32", "--width",
+                           "8", "--depth", "2", "--batch-size", "4", "--epochs", "2", "--ckpt-dir", "ckpt",
+                           "--ckpt-every", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "clusterddp drill: every scenario bit-identical: the script resumes exactly"
