@@ -26,6 +26,7 @@ TIMEOUT = "CLUSTERDDP_TIMEOUT"
 #: and the step at which should_stop() answers True, as at a time limit.
 DRILL_DIR = "CLUSTERDDP_DRILL_DIR"
 DRILL_STOP_AT = "CLUSTERDDP_DRILL_STOP_AT"
+DRILL_HOLD = "hold-after-first-checkpoint"  # a file in DRILL_DIR: every rank waits there until it is gone
 #: Exported by the batch script (templates/base.sh.j2) and by the local backend.
 EXPORTED: Tuple[str, ...] = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR, RESTARTS,
                             HANG_TIMEOUT)

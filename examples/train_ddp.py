@@ -119,6 +119,7 @@ def main(argv=None) -> float:
                                                               "checkpoints"), keep=args.keep)
     state = ckpt.load_latest(model, opt, batches)             # DDP: every rank resumes from the same checkpoint
     step = state["step"] if state else 0
+    resumed = dict(state["extra"]) if state else {}           # the running loss of an epoch stopped midway
     runtime.print0(f"train_ddp: world size {env.world_size} ({env.num_nodes} node(s) x {env.local_world_size}), "
                    f"device {dev.type}, {len(data)} patches of {args.patch}x{args.patch}, "
                    f"{len(batches)} steps per epoch per rank, amp {'on' if amp else 'off'}"
@@ -128,7 +129,11 @@ def main(argv=None) -> float:
     for epoch in range(batches.next_epoch, args.epochs):
         model.train()
         start = time.perf_counter()
+        # The epoch's running loss is state too: a run resumed mid-epoch goes on with it (else the reported mean
+        # would differ from an uninterrupted run's; `clusterddp drill` finds such things).
         seen, running, done_here = 0, 0.0, 0
+        if resumed.pop("running_epoch", None) == epoch:
+            running, done_here = float(resumed["running"]), int(resumed["done"])
         for noisy, clean in batches:                           # DDP: the sampler's epoch advances by itself
             if args.max_steps and batches.batches_done > args.max_steps:
                 break
@@ -146,10 +151,10 @@ def main(argv=None) -> float:
                 rate = seen / (time.perf_counter() - start)
                 runtime.print0(f"epoch {epoch + 1}/{args.epochs} step {batches.batches_done}/{len(batches)} "
                                f"loss {runtime.all_reduce_mean(running / done_here):.5f} {rate:.1f} images/s")
-            if args.ckpt_every and step % args.ckpt_every == 0:
-                ckpt.save(step, model, opt, batches)           # periodic: what survives a preemption
+            if args.ckpt_every and step % args.ckpt_every == 0:  # periodic: what survives a preemption
+                ckpt.save(step, model, opt, batches, running=running, done=done_here, running_epoch=epoch)
             if runtime.should_stop():                          # time limit or preemption: all ranks agree
-                path = ckpt.save(step, model, opt, batches)
+                path = ckpt.save(step, model, opt, batches, running=running, done=done_here, running_epoch=epoch)
                 runtime.print0(f"stopping at step {step} (epoch {epoch + 1}); checkpoint {path}; "
                                "a requeued or re-run job resumes here")
                 runtime.shutdown()

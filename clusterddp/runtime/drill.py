@@ -1,11 +1,13 @@
 """The fire drill's eyes inside the job (`clusterddp drill`): what each rank did, one JSON line per event in
 ``$CLUSTERDDP_DRILL_DIR/rank-R.jsonl``: every should_stop() call (a step), every value all_reduce_mean returned,
 every checkpoint saved and what load_latest restored. With ``CLUSTERDDP_DRILL_STOP_AT=K`` the K-th should_stop()
-answers True, as the time-limit warning would. Off (one environment lookup) outside a drill."""
+answers True, as the time-limit warning would; while the drill's hold file exists, every rank waits at its first
+should_stop() after a checkpoint (the drill kills a node there). Off (one environment lookup) outside a drill."""
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Dict, Optional
 
 from .. import contract
@@ -24,6 +26,8 @@ def record(event: Dict[str, Any]) -> None:
     path = _path()
     if path is None:
         return
+    if event.get("e") == "save":
+        _COUNT["saved"] = 1
     event = dict(event, n=_COUNT["steps"])
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(event, sort_keys=True) + "\n")
@@ -35,6 +39,13 @@ def step() -> bool:
         return False
     _COUNT["steps"] += 1
     record({"e": "step"})
+    hold = os.path.join(os.environ[contract.DRILL_DIR], contract.DRILL_HOLD)
+    if _COUNT.get("saved") and os.path.exists(hold):
+        # The drill kills a node here, after the first checkpoint, on every rank at the same step: each rank says
+        # it holds and waits until the drill has killed its victims (then the survivors meet a peer gone).
+        open(os.path.join(os.environ[contract.DRILL_DIR], f"held-rank-{os.environ.get('RANK', '0')}"), "w").close()
+        while os.path.exists(hold):
+            time.sleep(0.02)
     stop_at = os.environ.get(contract.DRILL_STOP_AT, "")
     return stop_at.isdigit() and _COUNT["steps"] == int(stop_at)
 
