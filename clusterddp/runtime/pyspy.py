@@ -73,7 +73,8 @@ def claimants(run_dir: str) -> Dict[int, List[int]]:
             continue
         if job and env.get("SLURM_JOB_ID", job) != job:
             continue
-        if os.path.realpath(env.get(contract.RUN_DIR, "\0")) == want:
+        theirs = env.get(contract.RUN_DIR)  # (a process with RANK but no run directory is not a rank of ours;
+        if theirs and "\0" not in theirs and os.path.realpath(theirs) == want:  # realpath("\0") raises)
             found[int(entry)] = int(env["RANK"])
     out: Dict[int, List[int]] = {}
     for pid, rank in sorted(found.items()):
