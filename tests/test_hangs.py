@@ -430,9 +430,15 @@ def work(slurm_env, tmp_path_factory):
     return d, dict(os.environ)
 
 
-def node_of(launcher: str, rank: int) -> str:
-    """srun and spawn place ranks in blocks in node order; torchrun's agents take node ranks in arrival order."""
-    return "node[12]" if launcher == "torchrun" else f"node{rank // 2 + 1}"
+def node_of(launcher: str, rank: int, job_id: str) -> str:
+    """A pattern for the node of ``rank``: srun and spawn place ranks in blocks in the order of the job's nodes;
+    torchrun's agents take node ranks in arrival order. (The test cluster has 3 nodes: a job may get node[1,3].)"""
+    from clusterddp.hostlist import expand
+
+    shown = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True).stdout
+    found = re.search(r"(?<!\S)NodeList=(\S+)", shown)
+    nodes = expand(found.group(1) if found and found.group(1) != "(null)" else "node[1-2]")
+    return f"({'|'.join(nodes)})" if launcher == "torchrun" else nodes[rank // 2]
 
 
 def wait_for_hellos(run_dir: Path, n: int, timeout: float = 120) -> None:
@@ -466,7 +472,8 @@ def test_stacks_on_the_cluster(work, launcher):
         lines = out.stdout.splitlines()
         assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang.py:"), out.stdout
         assert "(ranks 0-2 on 2 nodes)" in lines[0]
-        assert re.match(rf"rank 3 \({node_of(launcher, 3)}\) is elsewhere:  hang.py:{SLEEP_BEFORE_ALLREDUCE} main",
+        node = node_of(launcher, 3, job_id)
+        assert re.match(rf"rank 3 \({node}\) is elsewhere:  hang.py:{SLEEP_BEFORE_ALLREDUCE} main",
                         lines[1]), lines
         assert lines[2] == "missing: none" and took < 30
     finally:
@@ -502,7 +509,8 @@ def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work
         assert out.returncode == 0, out.stdout + out.stderr
         lines = out.stdout.splitlines()
         assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang_raw.py:"), out.stdout
-        assert re.match(rf"rank 3 \({node_of(launcher, 3)}\) is elsewhere:  hang_raw.py:\d+ stuck", lines[1]), lines
+        node = node_of(launcher, 3, job_id)
+        assert re.match(rf"rank 3 \({node}\) is elsewhere:  hang_raw.py:\d+ stuck", lines[1]), lines
         assert took < 30
     finally:
         run_cli("cancel", job_id, cwd=d, env=env)
@@ -521,7 +529,7 @@ def test_the_watchdog_ends_a_hung_job_on_the_cluster(work, launcher):
     job_id = proc.stdout.split()[0]
     assert f"job {job_id} ended FAILED, exit code {contract.HANG_EXIT}" in proc.stderr
     assert "the hang watchdog ended the job (hung since " in proc.stderr
-    assert re.search(rf"rank 1 \({node_of(launcher, 1)}\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__",
+    assert re.search(rf"rank 1 \({node_of(launcher, 1, job_id)}\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__",
                      proc.stderr), proc.stderr
     assert took < 10 + 60 + 30  # + queueing and start-up on the cluster
     batch_log = (d / "clusterddp-runs" / f"hang-{job_id}.out").read_text()
