@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from . import cli_drill, cli_job, cli_tools  # noqa: F401  (registers the commands on `cli`)
+from . import cli_drill, cli_job, cli_sweep, cli_tools  # noqa: F401  (registers the commands on `cli`)
 from .cli_base import cli
 
 __all__ = ["cli", "main"]

@@ -110,10 +110,11 @@ PLACEHOLDERS: Dict[str, str] = {
 
 
 def fill_placeholders(arg: str, values: Mapping[str, str]) -> str:
-    """Replace every {placeholder} in one argument; the replacement is never read again (as the template does)."""
+    """Replace every {name} of ``values`` in one argument; the replacement is never read again (as the template
+    does). Spawn's placeholders (PLACEHOLDERS) and a sweep's parameters both go through here."""
     out, i = [], 0
     while i < len(arg):
-        for name in PLACEHOLDERS:
+        for name in values:
             token = "{" + name + "}"
             if arg.startswith(token, i):
                 out.append(values[name])
@@ -123,6 +124,13 @@ def fill_placeholders(arg: str, values: Mapping[str, str]) -> str:
             out.append(arg[i])
             i += 1
     return "".join(out)
+
+
+# --- sweeps: what a trial's batch script exports and writes --------------------------------------------------
+PARAM_PREFIX = "CLUSTERDDP_PARAM_"     # + the parameter's name in capitals: its value for this trial
+TRIAL = "CLUSTERDDP_TRIAL"             # the trial's index in its sweep (= the array task id)
+TRIAL_FILE = "trial.json"              # in the trial's run directory: sweep, index, key, parameters
+METRICS_FILE = "metrics.jsonl"         # runtime.report(): one JSON object per line, appended by rank 0
 
 
 # --- files in the run directory -----------------------------------------------------------------------------

@@ -113,6 +113,8 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
     elif spec.flight_recorder:  # as the batch script does for NCCL jobs
         common += contract.flight_recorder(str(Path(run_dir) / contract.NCCL_TRACE_DIR / "rank_"), spec.env)
     common += list(spec.env)
+    for trial in getattr(spec.sweep, "trials", ())[:1]:  # a sweep's trial: its parameters, as the batch script's
+        common += [(contract.TRIAL, str(trial.index)), *trial.env()]
     program = spec.program_argv()
     nodelist = ",".join(["localhost"] * n)
     # What srun sets in every task of a step (the node list names this machine once per emulated node).
@@ -264,7 +266,7 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
 
 
 def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo: Callable[[str], None] = print,
-                 note: Callable[[str], None] = print) -> int:
+                 note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None) -> int:
     """The local equivalent of sbatch + wait: returns the exit code (0 after a dry run)."""
     skipped = not_applied(spec)
     if skipped:
@@ -272,9 +274,12 @@ def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo
              "container, and this run uses this machine as it is")
     job_id = os.getpid()
     run_dir = os.path.join(spec.output_dir, f"{spec.file_stem}-local-{time.strftime('%Y%m%d-%H%M%S')}-{job_id}")
+    if os.path.exists(run_dir):  # a second run within the second (a sweep's next trial)
+        run_dir += f"-{sum(1 for _ in Path(spec.output_dir).glob(os.path.basename(run_dir) + '*'))}"
     port = spec.master_port or pick_port(default_port(job_id))
     gpus = visible_gpus() if spec.gpus_per_node else []
     if dry_run:
         echo(describe(make_plan(spec, run_dir, port, job_id, gpus)).rstrip("\n"))
         return 0
+    prepare(run_dir)  # (a sweep writes its trial's file there)
     return run_attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note)

@@ -9,6 +9,7 @@ importlib.resources (wheel, editable install) with a fallback to the source tree
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -138,6 +139,18 @@ def _words(values: Sequence[str]) -> str:
     return " ".join(shell_quote(v) for v in values)
 
 
+def _trials(spec: JobSpec) -> List[Dict[str, Any]]:
+    """A sweep's case arms: per trial its exports, its arguments and its trial.json, each a shell word."""
+    sweep: Any = spec.sweep
+    if sweep is None:
+        return []
+    q = shell_quote
+    return [{"index": t.index,
+             "exports": " ".join(f"{n}={q(v)}" for n, v in [(contract.TRIAL, str(t.index)), *t.env()]),
+             "args": _words(t.args(spec.args)),
+             "record": q(json.dumps(t.record(sweep.name), sort_keys=True))} for t in sweep.trials]
+
+
 def context(spec: JobSpec) -> Dict[str, Any]:
     """Everything the templates lay out, computed here (templates do no arithmetic on user values).
 
@@ -154,12 +167,14 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         "exit": contract.EXIT,
         "version": __version__,
         "directives": directive_lines(spec),
-        "program": _words(entry + list(spec.args)),
+        # A sweep's trial gets its own arguments from the array task's case arm (CLUSTERDDP_ARGS).
+        "program": _words(entry) + ' "${CLUSTERDDP_ARGS[@]}"' if spec.sweep else _words(entry + list(spec.args)),
         "python": q(spec.python),
         # spawn fills placeholders in the script's arguments only, never in the command that runs them.
         "command": _words(container + [spec.python] + entry),
         "command_words": len(container) + 1 + len(entry),
-        "script_args": _words(spec.args),
+        "script_args": '"${CLUSTERDDP_ARGS[@]}"' if spec.sweep else _words(spec.args),
+        "trials": _trials(spec),
         "env": [(name, q(value)) for name, value in spec.env],
         # NCCL jobs: the flight recorder's variables, less those the user set with -e (the user's value wins).
         "flight_recorder": contract.flight_recorder(f'"$RUN_DIR/{contract.NCCL_TRACE_DIR}/rank_"', spec.env)

@@ -71,6 +71,7 @@ class JobSpec:
     stop_grace: int = 90
     hang_timeout: str = "15"
     flight_recorder: bool = True
+    sweep: Optional[object] = None  # a sweep.SweepJob: the trials, one per array task (set by sweep_run.py)
 
     def __post_init__(self) -> None:
         # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.
@@ -231,9 +232,8 @@ class JobSpec:
                     f"procs_per_node={self.procs_per_node}; drop --procs-per-node or use --gpus 0 for a CPU job")
         if self.cpus_per_task is not None:
             positive_int("cpus_per_task", self.cpus_per_task, 1)
-        positive_int("max_requeues", self.max_requeues, 0)
-        positive_int("retries", self.retries, 0)
-        positive_int("spare_nodes", self.spare_nodes, 0)
+        for name in ("max_requeues", "retries", "spare_nodes"):
+            positive_int(name, getattr(self, name), 0)
         if self.retries > MAX_RETRIES:
             raise SpecError(f"retries must be at most {MAX_RETRIES} (each follows a node fault: more is a broken "
                             f"program or cluster, not bad luck), got {self.retries}")

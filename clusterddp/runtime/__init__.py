@@ -8,8 +8,8 @@ or a login-side module (a test holds it so).
     runtime.print0("loss", runtime.all_reduce_mean(loss))
 
 One concern per module: ``env`` (the pure DistEnv), ``group`` (process group, device, collectives, wrap),
-``data`` (the resumable loader), ``checkpoint``, ``stop`` (stop requests agreed by all ranks), ``doctor``
-(the in-job half of ``clusterddp doctor``).
+``data`` (the resumable loader), ``checkpoint``, ``stop`` (stop requests agreed by all ranks), ``report`` (a sweep
+trial's metrics), ``doctor`` (the in-job half of ``clusterddp doctor``).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from .group import (
     world_size,
     wrap,
 )
+from .report import report
 from .stop import should_stop
 
 _LAZY = {"loader", "EpochLoader", "ResumableSampler"}  # clusterddp.runtime.data imports torch at module level
@@ -52,4 +53,4 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["DistEnv", "Joined", "init", "shutdown", "wrap", "unwrap", "loader", "is_main", "print0", "log",
            "barrier", "all_reduce_mean", "save_on_main", "device", "rank", "world_size", "select_device", "spawn",
-           "should_stop", "heartbeat", "Checkpointer", "DEFAULT_TIMEOUT_S"]
+           "should_stop", "report", "heartbeat", "Checkpointer", "DEFAULT_TIMEOUT_S"]

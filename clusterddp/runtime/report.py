@@ -1,0 +1,53 @@
+"""``runtime.report(step=..., **metrics)``: a trial's metrics in its run directory, for ``clusterddp sweep status``.
+
+Rank 0 writes, every other rank returns at once. One JSON object per line in RUN_DIR/metrics.jsonl, each line
+written by a single append (O_APPEND, one write), so a reader never sees half a line from a finished write, and a
+line cut short by a kill is skipped by the reader. Outside a clusterddp job (no run directory) it does nothing.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Mapping, Optional
+
+from .. import contract
+from ..errors import RuntimeEnvError
+from . import state
+
+
+def _number(name: str, value: Any) -> float:
+    if hasattr(value, "item"):  # a tensor or a numpy scalar
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RuntimeEnvError(f"runtime.report: metric {name!r} is {type(value).__name__}, expected a number")
+    return float(value)
+
+
+def _is_main(environ: Mapping[str, str]) -> bool:
+    if "env" in state._STATE:
+        return state.is_main()
+    return environ.get("RANK", "0") == "0"  # before init(): the launcher's variable
+
+
+def report(step: Optional[int] = None, **metrics: Any) -> bool:
+    """Record ``metrics`` (numbers: floats, ints, one-element tensors) at ``step``; True when written here."""
+    environ = os.environ
+    if not metrics:
+        raise RuntimeEnvError("runtime.report: no metric given; e.g. runtime.report(step=epoch, loss=loss)")
+    values = {name: _number(name, v) for name, v in metrics.items()}
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise RuntimeEnvError(f"runtime.report: step must be an integer, got {step!r}")
+    run_dir = environ.get(contract.RUN_DIR)
+    if not run_dir or not _is_main(environ):
+        return False
+    # NaN and infinities are kept as strings JSON can carry (a diverged trial is a result too).
+    fields = {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}
+    line = json.dumps({"step": step, "time": round(time.time(), 3), "metrics": fields}, sort_keys=True) + "\n"
+    fd = os.open(os.path.join(run_dir, contract.METRICS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    return True

@@ -1,0 +1,150 @@
+"""What `clusterddp sweep` does, for the CLI and the Python API alike: submit the trials of a grid that have no
+result yet (as one job array, or one after another here with --local), and rerun chosen trials of a sweep."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from . import attempts, contract
+from .clusters import Cluster
+from .errors import SpecError
+from .spec import JobSpec
+from .sweep import Axis, SweepJob, Trial, count
+from .sweep_run import LOCAL, Note, Plan, SweepRecord, check_array_size, new_record, plan, snapshot, submit
+from .sweep_status import states
+
+RERUN_CHOICES = ("failed", "missing")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    job_id: Optional[str]      # the array (None: nothing submitted; a local sweep: "local")
+    submitted: List[Trial]
+    skipped: int               # trials that have a result or are queued already
+    exit_code: int = 0         # a local sweep: 1 when a trial failed
+
+
+def run(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cluster: Cluster, max_parallel: Optional[int],
+        template_dirs: Sequence[str] = (), check: bool = True, local: bool = False, note: Note = print,
+        echo: Note = print) -> Outcome:
+    """The grid's trials without a result or a place in the queue -> one job array (or local runs)."""
+    if max_parallel is not None and max_parallel < 1:
+        raise SpecError(f"--max-parallel must be at least 1, got {max_parallel}")
+    cwd = Path.cwd()
+    p = plan(spec, axes, name, cwd)
+    record = new_record(p, cluster, local)
+    known = {s.key: s for s in states(record)} if record.trials else {}
+    todo = [t for t in p.trials if t.key not in known or not known[t.key].has_result]
+    skipped = len(p.trials) - len(todo)
+    if not todo:
+        note(f"nothing to submit: all {len(p.trials)} trial(s) of sweep {p.name} with these parameters and this code "
+             f"have a result or are queued (clusterddp sweep status {p.name}; --rerun failed runs failed ones again)")
+        return Outcome(p.name, None, [], skipped)
+    if skipped:
+        note(f"{skipped} of {len(p.trials)} trial(s) already have a result or are queued: submitting the other "
+             f"{len(todo)}")
+    if local:
+        return _run_local(p, record, todo, skipped, note, echo, cwd)
+    check_array_size(todo, count(axes))
+    job_id = submit(p, cluster, todo, record, max_parallel, template_dirs, check, note, cwd)
+    return Outcome(p.name, job_id, todo, skipped)
+
+
+def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_parallel: Optional[int],
+          template_dirs: Sequence[str] = (), check: bool = True, note: Note = print, local: bool = False,
+          echo: Note = print) -> Outcome:
+    """Resubmit the trials of sweep ``name`` in the chosen states (failed: ended without success; missing:
+    submitted but never ran), as one array, with the code each was submitted with."""
+    bad = [w for w in which if w not in RERUN_CHOICES]
+    if bad or not which:
+        raise SpecError(f"--rerun takes {' or '.join(RERUN_CHOICES)}, got {', '.join(bad) or 'nothing'}")
+    record = SweepRecord.load(name, LOCAL if local else cluster.name if cluster else None)
+    wanted = {"failed": lambda s: s.state == "FAILED", "missing": lambda s: s.state == "MISSING"}
+    rows = [s for s in states(record) if any(wanted[w](s) for w in which)]
+    if not rows:
+        note(f"nothing to rerun: no trial of sweep {name} is {' or '.join(which)} (clusterddp sweep status {name})")
+        return Outcome(name, None, [], 0)
+    spec = record.job_spec()
+    codes = {record.trials[s.key]["code"] for s in rows}
+    if len(codes) > 1:
+        raise SpecError(f"the trials to rerun ran {len(codes)} versions of the code; one array runs one: submit the "
+                        "sweep again from the code you want instead")
+    code = codes.pop()
+    cwd = Path.cwd()
+    if record.cluster in (LOCAL, "here") and record.submitted_from and record.submitted_from != str(cwd):
+        raise SpecError(f"sweep {name} was submitted from {record.submitted_from}: rerun it from there (its trials' "
+                        "relative paths are relative to that directory)")
+    snap = Path(record.sweep_dir) / "code" / code
+    todo = [record.trial(s.key) for s in rows]
+    if record.cluster == LOCAL or record.cluster == "here":
+        if not snap.is_dir():
+            raise SpecError(f"the code snapshot of these trials, {snap}, is gone: submit the sweep again instead")
+        names = [str(f.relative_to(snap)) for f in snap.rglob("*") if f.is_file() or f.is_symlink()]
+        p = Plan(name, spec, tuple(todo), code, tuple(names))
+        if record.cluster == LOCAL:
+            return _run_local(p, record, todo, 0, note, echo, snap)
+        return Outcome(name, submit(p, _cluster(record), todo, record, max_parallel, template_dirs, check, note,
+                                    snap), todo, 0)
+    from .sweep_run import code_files, code_hash
+
+    if code_hash(cwd, code_files(spec, cwd)) != code:
+        raise SpecError(f"the code here differs from what the trials of sweep {name} were submitted with, and a "
+                        f"remote cluster keeps only its own copy: restore that code to rerun them, or submit the "
+                        f"sweep again (its trials with this code are new trials)")
+    p = Plan(name, spec, tuple(todo), code, ())
+    return Outcome(name, submit(p, _cluster(record), todo, record, max_parallel, template_dirs, check, note, cwd),
+                   todo, 0)
+
+
+def _cluster(record: SweepRecord) -> Cluster:
+    from .clusters import by_name
+
+    return by_name(record.cluster)
+
+
+def _run_local(p: Plan, record: SweepRecord, todo: Sequence[Trial], skipped: int, note: Note, echo: Note,
+               cwd: Path) -> Outcome:
+    """The trials one after another on this machine (each a full local DDP job), from the code's snapshot."""
+    from .local import submit_local
+
+    code_dir = snapshot(cwd, p.names, Path(record.sweep_dir) / "code" / p.code)
+    spec = p.spec if p.spec.module else p.spec.replace(script=str(code_dir / p.spec.script))
+    for t in todo:
+        record.trials[t.key] = {"index": t.index, "params": [list(kv) for kv in t.params], "code": p.code}
+    record.submissions.append({"job_id": "local", "time": int(time.time()), "tasks": {}})
+    record.save()
+    failed = 0
+    for n, t in enumerate(todo, 1):
+        shown = " ".join(f"{k}={v}" for k, v in t.params)
+        note(f"clusterddp sweep {p.name}: trial {t.index} ({n} of {len(todo)}): {shown}")
+        trial_spec = spec.replace(output_dir=record.sweep_dir, args=tuple(t.args(spec.args)),
+                                  sweep=SweepJob(p.name, (t,)))
+        start, dirs_ = int(time.time()), []
+        code = submit_local(trial_spec, quiet=True, echo=echo, note=note,
+                            prepare=lambda d, t=t: dirs_.append(_trial_file(Path(d), p.name, t)))
+        if dirs_:
+            ended(dirs_[0], code, start)
+        failed += code != 0
+        note(f"clusterddp sweep {p.name}: trial {t.index} {'COMPLETED' if code == 0 else f'FAILED (exit {code})'} "
+             f"in {int(time.time()) - start} s")
+    return Outcome(p.name, "local", list(todo), skipped, 1 if failed else 0)
+
+
+def _trial_file(run_dir: Path, sweep: str, t: Trial) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / contract.TRIAL_FILE).write_text(json.dumps(t.record(sweep), sort_keys=True) + "\n")
+    return run_dir
+
+
+def ended(run_dir: Path, code: int, start: int) -> None:
+    """A local trial's end in its attempts.tsv, where its retry loop wrote none (--retries 0)."""
+    if not attempts.read(run_dir):
+        attempts.append(run_dir, attempts.Attempt(0, 0, start, int(time.time()), ("local0",), code, "", (), "",
+                                                  contract.NEXT_END))
+
+
+__all__ = ["run", "rerun", "Outcome", "RERUN_CHOICES"]

@@ -1,0 +1,229 @@
+"""Sweeps without a cluster (issue 27): grids and sweep files, trial identity, the array's batch script (bash
+runs its case arm: every value byte for byte), runtime.report, the CLI's bad input (one line, exit 2, nothing
+written), and a local sweep with a failing trial, --rerun failed and an identical resubmission."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clusterddp import contract, render, sweep
+from clusterddp.cli import cli
+from clusterddp.errors import SpecError
+from clusterddp.spec import JobSpec
+from clusterddp.sweep_run import code_files, code_hash, plan
+
+from .conftest import SCRIPTS, run_cli
+
+HOSTILE = ["it's", "$(touch /tmp/pwned)", "a b\tc", "line\nbreak", "*", "--lr", "{seed}", "é", "\\", ""]
+
+
+def test_grids_are_a_cartesian_product_in_order():
+    axes = sweep.parse_grids(["lr=0.1,0.01,0.001", "seed=0,1,2,3"])
+    trials = sweep.trials(axes, {"code": "x"})
+    assert len(trials) == 12 and [t.index for t in trials] == list(range(12))
+    assert trials[0].params == (("lr", "0.1"), ("seed", "0")) and trials[5].params == (("lr", "0.01"), ("seed", "1"))
+    assert len({t.key for t in trials}) == 12
+    # the same point with other code is another trial; with the same code, the same one
+    assert sweep.trials(axes, {"code": "y"})[0].key != trials[0].key
+    assert sweep.trials(axes, {"code": "x"})[0].key == trials[0].key
+    assert trials[5].env() == [("CLUSTERDDP_PARAM_LR", "0.01"), ("CLUSTERDDP_PARAM_SEED", "1")]
+    assert trials[5].args(["--lr={lr}", "{seed}{seed}", "{other}", "{lr"]) == ["--lr=0.01", "11", "{other}", "{lr"]
+
+
+def test_a_filled_value_is_never_read_again():
+    t = sweep.Trial(0, (("a", "{b}"), ("b", "B")), "k")
+    assert t.args(["{a}-{b}"]) == ["{b}-B"]
+
+
+def test_the_array_is_compressed_and_throttled():
+    trials = [sweep.Trial(i, (), str(i)) for i in (0, 1, 2, 3, 7, 9, 10)]
+    assert sweep.SweepJob("s", tuple(trials)).array(2) == "0-3,7,9-10%2"
+    assert sweep.SweepJob("s", tuple(trials[:1])).array(None) == "0"
+
+
+@pytest.mark.parametrize("grids, message", [
+    (["lr="], "empty grid for 'lr'"),
+    (["lr"], "expected NAME=V1,V2"),
+    (["2lr=1,2"], "invalid parameter name '2lr'"),
+    (["learning-rate=1"], "expected an identifier"),
+    (["lr=0.1,0.1"], "duplicate value '0.1' for 'lr'"),
+    (["lr=1", "lr=2"], "'lr' is given twice"),
+    (["lr=1", "LR=2"], "would both be CLUSTERDDP_PARAM_LR"),
+    (["master_port=1"], "one of spawn's placeholders"),
+    ([], "at least one parameter"),
+])
+def test_bad_grids_are_named(grids, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        sweep.trials(sweep.parse_grids(grids), {})
+
+
+def test_a_sweep_file_has_lists_ranges_and_zips():
+    data = {"grid": {"lr": [0.1, 0.01], "seed": {"start": 0, "stop": 3}, "tag": ["a b", True]},
+            "zip": {"model": ["small", "large"], "batch": [64, 32]}}
+    axes = sweep.parse_file(data, "sweep.toml")
+    trials = sweep.trials(axes, {})
+    assert len(trials) == 2 * 3 * 2 * 2
+    assert dict(trials[0].params) == {"lr": "0.1", "seed": "0", "tag": "a b", "model": "small", "batch": "64"}
+    assert dict(trials[1].params)["model"] == "large" and dict(trials[1].params)["batch"] == "32"
+    assert dict(trials[2].params)["tag"] == "true"
+    for bad, message in [({"zip": {"a": [1, 2], "b": [1]}}, "need one length"), ({"grids": {}}, "unknown table"),
+                         ({"grid": {"a": {"stop": 2.5}}}, "whole numbers"), ({"grid": {"a": [[1]]}}, "not a string"),
+                         ({"grid": {"a": [1, 1]}}, "duplicate value")]:
+        with pytest.raises(SpecError, match=message):
+            sweep.parse_file(bad, "f.toml")
+
+
+def test_placeholders_must_be_parameters():
+    axes = sweep.parse_grids(["lr=1,2"])
+    sweep.check_placeholders(["--lr", "{lr}", '{"json": 1}'], axes, "torchrun")
+    with pytest.raises(SpecError, match=r"placeholder \{seed\}, which no grid defines"):
+        sweep.check_placeholders(["--seed={seed}"], axes, "torchrun")
+    with pytest.raises(SpecError, match="no grid defines"):
+        sweep.check_placeholders(["{master_addr}"], axes, "srun")
+    sweep.check_placeholders(["{master_addr}"], axes, "spawn")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
+def test_the_case_arm_gives_each_trial_its_values_byte_for_byte(tmp_path, launcher):
+    """The array's script, rendered: bash -n passes, and bash running a trial's case arm gets every hostile value
+    back unchanged, in the arguments and in CLUSTERDDP_PARAM_*."""
+    axes = [sweep.Axis(("v",), tuple((h,) for h in HOSTILE if h)), sweep.Axis(("w",), (("x",), ("",)))]
+    trials = tuple(sweep.trials(axes, {}))
+    spec = JobSpec(script="train.py", args=("--v={v}", "{w}", "lit'{v}"), launcher=launcher, nodes=2,
+                   sweep=sweep.SweepJob("s", trials), array=sweep.SweepJob("s", trials).array(3))
+    text = render.render(spec)
+    assert "#SBATCH --array=0-17%3" in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    start = text.index('case "${SLURM_ARRAY_TASK_ID:-}" in')
+    block = text[start:text.index("esac", start) + 4]
+    probe = block + '\nprintf "%s\\0" "${CLUSTERDDP_ARGS[@]}" "$CLUSTERDDP_PARAM_V" "$CLUSTERDDP_PARAM_W" ' \
+                    '"$CLUSTERDDP_TRIAL"; printf "%s" "$CLUSTERDDP_TRIAL_JSON" >&2\n'
+    for t in trials:
+        out = subprocess.run(["bash", "-c", probe], env={"SLURM_ARRAY_TASK_ID": str(t.index), "PATH": os.environ["PATH"]},
+                             capture_output=True, check=True)
+        v, w = dict(t.params)["v"], dict(t.params)["w"]
+        assert out.stdout.decode().split("\0")[:-1] == [f"--v={v}", w, f"lit'{v}", v, w, str(t.index)]
+        assert json.loads(out.stderr) == t.record("s")
+    assert not os.path.exists("/tmp/pwned")
+    bad = subprocess.run(["bash", "-c", block], env={"SLURM_ARRAY_TASK_ID": "99"}, capture_output=True, text=True)
+    assert bad.returncode == 1 and "not a trial of this sweep" in bad.stderr
+
+
+def test_report_writes_on_rank_0_only(tmp_path, monkeypatch):
+    from clusterddp.runtime import report
+
+    monkeypatch.setenv(contract.RUN_DIR, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    assert report(step=1, loss=2.0) is False and not (tmp_path / contract.METRICS_FILE).exists()
+    monkeypatch.setenv("RANK", "0")
+    assert report(step=1, loss=2.0, acc=1) is True
+    assert report(step=2, loss=float("nan")) is True
+    lines = [json.loads(ln) for ln in (tmp_path / contract.METRICS_FILE).read_text().splitlines()]
+    assert [ln["metrics"] for ln in lines] == [{"acc": 1.0, "loss": 2.0}, {"loss": "nan"}]
+    for bad in ({"loss": "x"}, {"loss": None}, {}):
+        with pytest.raises(Exception, match="runtime.report"):
+            report(step=3, **bad)
+    monkeypatch.delenv(contract.RUN_DIR)
+    assert report(step=1, loss=1.0) is False  # outside a job: nothing to record
+
+
+def test_code_identity_follows_the_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / ".gitignore").write_text("data/\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "big.bin").write_bytes(b"0" * 1000)
+    spec = JobSpec(script="train.py")
+    names = code_files(spec, tmp_path)
+    assert names == [".gitignore", "train.py"]
+    before = code_hash(tmp_path, names)
+    (tmp_path / "data" / "big.bin").write_bytes(b"1" * 1000)  # ignored data: the same code
+    assert code_hash(tmp_path, names) == before
+    (tmp_path / "train.py").write_text("print(2)\n")
+    assert code_hash(tmp_path, names) != before
+    p = plan(spec, sweep.parse_grids(["lr=1,2"]), None, tmp_path)
+    assert p.name == "train" and len(p.trials) == 2
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project directory (the state directory beside it: files written into the project are code)."""
+    (tmp_path / "proj").mkdir()
+    shutil.copy(SCRIPTS / "trial.py", tmp_path / "proj")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path / "proj")
+    return tmp_path / "proj"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--grid", "lr=", "trial.py"], "empty grid for 'lr'"),
+    (["--grid", "lr=1", "trial.py", "--", "--seed", "{seed}"], "placeholder {seed}, which no grid defines"),
+    (["--grid", "l-r=1", "trial.py"], "invalid parameter name 'l-r'"),
+    (["--grid", "lr=1,1", "trial.py"], "duplicate value '1'"),
+    (["--grid", "lr=1", "--name", "../x", "trial.py"], "invalid sweep name"),
+    (["--grid", "lr=1", "--array", "0-3", "trial.py"], "--array and a sweep"),
+    (["--grid", "lr=1", "--max-parallel", "0", "trial.py"], "--max-parallel must be at least 1"),
+    (["--sweep-file", "nope.toml", "trial.py"], "cannot read --sweep-file nope.toml"),
+    (["nosuch", "--rerun", "failed"], "no sweep named 'nosuch'"),
+])
+def test_bad_input_is_one_line_and_submits_nothing(project, extra, message):
+    result = CliRunner().invoke(cli, ["sweep", *extra])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.output
+    assert not (project / "clusterddp-runs").exists()
+
+
+def test_dry_run_prints_one_array(project):
+    result = CliRunner().invoke(cli, ["sweep", "--dry-run", "--grid", "lr=0.1,0.2,0.3", "--grid", "seed=0,1",
+                                      "--max-parallel", "2", "trial.py", "--", "--lr", "{lr}", "--seed", "{seed}"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("#SBATCH --array=0-5%2") == 1 and result.output.count("CLUSTERDDP_ARGS=(") == 6
+    assert "6 trial(s) as one array" in result.output
+    assert not (project / "clusterddp-runs").exists() and not (project.parent / "state").exists()
+
+
+def test_sweep_help_teaches():
+    result = CliRunner().invoke(cli, ["sweep", "--help"])
+    assert result.exit_code == 0 and "ONE Slurm job array" in result.output and "sweep status" in result.output
+    result = CliRunner().invoke(cli, ["sweep", "run", "--help"])
+    assert "--max-parallel" in result.output and "--rerun" in result.output
+
+
+@pytest.mark.ranks
+def test_a_local_sweep_reruns_only_the_failed_trial(project):
+    """--local: 4 trials one after another (2 ranks each), one fails by design; status; --rerun failed runs that
+    one alone; the identical sweep again runs nothing; an edit of the script after submission is not run."""
+    args = ["sweep", "--local", "--grid", "lr=0.1,0.5", "--grid", "seed=0,1", "--gpus", "0", "--procs-per-node", "2",
+            "--launcher", "srun", "trial.py", "--", "--lr", "{lr}", "--seed", "{seed}", "--fail-when", "0.5,1"]
+    first = run_cli(*args, cwd=project, env={**os.environ})
+    assert first.returncode == 1, first.stderr
+    assert first.stderr.count("COMPLETED in") == 3 and "trial 3 FAILED (exit 1)" in first.stderr
+    status = run_cli("sweep", "status", "trial", "--local", "--json", cwd=project)
+    rows = json.loads(status.stdout)
+    assert [r["state"] for r in rows] == ["COMPLETED"] * 3 + ["FAILED"]
+    assert rows[0]["params"] == {"lr": "0.1", "seed": "0"}
+    assert rows[0]["last"]["loss"] == pytest.approx(0.1 + 0.5)  # step 2: lr * 1 + seed + mean rank (0.5)
+    assert rows[0]["best"]["acc"] == rows[0]["last"]["acc"]
+    seen = json.loads((Path(rows[1]["run_dir"]) / "seen.json").read_text())
+    assert seen["argv"][:4] == ["--lr", "0.1", "--seed", "1"] and seen["params"]["CLUSTERDDP_PARAM_SEED"] == "1"
+    (project / "trial.py").write_text((project / "trial.py").read_text().replace('"original"', '"edited"'))
+    again = run_cli("sweep", "trial", "--rerun", "failed", "--local", cwd=project)
+    assert again.returncode == 1 and again.stderr.count("(1 of 1)") == 1 and "trial 3 (1 of 1)" in again.stderr
+    rows2 = json.loads(run_cli("sweep", "status", "trial", "--local", "--json", cwd=project).stdout)
+    assert json.loads((Path(rows2[3]["run_dir"]) / "seen.json").read_text())["version"] == "original"
+    assert rows2[3]["run_dir"] != rows[3]["run_dir"] and rows2[:3] == rows[:3]
+    (project / "trial.py").write_text((project / "trial.py").read_text().replace('"edited"', '"original"'))
+    same = run_cli(*args, cwd=project)
+    assert same.returncode == 0 and "nothing to submit: all 4 trial(s)" in same.stderr, same.stderr
+    table = run_cli("sweep", "status", "trial", "--local", "--sort", "loss", cwd=project)
+    assert table.returncode == 0, table.stderr
+    head = table.stdout.splitlines()[1].split()
+    assert head[:4] == ["trial", "lr", "seed", "state"] and "loss" in head
+    assert [ln.split()[0] for ln in table.stdout.splitlines()[2:6]] == ["0", "2", "1", "3"]  # by loss, failed last
