@@ -140,7 +140,7 @@ def _dry_run(spec: Any, axes: Any, name: Optional[str], max_parallel: Optional[i
 @click.option("--minimize", multiple=True, metavar="METRIC", help="METRIC is better when smaller (the default).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per trial, for tools.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV, one row per trial.")
-@click.option("--cluster", metavar="NAME", help="The cluster the sweep ran on (when sweeps of this name ran on several).")
+@click.option("--cluster", metavar="NAME", help="The cluster it ran on (when sweeps of this name ran on several).")
 @click.option("--local", is_flag=True, help="The sweep that ran here with --local.")
 def sweep_status_command(name: str, sort: Optional[str], maximize: Sequence[str], minimize: Sequence[str],
                          as_json: bool, as_csv: bool, cluster: Optional[str], local: bool) -> None:

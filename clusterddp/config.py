@@ -32,7 +32,8 @@ from .spec import JobSpec, field_names, suggest
 from .trust import TRUST_VARIABLE, distrust, untrusted_note, why_not_trusted
 
 # Fields a file may set: everything but what is given per run.
-FILE_KEYS = [n for n in field_names() if n not in ("script", "args", "module", "after", "sweep")] + ["template_dirs", "cluster"]
+FILE_KEYS = [n for n in field_names() if n not in ("script", "args", "module", "after", "sweep")] + \
+    ["template_dirs", "cluster"]
 LIST_KEYS = {"setup", "sbatch_args", "template_dirs", "exclude"}
 # Variables that clusterddp's own job scripts export; inside a job they describe that job, not defaults.
 _RUNTIME_NAMES = {"launcher", "gpus_per_node", "procs_per_node"}

@@ -123,11 +123,15 @@ def _run_local(p: Plan, record: SweepRecord, todo: Sequence[Trial], skipped: int
         note(f"clusterddp sweep {p.name}: trial {t.index} ({n} of {len(todo)}): {shown}")
         trial_spec = spec.replace(output_dir=record.sweep_dir, args=tuple(t.args(spec.args)),
                                   sweep=SweepJob(p.name, (t,)))
-        start, dirs_ = int(time.time()), []
-        code = submit_local(trial_spec, quiet=True, echo=echo, note=note,
-                            prepare=lambda d, t=t: dirs_.append(_trial_file(Path(d), p.name, t)))
-        if dirs_:
-            ended(dirs_[0], code, start)
+        start = int(time.time())
+        made: List[Path] = []
+
+        def prepare(run_dir: str, t: Trial = t, made: List[Path] = made) -> None:
+            made.append(_trial_file(Path(run_dir), p.name, t))
+
+        code = submit_local(trial_spec, quiet=True, echo=echo, note=note, prepare=prepare)
+        if made:
+            ended(made[0], code, start)
         failed += code != 0
         note(f"clusterddp sweep {p.name}: trial {t.index} {'COMPLETED' if code == 0 else f'FAILED (exit {code})'} "
              f"in {int(time.time()) - start} s")

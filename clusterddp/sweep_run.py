@@ -20,7 +20,7 @@ from .clusters import Cluster
 from .errors import PreflightError, SpecError
 from .quoting import shown
 from .spec import JobSpec
-from .sweep import Axis, SweepJob, Trial, check_placeholders, check_sweep_name, count, trials
+from .sweep import Axis, SweepJob, Trial, check_placeholders, check_sweep_name, trials
 
 LOCAL = ".local"             # the record directory of sweeps run with --local
 MAX_CODE_BYTES = 256 << 20   # a snapshot per code version: data belongs in .gitignore, not in every snapshot

@@ -105,8 +105,8 @@ def test_the_case_arm_gives_each_trial_its_values_byte_for_byte(tmp_path, launch
     probe = block + '\nprintf "%s\\0" "${CLUSTERDDP_ARGS[@]}" "$CLUSTERDDP_PARAM_V" "$CLUSTERDDP_PARAM_W" ' \
                     '"$CLUSTERDDP_TRIAL"; printf "%s" "$CLUSTERDDP_TRIAL_JSON" >&2\n'
     for t in trials:
-        out = subprocess.run(["bash", "-c", probe], env={"SLURM_ARRAY_TASK_ID": str(t.index), "PATH": os.environ["PATH"]},
-                             capture_output=True, check=True)
+        env = {"SLURM_ARRAY_TASK_ID": str(t.index), "PATH": os.environ["PATH"]}
+        out = subprocess.run(["bash", "-c", probe], env=env, capture_output=True, check=True)
         v, w = dict(t.params)["v"], dict(t.params)["w"]
         assert out.stdout.decode().split("\0")[:-1] == [f"--v={v}", w, f"lit'{v}", v, w, str(t.index)]
         assert json.loads(out.stderr) == t.record("s")

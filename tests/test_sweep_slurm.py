@@ -67,7 +67,8 @@ def test_a_sweep_is_one_array_with_a_results_table_and_reruns_only_what_failed(p
         seen = json.loads((Path(r["run_dir"]) / "seen.json").read_text())
         assert seen["array_job"] == array and seen["version"] == "original", r
         assert seen["argv"][:4] == ["--lr", r["params"]["lr"], "--seed", r["params"]["seed"]]
-        assert seen["params"] == {"CLUSTERDDP_PARAM_LR": r["params"]["lr"], "CLUSTERDDP_PARAM_SEED": r["params"]["seed"]}
+        params = {"CLUSTERDDP_PARAM_LR": r["params"]["lr"], "CLUSTERDDP_PARAM_SEED": r["params"]["seed"]}
+        assert seen["params"] == params
         if r["state"] == "COMPLETED":  # step 2: lr * 1 + seed + the mean rank (0.5)
             assert r["last"]["loss"] == pytest.approx(float(r["params"]["lr"]) + int(r["params"]["seed"]) + 0.5)
             assert r["best"]["loss"] == r["last"]["loss"] and "acc" in r["best"]
@@ -100,7 +101,7 @@ def test_a_sweep_is_one_array_with_a_results_table_and_reruns_only_what_failed(p
 def test_more_trials_than_max_array_size_are_refused(project):
     proc = run_cli("sweep", "--grid", "a=" + ",".join(map(str, range(501))), "--grid", "b=0,1", *SHAPE,
                    "trial.py", "--", "--lr", "{a}", "--seed", "{b}", cwd=project)
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 2, proc.stderr  # a usage error: change the request
     assert "the sweep has 1002 trials" in proc.stderr and "MaxArraySize is 1001" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (project / "clusterddp-runs").exists()
