@@ -296,22 +296,33 @@ def submit_script(spec: JobSpec, script: str, args: Sequence[str] = (), backend:
 
 
 def map_array(fn: Callable, spec: JobSpec, configs: Iterable[Any], max_parallel: Optional[int] = None,
-              backend: str = "auto", folder: Optional[str] = None) -> List[Job]:
+              backend: str = "auto", folder: Optional[str] = None, name: Optional[str] = None) -> List[Job]:
     """One DDP job per config as a Slurm job array (``fn(config)`` on every rank of each); at most
-    ``max_parallel`` run at once (the array's % throttle)."""
+    ``max_parallel`` run at once (the array's % throttle). The configs are the trials of sweep ``name`` (default:
+    the function's name): ``clusterddp sweep status NAME`` shows them, with what ``runtime.report`` recorded."""
+    from . import sweep_api
+    from .parse import slug
+    from .sweep_run import sweep_dir_for
+
     executor_params(spec)
     configs = list(configs)
     kind = _backend(backend)
+    name = sweep_api.check_sweep_name(name or slug(getattr(fn, "__name__", "map_array")))
     executor = _executor(spec, kind, folder, array_parallelism=max_parallel)
-    calls = [_OnEveryRank(fn, (c,), {}, spec.tasks_per_node, _free_port() + i if kind == "local" else None)
-             for i, c in enumerate(configs)]
+    trials = sweep_api.plan(fn, configs)
+    sweep_dir = sweep_dir_for(spec, name, False)
+    calls = [sweep_api.TrialCall(_OnEveryRank(fn, (c,), {}, spec.tasks_per_node,
+                                              _free_port() + i if kind == "local" else None), name, sweep_dir, t)
+             for i, (c, t) in enumerate(zip(configs, trials))]
 
     def submit_all() -> List[Any]:
         with executor.batch():
             jobs = [executor.submit(c) for c in calls]
         return jobs
 
-    return [Job(j, spec, kind) for j in _submit(submit_all, spec, kind)]
+    jobs = [Job(j, spec, kind) for j in _submit(submit_all, spec, kind)]
+    sweep_api.record(name, spec, trials, [j.job_id for j in jobs], kind == "local")
+    return jobs
 
 
 def job_attempts(job_id: str, cluster: Optional[str] = None) -> List[Any]:

@@ -63,6 +63,8 @@ def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_paral
     if bad or not which:
         raise SpecError(f"--rerun takes {' or '.join(RERUN_CHOICES)}, got {', '.join(bad) or 'nothing'}")
     record = SweepRecord.load(name, LOCAL if local else cluster.name if cluster else None)
+    if record.origin != "sweep":
+        raise SpecError(f"sweep {name} was submitted by clusterddp.map_array: rerun its configs by calling it again")
     wanted = {"failed": lambda s: s.state == "FAILED", "missing": lambda s: s.state == "MISSING"}
     rows = [s for s in states(record) if any(wanted[w](s) for w in which)]
     if not rows:

@@ -39,6 +39,7 @@ class SweepRecord:
     trials: Dict[str, Dict[str, Any]] = field(default_factory=dict)   # key -> index, params, code, script
     submissions: List[Dict[str, Any]] = field(default_factory=list)   # job_id, tasks {index: key}, time
     submitted_from: str = ""          # the directory the jobs run in (here): reruns start from there too
+    origin: str = "sweep"             # or "map_array" (the Python API), which reruns by being called again
 
     @staticmethod
     def path(cluster: str, name: str) -> Path:

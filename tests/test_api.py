@@ -1,6 +1,7 @@
 """The Python API: JobSpec -> submitit, on the real test cluster and with the local fallback."""
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import clusterddp
 from clusterddp import JobSpec, SpecError
 from clusterddp.api import JobFailed, executor_params
 
-from .conftest import ROOT
+from .conftest import ROOT, run_cli
 
 
 def allreduce_job(cfg):
@@ -110,6 +111,35 @@ def test_array_of_two_configs(slurm_env, tmp_path, monkeypatch):
     array_id = jobs[0].job_id.split("_")[0]
     script = next(tmp_path.glob(f"clusterddp-runs/*-submitit/{array_id}/{array_id}_submission.sh")).read_text()
     assert "#SBATCH --array=0-1%1" in script, script
+    # the configs are the trials of a sweep named after the function (one squeue call, the run directories)
+    rows = json.loads(run_cli("sweep", "status", "allreduce_job", "--json", cwd=tmp_path).stdout)
+    assert [(r["params"], r["state"], r["job"]) for r in rows] == [
+        ({"i": "0"}, "COMPLETED", f"{array_id}_0"), ({"i": "1"}, "COMPLETED", f"{array_id}_1")]
+
+
+def report_job(cfg):
+    from clusterddp import runtime
+
+    runtime.init(timeout=60)
+    for step in range(2):
+        runtime.report(step=step, loss=runtime.all_reduce_mean(cfg["lr"] * (2 - step)))
+    runtime.shutdown()
+    return cfg
+
+
+@pytest.mark.ranks
+def test_map_array_records_its_trials_for_sweep_status(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    jobs = clusterddp.map_array(report_job, JobSpec(gpus_per_node=0, procs_per_node=2), [{"lr": 0.5}, {"lr": 2}],
+                                backend="local", name="api-sweep")
+    assert [j.result() for j in jobs] == [{"lr": 0.5}, {"lr": 2}]
+    rows = json.loads(run_cli("sweep", "status", "api-sweep", "--local", "--json", cwd=tmp_path).stdout)
+    assert [(r["params"], r["state"], r["last"], r["best"]) for r in rows] == [
+        ({"lr": "0.5"}, "COMPLETED", {"loss": 0.5}, {"loss": 0.5}),
+        ({"lr": "2"}, "COMPLETED", {"loss": 2.0}, {"loss": 2.0})]
+    again = run_cli("sweep", "api-sweep", "--rerun", "failed", "--local", cwd=tmp_path)
+    assert again.returncode == 2 and "submitted by clusterddp.map_array" in again.stderr
 
 
 @pytest.mark.slurm
