@@ -54,18 +54,10 @@ def sweep_group() -> None:
 
 
 def _sweep_file(path: str) -> Any:
-    import tomllib
-
+    from .config import _read_toml
     from .sweep import parse_file
 
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except OSError as exc:
-        raise SpecError(f"cannot read --sweep-file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"--sweep-file {path} is not valid TOML: {exc}") from None
-    return parse_file(data, path)
+    return parse_file(_read_toml(Path(path)), path)
 
 
 @sweep_group.command("run", epilog=EXAMPLES)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from . import attempts, contract
+from . import attempts, contract, slurm
 from .clusters import Cluster
 from .errors import SpecError
 from .spec import JobSpec
@@ -49,7 +49,8 @@ def run(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cluster: Clust
              f"{len(todo)}")
     if local:
         return _run_local(p, record, todo, skipped, note, echo, cwd)
-    check_array_size(todo, count(axes))
+    with slurm.on(cluster):
+        check_array_size(todo, count(axes))
     job_id = submit(p, cluster, todo, record, max_parallel, template_dirs, check, note, cwd)
     return Outcome(p.name, job_id, todo, skipped)
 
@@ -77,7 +78,7 @@ def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_paral
                         "sweep again from the code you want instead")
     code = codes.pop()
     cwd = Path.cwd()
-    if record.cluster in (LOCAL, "here") and record.submitted_from and record.submitted_from != str(cwd):
+    if record.submitted_from and record.submitted_from != str(cwd):
         raise SpecError(f"sweep {name} was submitted from {record.submitted_from}: rerun it from there (its trials' "
                         "relative paths are relative to that directory)")
     snap = Path(record.sweep_dir) / "code" / code

@@ -218,6 +218,8 @@ def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord
                         sweep=SweepJob(p.name, tuple(todo)))
     with slurm.on(cluster):
         rec = backends.get(cluster).submit(spec, template_dirs, check=check, note=note)
+    if cluster.remote:  # where the outputs went there (under the project's copy): absolute from now on
+        record.sweep_dir = os.path.dirname(rec.run_dir)
     for t in todo:
         record.trials[t.key] = {"index": t.index, "params": [list(kv) for kv in t.params], "code": p.code}
     record.submissions.append({"job_id": rec.job_id, "time": int(time.time()),
@@ -234,8 +236,8 @@ def new_record(p: Plan, cluster: Cluster, local: bool) -> SweepRecord:
     except SpecError:
         return SweepRecord(p.name, where, sweep_dir_for(p.spec, p.name, cluster.remote and not local),
                            spec_fields(p.spec), submitted_from=str(Path.cwd()))
-    if old.sweep_dir != sweep_dir_for(p.spec, p.name, cluster.remote and not local):
-        raise SpecError(f"sweep {p.name!r} already runs in {old.sweep_dir}; this submission would put it in "
-                        f"{sweep_dir_for(p.spec, p.name, cluster.remote and not local)}: give the same "
-                        "--output-dir, or another --name")
+    if old.spec.get("output_dir") != p.spec.output_dir or old.submitted_from != str(Path.cwd()):
+        raise SpecError(f"sweep {p.name!r} was submitted from {old.submitted_from} with --output-dir "
+                        f"{old.spec.get('output_dir')}: submit it from there with the same --output-dir, or give "
+                        "this one another --name")
     return old

@@ -126,6 +126,10 @@ def test_report_writes_on_rank_0_only(tmp_path, monkeypatch):
     assert report(step=2, loss=float("nan")) is True
     lines = [json.loads(ln) for ln in (tmp_path / contract.METRICS_FILE).read_text().splitlines()]
     assert [ln["metrics"] for ln in lines] == [{"acc": 1.0, "loss": 2.0}, {"loss": "nan"}]
+    import torch
+
+    assert report(step=3, loss=torch.tensor(1.5)) is True
+    assert json.loads((tmp_path / contract.METRICS_FILE).read_text().splitlines()[-1])["metrics"] == {"loss": 1.5}
     for bad in ({"loss": "x"}, {"loss": None}, {}):
         with pytest.raises(Exception, match="runtime.report"):
             report(step=3, **bad)
@@ -149,6 +153,10 @@ def test_code_identity_follows_the_files(tmp_path, monkeypatch):
     assert code_hash(tmp_path, names) != before
     p = plan(spec, sweep.parse_grids(["lr=1,2"]), None, tmp_path)
     assert p.name == "train" and len(p.trials) == 2
+    with open(tmp_path / "weights.bin", "wb") as fh:  # not ignored: code, and too much of it (sparse: no disk)
+        fh.truncate(257 << 20)
+    with pytest.raises(SpecError, match="more than 256 MiB of files that are not ignored"):
+        plan(spec, sweep.parse_grids(["lr=1,2"]), None, tmp_path)
 
 
 @pytest.fixture
@@ -169,7 +177,7 @@ def project(tmp_path, monkeypatch):
     (["--grid", "lr=1", "--name", "../x", "trial.py"], "invalid sweep name"),
     (["--grid", "lr=1", "--array", "0-3", "trial.py"], "--array and a sweep"),
     (["--grid", "lr=1", "--max-parallel", "0", "trial.py"], "--max-parallel must be at least 1"),
-    (["--sweep-file", "nope.toml", "trial.py"], "cannot read --sweep-file nope.toml"),
+    (["--sweep-file", "nope.toml", "trial.py"], "cannot read nope.toml"),
     (["nosuch", "--rerun", "failed"], "no sweep named 'nosuch'"),
 ])
 def test_bad_input_is_one_line_and_submits_nothing(project, extra, message):
@@ -208,11 +216,17 @@ def test_a_local_sweep_reruns_only_the_failed_trial(project):
     status = run_cli("sweep", "status", "trial", "--local", "--json", cwd=project)
     rows = json.loads(status.stdout)
     assert [r["state"] for r in rows] == ["COMPLETED"] * 3 + ["FAILED"]
+    csv_rows = run_cli("sweep", "status", "trial", "--local", "--csv", cwd=project).stdout.splitlines()
+    assert csv_rows[0] == "trial,lr,seed,state,acc_last,acc_best,loss_last,loss_best,elapsed,job"
+    assert csv_rows[4].startswith("3,0.5,1,FAILED,,,,,") and len(csv_rows) == 5
     assert rows[0]["params"] == {"lr": "0.1", "seed": "0"}
     assert rows[0]["last"]["loss"] == pytest.approx(0.1 + 0.5)  # step 2: lr * 1 + seed + mean rank (0.5)
     assert rows[0]["best"]["acc"] == rows[0]["last"]["acc"]
     seen = json.loads((Path(rows[1]["run_dir"]) / "seen.json").read_text())
     assert seen["argv"][:4] == ["--lr", "0.1", "--seed", "1"] and seen["params"]["CLUSTERDDP_PARAM_SEED"] == "1"
+    assert seen["trial"] == "1" and seen["cwd"] == str(project)
+    elsewhere = run_cli("sweep", "trial", "--rerun", "failed", "--local", cwd=project.parent)
+    assert elsewhere.returncode == 2 and f"was submitted from {project}: rerun it from there" in elsewhere.stderr
     (project / "trial.py").write_text((project / "trial.py").read_text().replace('"original"', '"edited"'))
     again = run_cli("sweep", "trial", "--rerun", "failed", "--local", cwd=project)
     assert again.returncode == 1 and again.stderr.count("(1 of 1)") == 1 and "trial 3 (1 of 1)" in again.stderr

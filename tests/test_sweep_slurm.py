@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -66,6 +67,7 @@ def test_a_sweep_is_one_array_with_a_results_table_and_reruns_only_what_failed(p
     for r in rows:
         seen = json.loads((Path(r["run_dir"]) / "seen.json").read_text())
         assert seen["array_job"] == array and seen["version"] == "original", r
+        assert seen["trial"] == str(r["trial"]) and seen["cwd"] == str(project)  # run where submitted from
         assert seen["argv"][:4] == ["--lr", r["params"]["lr"], "--seed", r["params"]["seed"]]
         params = {"CLUSTERDDP_PARAM_LR": r["params"]["lr"], "CLUSTERDDP_PARAM_SEED": r["params"]["seed"]}
         assert seen["params"] == params
@@ -96,6 +98,31 @@ def test_a_sweep_is_one_array_with_a_results_table_and_reruns_only_what_failed(p
     assert same.returncode == 0 and same.stdout == "", same.stderr
     assert "nothing to submit: all 12 trial(s) of sweep acc" in same.stderr
     assert status(project) == rows2
+
+
+def test_trials_cancelled_before_they_ran_are_missing_and_rerun(project):
+    held = ["--sbatch-arg=--hold", "--name", "held", "--grid", "lr=0.1,0.2", "--grid", "seed=0", *SHAPE, *ARGS]
+    sub = run_cli("sweep", *held, cwd=project)
+    assert sub.returncode == 0, sub.stderr
+    array = sub.stdout.split()[0]
+    rows = json.loads(run_cli("sweep", "status", "held", "--json", cwd=project).stdout)
+    assert [r["state"] for r in rows] == ["PENDING", "PENDING"]
+    subprocess.run(["scancel", array], check=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rows = json.loads(run_cli("sweep", "status", "held", "--json", cwd=project).stdout)
+        if [r["state"] for r in rows] == ["MISSING", "MISSING"]:
+            break
+        time.sleep(1)
+    assert [r["state"] for r in rows] == ["MISSING", "MISSING"]
+    none = run_cli("sweep", "held", "--rerun", "failed", cwd=project)
+    assert none.returncode == 0 and "nothing to rerun: no trial of sweep held is failed" in none.stderr
+    again = run_cli("sweep", "held", "--rerun", "missing", cwd=project)
+    assert again.returncode == 0 and "2 trial(s) submitted as array job" in again.stderr, again.stderr
+    second = again.stdout.split()[0]
+    rows = json.loads(run_cli("sweep", "status", "held", "--json", cwd=project).stdout)
+    assert [(r["state"], r["job"]) for r in rows] == [("PENDING", f"{second}_0"), ("PENDING", f"{second}_1")]
+    subprocess.run(["scancel", second], check=True)
 
 
 def test_more_trials_than_max_array_size_are_refused(project):

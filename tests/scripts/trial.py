@@ -20,7 +20,7 @@ env = runtime.init()
 if runtime.is_main():
     seen = {"argv": sys.argv[1:], "params": {k: v for k, v in os.environ.items() if k.startswith("CLUSTERDDP_PARAM_")},
             "trial": os.environ.get("CLUSTERDDP_TRIAL"), "array_job": os.environ.get("SLURM_ARRAY_JOB_ID"),
-            "version": "original"}
+            "cwd": os.getcwd(), "version": "original"}
     with open(os.path.join(os.environ["CLUSTERDDP_RUN_DIR"], "seen.json"), "w") as fh:
         json.dump(seen, fh)
 if a.fail_when == f"{a.lr},{a.seed}":
