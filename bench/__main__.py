@@ -369,6 +369,16 @@ def item14_drill(rows: List[Row], work: Path) -> None:
     rows.extend(drill(work))
 
 
+def item15_sweep_calls(rows: List[Row], work: Path) -> None:
+    if not (shutil.which("sbatch") and CLUSTER_CONF.exists()):
+        rows.append(("15", "a sweep's Slurm commands", "skipped: no test cluster (sudo tests/slurm/cluster.sh up)", ""))
+        return
+    from .sweep_calls import rows as calls
+
+    os.environ["SLURM_CONF"] = str(CLUSTER_CONF)
+    rows.extend(calls(work))
+
+
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
                  "skipped: no GPU on this machine", ""))
@@ -392,7 +402,7 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     which = set(args.only.split(","))
@@ -409,7 +419,8 @@ def main() -> int:
                  ("5", lambda: item5_cluster(rows, work)), ("8", lambda: item8_gpu(rows)),
                  ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work)),
                  ("11", lambda: item11_ssh(rows, work)), ("12", lambda: item12_checkpoints(rows, work)),
-                 ("13", lambda: item13_self_healing(rows, work)), ("14", lambda: item14_drill(rows, work))]
+                 ("13", lambda: item13_self_healing(rows, work)), ("14", lambda: item14_drill(rows, work)),
+                 ("15", lambda: item15_sweep_calls(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:

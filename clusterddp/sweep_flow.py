@@ -3,6 +3,10 @@ result yet (as one job array, or one after another here with --local), and rerun
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +17,7 @@ from .clusters import Cluster
 from .errors import SpecError
 from .spec import JobSpec
 from .sweep import Axis, SweepJob, Trial, count
-from .sweep_run import LOCAL, Note, Plan, SweepRecord, check_array_size, new_record, plan, snapshot, submit
+from .sweep_run import LOCAL, Note, Plan, SweepRecord, check_array_size, new_record, plan, snapshot, spec_fields, submit
 from .sweep_status import states
 
 RERUN_CHOICES = ("failed", "missing")
@@ -48,7 +52,7 @@ def run(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cluster: Clust
         note(f"{skipped} of {len(p.trials)} trial(s) already have a result or are queued: submitting the other "
              f"{len(todo)}")
     if local:
-        return _run_local(p, record, todo, skipped, note, echo, cwd)
+        return _run_local(p, record, todo, skipped, note, echo, cwd, max_parallel or 1)
     with slurm.on(cluster):
         check_array_size(todo, count(axes))
     job_id = submit(p, cluster, todo, record, max_parallel, template_dirs, check, note, cwd)
@@ -89,7 +93,7 @@ def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_paral
         names = [str(f.relative_to(snap)) for f in snap.rglob("*") if f.is_file() or f.is_symlink()]
         p = Plan(name, spec, tuple(todo), code, tuple(names))
         if record.cluster == LOCAL:
-            return _run_local(p, record, todo, 0, note, echo, snap)
+            return _run_local(p, record, todo, 0, note, echo, snap, max_parallel or 1)
         return Outcome(name, submit(p, _cluster(record), todo, record, max_parallel, template_dirs, check, note,
                                     snap), todo, 0)
     from .sweep_run import code_files, code_hash
@@ -110,9 +114,11 @@ def _cluster(record: SweepRecord) -> Cluster:
 
 
 def _run_local(p: Plan, record: SweepRecord, todo: Sequence[Trial], skipped: int, note: Note, echo: Note,
-               cwd: Path) -> Outcome:
-    """The trials one after another on this machine (each a full local DDP job), from the code's snapshot."""
-    from .local import submit_local
+               cwd: Path, parallel: int = 1) -> Outcome:
+    """The trials on this machine from the code's snapshot, each a full local DDP job: one after another (their
+    output here), or ``parallel`` at once, each in a process of its own with its share of the CPUs and GPUs and
+    its output in SWEEP_DIR/logs/trial-N.log."""
+    from .local import cpu_count, visible_gpus
 
     code_dir = snapshot(cwd, p.names, Path(record.sweep_dir) / "code" / p.code)
     spec = p.spec if p.spec.module else p.spec.replace(script=str(code_dir / p.spec.script))
@@ -120,25 +126,75 @@ def _run_local(p: Plan, record: SweepRecord, todo: Sequence[Trial], skipped: int
         record.trials[t.key] = {"index": t.index, "params": [list(kv) for kv in t.params], "code": p.code}
     record.submissions.append({"job_id": "local", "time": int(time.time()), "tasks": {}})
     record.save()
-    failed = 0
-    for n, t in enumerate(todo, 1):
-        shown = " ".join(f"{k}={v}" for k, v in t.params)
-        note(f"clusterddp sweep {p.name}: trial {t.index} ({n} of {len(todo)}): {shown}")
-        trial_spec = spec.replace(output_dir=record.sweep_dir, args=tuple(t.args(spec.args)),
-                                  sweep=SweepJob(p.name, (t,)))
-        start = int(time.time())
-        made: List[Path] = []
-
-        def prepare(run_dir: str, t: Trial = t, made: List[Path] = made) -> None:
-            made.append(_trial_file(Path(run_dir), p.name, t))
-
-        code = submit_local(trial_spec, quiet=True, echo=echo, note=note, prepare=prepare)
-        if made:
-            ended(made[0], code, start)
-        failed += code != 0
-        note(f"clusterddp sweep {p.name}: trial {t.index} {'COMPLETED' if code == 0 else f'FAILED (exit {code})'} "
-             f"in {int(time.time()) - start} s")
+    parallel = max(1, min(parallel, len(todo)))
+    if parallel > 1 and spec.cpus_per_task is None:  # the machine's CPUs shared, not each trial's alone
+        spec = spec.replace(cpus_per_task=max(1, cpu_count() // (spec.world_size * parallel)))
+    gpus = visible_gpus() if spec.gpus_per_node else []
+    share = len(gpus) // parallel
+    slots = list(range(parallel))
+    running: List[tuple] = []
+    failed, queue, started = 0, list(enumerate(todo, 1)), time.monotonic()
+    logs = Path(record.sweep_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        while queue or running:
+            while queue and slots:
+                (n, t), slot = queue.pop(0), slots.pop(0)
+                shown = " ".join(f"{k}={v}" for k, v in t.params)
+                trial_spec = spec.replace(output_dir=record.sweep_dir, args=tuple(t.args(spec.args)))
+                env = dict(os.environ)
+                if spec.gpus_per_node and parallel > 1:  # a slice of the GPUs per slot (too few: CPU)
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[slot * share:(slot + 1) * share])
+                log = logs / f"trial-{t.index}.log"
+                note(f"clusterddp sweep {p.name}: trial {t.index} ({n} of {len(todo)}): {shown}" +
+                     (f" (output: {log})" if parallel > 1 else ""))
+                out = open(log, "ab") if parallel > 1 else None
+                proc = subprocess.Popen([sys.executable, "-c", "from clusterddp.sweep_flow import _child; _child()"],
+                                        env=env, stdin=subprocess.PIPE, stdout=out, stderr=out,
+                                        start_new_session=parallel > 1)
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps({"fields": spec_fields(trial_spec), "sweep": p.name, "index": t.index,
+                                             "params": t.params, "key": t.key}).encode())
+                proc.stdin.close()
+                running.append((proc, t, slot, time.monotonic(), out))
+            time.sleep(0.2)
+            for item in [r for r in running if r[0].poll() is not None]:
+                proc, t, slot, began, out = item
+                running.remove(item)
+                slots.append(slot)
+                if out:
+                    out.close()
+                failed += proc.returncode != 0
+                verdict = "COMPLETED" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+                note(f"clusterddp sweep {p.name}: trial {t.index} {verdict} in {time.monotonic() - began:.0f} s")
+    except KeyboardInterrupt:
+        for proc, *_ in running:  # each trial stops its ranks on SIGINT, as a local run does on Ctrl-C
+            proc.send_signal(signal.SIGINT)
+        for proc, *_ in running:
+            proc.wait()
+        raise
+    note(f"clusterddp sweep {p.name}: {len(todo)} trial(s) in {time.monotonic() - started:.0f} s, {failed} failed")
     return Outcome(p.name, "local", list(todo), skipped, 1 if failed else 0)
+
+
+def _child() -> None:
+    """One local trial, in a process of its own (its spec and trial as JSON on stdin)."""
+    from .local import submit_local
+
+    data = json.load(sys.stdin)
+    t = Trial(int(data["index"]), tuple((str(k), str(v)) for k, v in data["params"]), str(data["key"]))
+    name = str(data["sweep"])
+    spec = JobSpec(**data["fields"]).replace(sweep=SweepJob(name, (t,)))
+    start, made = int(time.time()), []
+
+    def prepare(run_dir: str) -> None:
+        made.append(_trial_file(Path(run_dir), name, t))
+
+    code = submit_local(spec, quiet=True, note=lambda line: print(line, file=sys.stderr, flush=True),
+                        prepare=prepare)
+    if made:
+        ended(made[0], code, start)
+    sys.exit(code)
 
 
 def _trial_file(run_dir: Path, sweep: str, t: Trial) -> Path:

@@ -241,3 +241,21 @@ def test_a_local_sweep_reruns_only_the_failed_trial(project):
     head = table.stdout.splitlines()[1].split()
     assert head[:4] == ["trial", "lr", "seed", "state"] and "loss" in head
     assert [ln.split()[0] for ln in table.stdout.splitlines()[2:6]] == ["0", "2", "1", "3"]  # by loss, failed last
+
+
+@pytest.mark.ranks
+def test_local_trials_run_side_by_side_with_max_parallel(project):
+    """--local --max-parallel 2: two trials at once, each in a process of its own with its output in a log."""
+    from clusterddp import attempts
+
+    proc = run_cli("sweep", "--local", "--max-parallel", "2", "--grid", "lr=0.1,0.2", "--grid", "seed=0", "--gpus", "0",
+                   "--procs-per-node", "2", "--launcher", "srun", "trial.py", "--", "--lr", "{lr}", "--seed",
+                   "{seed}", "--sleep", "1", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(run_cli("sweep", "status", "trial", "--local", "--json", cwd=project).stdout)
+    assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"]
+    (a,), (b,) = (attempts.read(Path(r["run_dir"])) for r in rows)
+    assert a.start < b.end and b.start < a.end  # they overlapped
+    for i in (0, 1):  # each trial's output in its own log, and a share of the CPUs (2 cores / 4 ranks: 1 each)
+        log = (project / "clusterddp-runs" / "sweep-trial" / "logs" / f"trial-{i}.log").read_text()
+        assert "running 2 ranks on CPU with gloo, 1 thread(s) per rank" in log, log
