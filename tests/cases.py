@@ -8,6 +8,10 @@ import subprocess
 from pathlib import Path
 
 from clusterddp import JobSpec
+from clusterddp.sweep import SweepJob, parse_grids, trials
+
+# A sweep's array (values a shell would misread among them), its keys from a fixed stand-in for the code's hash.
+_SWEEP = SweepJob("lr-search", tuple(trials(parse_grids(["lr=0.1,1e-3", "tag=it's,$(id) x"]), {"code": "0" * 16})))
 
 HERE = Path(__file__).parent
 STANDINS = HERE / "standins"
@@ -33,6 +37,8 @@ CASES = {
                      array="0-3%2", after=("1234",)),
     "apptainer_srun": JobSpec("train.py", nodes=2, gpus_per_node=2, launcher="srun", apptainer="/images/my torch.sif"),
     "spares": JobSpec("train.py", nodes=2, spare_nodes=1, retries=3, gpus_per_node=2, launcher="srun", time="4:00:00"),
+    "sweep": JobSpec("train.py", args=("--lr", "{lr}", "--name=run-{tag}-{lr}"), nodes=2, gpus_per_node=4,
+                     output_dir="clusterddp-runs/sweep-lr-search", sweep=_SWEEP, array=_SWEEP.array(2)),
     "hostile": JobSpec("my script.py", args=HOSTILE_ARGS, nodes=2, gpus_per_node=2,
                        job_name='x" --partition=evil # \\ $(id) `id` ;', output_dir="runs dir/100%",
                        partition="a b", env=(("WEIRD", "$(id) `id` 'q' \"dq\" \\ \n end"),),

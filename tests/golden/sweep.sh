@@ -1,0 +1,283 @@
+#!/bin/bash
+#SBATCH --ignore-pbs
+#SBATCH --job-name=train
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --array=0-3%2
+#SBATCH --output=clusterddp-runs/sweep-lr-search/train-%j.out
+#
+# Rendered by clusterddp <version>: 2 node(s) x 4 rank(s) per node = world size 8
+# launcher: torchrun, backend: nccl. Regenerate rather than edit: clusterddp render --help
+# retries after a node fault: 2; each attempt runs on 2 node(s) of the allocation; 0 spare(s)
+set -euo pipefail
+
+# Set here, not inherited: a stop file from the submitting shell would stop these ranks.
+unset CLUSTERDDP_STOP_FILE
+export PYTHONUNBUFFERED=1
+export CLUSTERDDP_LAUNCHER=torchrun
+export CLUSTERDDP_NNODES=2
+export CLUSTERDDP_GPUS_PER_NODE=4
+export CLUSTERDDP_PROCS_PER_NODE=4
+export CLUSTERDDP_WORLD_SIZE=8
+export CLUSTERDDP_HANG_TIMEOUT=900
+export OMP_NUM_THREADS=1
+# A sweep's trial per array task: its parameters as CLUSTERDDP_PARAM_<NAME> and filled into the script's
+# arguments, byte for byte (`clusterddp sweep status` reads trial.json in the run directory).
+case "${SLURM_ARRAY_TASK_ID:-}" in
+    0) export CLUSTERDDP_TRIAL=0 CLUSTERDDP_PARAM_LR=0.1 CLUSTERDDP_PARAM_TAG='it'"'"'s'
+        CLUSTERDDP_ARGS=(--lr 0.1 '--name=run-it'"'"'s-0.1')
+        CLUSTERDDP_TRIAL_JSON='{"index": 0, "key": "03d3217445f49e5c", "params": {"lr": "0.1", "tag": "it'"'"'s"}, "sweep": "lr-search"}' ;;
+    1) export CLUSTERDDP_TRIAL=1 CLUSTERDDP_PARAM_LR=0.1 CLUSTERDDP_PARAM_TAG='$(id) x'
+        CLUSTERDDP_ARGS=(--lr 0.1 '--name=run-$(id) x-0.1')
+        CLUSTERDDP_TRIAL_JSON='{"index": 1, "key": "87cd077746c6fd1b", "params": {"lr": "0.1", "tag": "$(id) x"}, "sweep": "lr-search"}' ;;
+    2) export CLUSTERDDP_TRIAL=2 CLUSTERDDP_PARAM_LR=1e-3 CLUSTERDDP_PARAM_TAG='it'"'"'s'
+        CLUSTERDDP_ARGS=(--lr 1e-3 '--name=run-it'"'"'s-1e-3')
+        CLUSTERDDP_TRIAL_JSON='{"index": 2, "key": "e75bfa69758fbd20", "params": {"lr": "1e-3", "tag": "it'"'"'s"}, "sweep": "lr-search"}' ;;
+    3) export CLUSTERDDP_TRIAL=3 CLUSTERDDP_PARAM_LR=1e-3 CLUSTERDDP_PARAM_TAG='$(id) x'
+        CLUSTERDDP_ARGS=(--lr 1e-3 '--name=run-$(id) x-1e-3')
+        CLUSTERDDP_TRIAL_JSON='{"index": 3, "key": "a1e7d690e8f9fb12", "params": {"lr": "1e-3", "tag": "$(id) x"}, "sweep": "lr-search"}' ;;
+    *) echo "clusterddp: array task ${SLURM_ARRAY_TASK_ID:-(none)} is not a trial of this sweep" >&2
+        exit 1 ;;
+esac
+
+# Slurm's variables are data: bash evaluates a variable's text as arithmetic inside $(( )) and [ -ge ], so
+# anything but digits could run code there, and a '/' would move the run directory. Check before use.
+case "${SLURM_JOB_ID:-}" in
+    ''|*[!0-9]*) echo "clusterddp: SLURM_JOB_ID='${SLURM_JOB_ID:-}' is not a job id; submit this script with sbatch" >&2; exit 1 ;;
+esac
+export CLUSTERDDP_RESTARTS="${SLURM_RESTART_COUNT:-0}"
+# The hang watchdog's progress counter lives in the rendezvous store under this secret name, so that a process
+# that can reach MASTER_PORT (anyone on the network) can neither keep a hung job alive nor switch the watchdog off.
+export CLUSTERDDP_WATCH_KEY="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
+case "$CLUSTERDDP_RESTARTS" in
+    ''|*[!0-9]*) echo "clusterddp: SLURM_RESTART_COUNT='$CLUSTERDDP_RESTARTS' is not a number" >&2; exit 1 ;;
+esac
+
+# MASTER_ADDR: the first host of the allocation. scontrol prints "Invalid hostlist" and still exits 0,
+# so an empty answer must stop the job here instead of falling back to localhost.
+if ! CLUSTERDDP_HOSTS="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"; then
+    echo "clusterddp: 'scontrol show hostnames' failed for SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST" >&2
+    exit 1
+fi
+MASTER_ADDR="${CLUSTERDDP_HOSTS%%$'\n'*}"
+if [ -z "$MASTER_ADDR" ]; then
+    echo "clusterddp: no host found in SLURM_JOB_NODELIST=$SLURM_JOB_NODELIST; refusing to guess MASTER_ADDR" >&2
+    exit 1
+fi
+export MASTER_ADDR
+
+# MASTER_PORT: from the job id, outside Linux's ephemeral range (32768-60999), so that jobs with
+# nearby ids never collide; checked free below, with a fallback that every node then uses.
+MASTER_PORT=$(( 20000 + 10#$SLURM_JOB_ID % 10000 ))
+CLUSTERDDP_PORT_MODE=fallback
+# The port check, also run on another node when a retry's rendezvous moves there (base.sh.j2).
+CLUSTERDDP_PORT_PY='
+import socket, sys
+port, mode, base, span = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+candidates = [port] if mode == "strict" else [base + (port - base + i) % span for i in range(span)]
+for p in candidates:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    sys.exit(0)
+sys.exit("clusterddp: MASTER_PORT %d is already in use on %s; choose another --master-port" % (port, socket.gethostname()))
+'
+# This batch shell runs on the first node, where the rendezvous will listen.
+CLUSTERDDP_HEAD="$MASTER_ADDR"
+MASTER_PORT="$(python3 -c "$CLUSTERDDP_PORT_PY" "$MASTER_PORT" "$CLUSTERDDP_PORT_MODE" 20000 10000)"
+export MASTER_PORT
+
+RUN_DIR=clusterddp-runs/sweep-lr-search/train-"$SLURM_JOB_ID"
+mkdir -p -- "$RUN_DIR"
+# The run directory is the job's own: not a link, this user's, writable by nobody else. (In a directory others can
+# write, the ranks would write through links planted there and read planted reports back.)
+if [ -L "$RUN_DIR" ] || [ "$(stat -c %u -- "$RUN_DIR")" != "$(id -u)" ] || [ -n "$(find "$RUN_DIR" -maxdepth 0 -perm /022)" ]; then
+    echo "clusterddp: the run directory $RUN_DIR is not this job's own (a link, another user's, or writable by group or others): refusing to use it" >&2
+    exit 1
+fi
+export CLUSTERDDP_RUN_DIR="$RUN_DIR"
+printf '%s\n' "$CLUSTERDDP_TRIAL_JSON" >"$RUN_DIR/trial.json"
+# NCCL: PyTorch's flight recorder keeps every rank's last collectives and writes them here when one times out
+# (or the hang watchdog ends the job); a failed collective aborts the job instead of hanging it.
+# (--no-flight-recorder leaves these out; a value given with -e is kept.)
+export TORCH_NCCL_TRACE_BUFFER_SIZE=2000
+export TORCH_NCCL_DUMP_ON_TIMEOUT=1
+export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$RUN_DIR/nccl-trace/rank_"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=3
+mkdir -p -- "$RUN_DIR/nccl-trace"
+# (srun reads % in --output as a file-name pattern: the directory part is escaped where it is used.)
+echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 8 (2 x 4), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
+
+# Attempts. After a node fault (clusterddp.faults tells one from a program fault: a rank killed with no traceback
+# of its own, a lost node, a hang, ranks that never arrived) the job step runs again from the last checkpoint on
+# 2 node(s) of the allocation without the node(s) at fault: at most 2 time(s) in all (--retries),
+# on a spare while one is left (--spare-nodes 0), else the job requeues itself with those nodes excluded.
+# A Python exception is never retried: it would fail again anywhere.
+CLUSTERDDP_ATTEMPT=0
+CLUSTERDDP_SIGNAL="${CLUSTERDDP_SIGNAL:-}"
+CLUSTERDDP_BAD=" "
+CLUSTERDDP_STEP_NODES=""
+clusterddp_choose() {
+    # The first 2 node(s) of the allocation not at fault (host names are data: read, never globbed).
+    local host n=0
+    CLUSTERDDP_STEP_NODES=""
+    while IFS= read -r host; do
+        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
+        CLUSTERDDP_STEP_NODES="${CLUSTERDDP_STEP_NODES:+$CLUSTERDDP_STEP_NODES,}$host"
+        n=$((n + 1))
+        [ "$n" -lt 2 ] || return 0
+    done <<<"$CLUSTERDDP_HOSTS"
+    return 1
+}
+clusterddp_record() {
+    # One line per attempt in $RUN_DIR/attempts.tsv (clusterddp status JOBID shows them): exit, fault, nodes at
+    # fault, why, what came next.
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$CLUSTERDDP_RESTARTS" "$CLUSTERDDP_ATTEMPT" "$CLUSTERDDP_START" \
+        "$(date +%s)" "$CLUSTERDDP_RAN_ON" "$1" "$2" "$3" "$4" "$5" >>"$RUN_DIR/attempts.tsv"
+}
+clusterddp_gate() {
+    # The health gate: one task on every node of the allocation not at fault; a node whose check fails, or that
+    # says nothing within 120 s, gets no rank in this attempt (its output: the gate's directory).
+    local host candidates="" n=0 dir="$RUN_DIR/health/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT"
+    while IFS= read -r host; do
+        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
+        candidates="${candidates:+$candidates,}$host"
+        n=$((n + 1))
+    done <<<"$CLUSTERDDP_HOSTS"
+    [ "$n" -gt 0 ] || return 0
+    mkdir -p -- "$dir"
+    timeout 120 srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --nodelist="$candidates" --kill-on-bad-exit=0 \
+        --output="${dir//%/%%}/%N.out" \
+        bash --norc -c 'node="${SLURMD_NODENAME:-$(hostname -s)}"
+touch -- "$1/$node.probe" && rm -f -- "$1/$node.probe" || { echo "the run directory is not writable from $node"; exit 1; }
+if [ "$CLUSTERDDP_GPUS_PER_NODE" -gt 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
+    seen="$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)"
+    [ "$seen" -ge "$CLUSTERDDP_GPUS_PER_NODE" ] || { echo "$seen of $CLUSTERDDP_GPUS_PER_NODE GPUs visible (nvidia-smi -L)"; exit 1; }
+fi
+if [ -n "$2" ]; then
+    bash --norc -c "$2" || { echo "--health-check exited with $?"; exit 1; }
+fi
+touch -- "$1/$node.ok"' clusterddp-health "$dir" '' >/dev/null 2>&1 || true
+    while IFS= read -r host; do
+        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
+        [ ! -f "$dir/$host.ok" ] || continue
+        echo "clusterddp: health gate: $host gets no rank: $(tail -n 2 -- "$dir/$host.out" 2>/dev/null | tr '\n' ' ' | cut -c1-300)" >&2
+        CLUSTERDDP_BAD="$CLUSTERDDP_BAD$host "
+    done <<<"$CLUSTERDDP_HOSTS"
+}
+clusterddp_retry() {
+    # After a failed attempt: 0 = run again here; else requeue (does not return) or 1 = the job ends.
+    local used fault kind nodes why to f
+    used="$(awk -F'\t' '$7 == "infrastructure" && ($10 == "retry" || $10 == "requeue") { n++ } END { print n + 0 }' \
+        "$RUN_DIR/attempts.tsv" 2>/dev/null || echo 0)"
+    fault="$(python3 -m clusterddp.faults "$RUN_DIR" "$CLUSTERDDP_STEP_ERR" "$CLUSTERDDP_STEP_NODES" 2>/dev/null)" ||
+        fault="$(printf 'unknown\n\nno fault report (clusterddp.faults failed with %s where the batch script runs)' python3)"
+    { IFS= read -r kind; IFS= read -r nodes; IFS= read -r why; } <<<"$fault" || true
+    echo "clusterddp: attempt $((CLUSTERDDP_ATTEMPT + 1)) failed: fault: $kind${nodes:+ on $nodes}: $why" >&2
+    if [ "$kind" != infrastructure ]; then
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
+        return 1
+    elif [ -z "$nodes" ]; then
+        echo "clusterddp: not retried: the node at fault is not known" >&2
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "" "$why" end
+        return 1
+    elif [ "$used" -ge 2 ]; then
+        echo "clusterddp: not retried: $used of --retries 2 used" >&2
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
+        return 1
+    fi
+    CLUSTERDDP_BAD="$CLUSTERDDP_BAD${nodes//,/ } "
+    # This attempt's logs and reports move aside: the next attempt starts with fresh ones (and the fault report
+    # of the next attempt reads only its own).
+    to="$RUN_DIR/attempts/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT"
+    mkdir -p -- "$to"
+    for f in "$RUN_DIR"/rank-*.out "$RUN_DIR"/node-*.out "$RUN_DIR/stacks"; do
+        [ ! -e "$f" ] || mv -- "$f" "$to/"
+    done
+    echo "clusterddp: the failed attempt's logs and reports: $to/" >&2
+    if [ -z "$CLUSTERDDP_SIGNAL" ] && clusterddp_choose; then
+        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" retry
+        echo "clusterddp: retrying on $CLUSTERDDP_STEP_NODES without $nodes (retry $((used + 1)) of 2), from the last checkpoint" >&2
+        return 0
+    fi
+    echo "clusterddp: not retried: no healthy node is left in this allocation (--spare-nodes adds some) and requeue is off (--time or --requeue turns it on)" >&2
+    clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
+    return 1
+}
+
+while :; do
+    [ "$CLUSTERDDP_ATTEMPT" -eq 0 ] || clusterddp_gate
+    if ! clusterddp_choose; then
+        echo "clusterddp: fewer than 2 healthy node(s) left in this allocation (not:$CLUSTERDDP_BAD)" >&2
+        CLUSTERDDP_STATUS=1
+        break
+    fi
+    if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ]; then
+        # The rendezvous moves with the nodes; a new port (the old one may be held by a lost rank), checked free
+        # on the node where it will listen.
+        MASTER_ADDR="${CLUSTERDDP_STEP_NODES%%,*}"
+        MASTER_PORT=$(( 20000 + (MASTER_PORT - 20000 + 1) % 10000 ))
+        CLUSTERDDP_ON=()
+        [ "$MASTER_ADDR" = "$CLUSTERDDP_HEAD" ] || CLUSTERDDP_ON=(srun --nodes=1 --ntasks=1 --nodelist="$MASTER_ADDR")
+        MASTER_PORT="$("${CLUSTERDDP_ON[@]}" python3 -c "$CLUSTERDDP_PORT_PY" "$MASTER_PORT" "$CLUSTERDDP_PORT_MODE" 20000 10000)"
+    fi
+    [ "$CLUSTERDDP_ATTEMPT" -eq 0 ] || echo "clusterddp: attempt $((CLUSTERDDP_ATTEMPT + 1)) on $CLUSTERDDP_STEP_NODES: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+    CLUSTERDDP_START="$(date +%s)"
+    CLUSTERDDP_RAN_ON="$CLUSTERDDP_STEP_NODES"
+    # srun's own messages of this attempt also go to a file of their own, for its fault report.
+    CLUSTERDDP_STEP_ERR="$RUN_DIR/srun-$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT.err"
+    exec {CLUSTERDDP_ERR_FD}>&2 2> >(tee -a -- "$CLUSTERDDP_STEP_ERR" >&2)
+    CLUSTERDDP_TEE_PID=$!
+# One torchrun agent per node; the agents meet at a c10d rendezvous on MASTER_ADDR:MASTER_PORT.
+srun --nodes=2 --ntasks=2 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+    --output="${RUN_DIR//%/%%}/node-%n.out" \
+    torchrun --nnodes=2 --nproc-per-node=4 \
+    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
+    --tee=3 --log-dir="$RUN_DIR/torchrun" \
+    train.py "${CLUSTERDDP_ARGS[@]}" &
+CLUSTERDDP_SRUN_PID=$!
+    exec 2>&"$CLUSTERDDP_ERR_FD" {CLUSTERDDP_ERR_FD}>&-
+
+    # srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
+    # a trap interrupts `wait`, so wait again while srun is still there.
+    CLUSTERDDP_STATUS=0
+    wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+    while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
+        CLUSTERDDP_STATUS=0
+        wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
+    done
+    for _ in 1 2 3 4 5 6 7 8 9 10; do  # tee has srun's last lines once srun is gone
+        kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    # What the ranks' control thread found (clusterddp.runtime): a hang's roll call, or ranks that never arrived.
+    # Only for a step that failed: the ranks' exit status decides, a file in the run directory only explains it.
+    if [ "$CLUSTERDDP_STATUS" -eq 0 ]; then
+        :
+    elif [ -f "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" ]; then
+        echo "clusterddp: the hang watchdog ended the job: no rank advanced for $CLUSTERDDP_HANG_TIMEOUT s. Roll call:" >&2
+        cat -- "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" >&2
+        echo "clusterddp: every rank's stacks: $RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/" >&2
+        CLUSTERDDP_STATUS=79
+    elif [ -f "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt" ]; then
+        echo "clusterddp: $(cat -- "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt")" >&2
+        CLUSTERDDP_STATUS=78
+    fi
+    if [ "$CLUSTERDDP_STATUS" -eq 0 ] || [ -n "$CLUSTERDDP_SIGNAL" ]; then
+        clusterddp_record "$CLUSTERDDP_STATUS" "" "" "${CLUSTERDDP_SIGNAL:+SIG$CLUSTERDDP_SIGNAL}" end
+        break
+    fi
+    clusterddp_retry || break
+    CLUSTERDDP_ATTEMPT=$((CLUSTERDDP_ATTEMPT + 1))
+done
+if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
+    echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
+fi
+exit "$CLUSTERDDP_STATUS"
