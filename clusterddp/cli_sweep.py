@@ -18,7 +18,7 @@ EXAMPLES = """\b
 Examples:
   clusterddp sweep --grid lr=0.1,0.01,0.001 --grid seed=0,1 --nodes 2 --gpus 4 train.py -- --lr {lr} --seed {seed}
   clusterddp sweep --sweep-file sweep.toml --max-parallel 4 --name lr-search train.py -- --lr {lr}
-  clusterddp sweep --local --grid lr=0.1,0.01 train.py -- --lr {lr}      # one trial after another, here
+  clusterddp sweep --local --max-parallel 2 --grid lr=0.1,0.01 train.py -- --lr {lr}   # here, 2 at once
   clusterddp sweep status lr-search --sort loss
   clusterddp sweep lr-search --rerun failed
 \b

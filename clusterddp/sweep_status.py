@@ -54,8 +54,9 @@ def _queue(record: SweepRecord) -> Dict[str, Tuple[str, str]]:
     ids = {s["job_id"] for s in record.submissions}
     from .clusters import by_name
 
+    # check=True: without the queue, a queued trial would look as if it never ran (and be submitted again).
     with slurm.on(by_name(record.cluster)):
-        proc = slurm.run(["squeue", "--me", "--noheader", "--array", "--format=%i|%T|%M"], check=False)
+        proc = slurm.run(["squeue", "--me", "--noheader", "--array", "--format=%i|%T|%M"])
     out = {}
     for line in (proc.stdout or "").splitlines():
         parts = line.strip().split("|")
@@ -177,6 +178,11 @@ def _value(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.6g}"
 
 
+def param_names(rows: Sequence[TrialState]) -> List[str]:
+    """Every parameter of the sweep's trials, in the order they first appear (a later grid may add some)."""
+    return list(dict.fromkeys(n for r in rows for n, _ in r.params))
+
+
 def metric_names(rows: Sequence[TrialState]) -> List[str]:
     return sorted({m for r in rows for m in r.last})
 
@@ -193,12 +199,12 @@ def ordered(rows: Sequence[TrialState], sort: Optional[str], maximize: Sequence[
 def table(record: SweepRecord, rows: Sequence[TrialState], maximize: Sequence[str] = (),
           minimize: Sequence[str] = ()) -> str:
     """The results table as people read it: one row per trial, columns aligned."""
-    names = [n for n, _ in rows[0].params] if rows else []
+    names = param_names(rows)
     ms = metric_names(rows)
     head = ["trial", *names, "state", *[c for m in ms for c in
                                          (f"{m} last", f"{m} {'max' if maximized(m, maximize, minimize) else 'min'}")],
             "elapsed", "job"]
-    body = [[str(r.index), *[v for _, v in r.params], r.state,
+    body = [[str(r.index), *[dict(r.params).get(n, "-") for n in names], r.state,
              *[c for m in ms for c in (_value(r.last.get(m)), _value(r.best.get(m)))], _clock(r.elapsed), r.job]
             for r in rows]
     cells = [[printable(c).replace("\n", "?")[:40] for c in row] for row in [head, *body]]
@@ -222,12 +228,12 @@ def as_json(rows: Sequence[TrialState]) -> str:
 
 def as_csv(rows: Sequence[TrialState]) -> str:
     buf = io.StringIO()
-    names = [n for n, _ in rows[0].params] if rows else []
+    names = param_names(rows)
     ms = metric_names(rows)
     w = csv.writer(buf)
     w.writerow(["trial", *names, "state", *[c for m in ms for c in (f"{m}_last", f"{m}_best")], "elapsed", "job"])
     for r in rows:
-        w.writerow([r.index, *[v for _, v in r.params], r.state,
+        w.writerow([r.index, *[dict(r.params).get(n, "") for n in names], r.state,
                     *[c for m in ms for c in (r.last.get(m, ""), r.best.get(m, ""))],
                     "" if r.elapsed is None else r.elapsed, r.job])
     return buf.getvalue()

@@ -259,3 +259,23 @@ def test_local_trials_run_side_by_side_with_max_parallel(project):
     for i in (0, 1):  # each trial's output in its own log, and a share of the CPUs (2 cores / 4 ranks: 1 each)
         log = (project / "clusterddp-runs" / "sweep-trial" / "logs" / f"trial-{i}.log").read_text()
         assert "running 2 ranks on CPU with gloo, 1 thread(s) per rank" in log, log
+
+
+def test_status_without_the_queue_is_an_error_not_missing_trials(project, tmp_path):
+    """When squeue cannot answer, queued trials must not look as if they never ran (a resubmission would run them
+    twice): one line, exit 1."""
+    from clusterddp.sweep_run import SweepRecord
+
+    rec = SweepRecord("q", "here", str(project / "clusterddp-runs" / "sweep-q"), {"script": "trial.py"},
+                      trials={"k": {"index": 0, "params": [["lr", "1"]], "code": "c"}},
+                      submissions=[{"job_id": "77", "time": 0, "tasks": {"0": "k"}}], submitted_from=str(project))
+    rec.save()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\n"
+                                    "exit 1\n")
+    (bin_dir / "squeue").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = run_cli("sweep", "status", "q", cwd=project, env=env)
+    assert proc.returncode == 1 and "MISSING" not in proc.stdout, proc.stdout
+    assert "Unable to contact slurm controller" in proc.stderr and "Traceback" not in proc.stderr
