@@ -25,6 +25,11 @@ def jobs() -> Path:
     return base("state") / "jobs"
 
 
+def sweeps() -> Path:
+    """The records of submitted sweeps, one directory per cluster."""
+    return base("state") / "sweeps"
+
+
 def mirror() -> Path:
     """Copies of remote jobs' logs and reports, one directory per cluster."""
     return base("state") / "mirror"

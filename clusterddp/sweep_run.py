@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import dirs, slurm
 from .clusters import Cluster
+from .contract import PLACEHOLDERS
 from .errors import PreflightError, SpecError
 from .quoting import shown
 from .spec import JobSpec
@@ -43,7 +44,7 @@ class SweepRecord:
 
     @staticmethod
     def path(cluster: str, name: str) -> Path:
-        return dirs.base("state") / "sweeps" / cluster / f"{check_sweep_name(name)}.json"
+        return dirs.sweeps() / cluster / f"{check_sweep_name(name)}.json"
 
     def save(self) -> None:
         path = self.path(self.cluster, self.name)
@@ -56,7 +57,7 @@ class SweepRecord:
     def load(cls, name: str, cluster: Optional[str] = None) -> "SweepRecord":
         """The record of sweep ``name`` (of ``cluster``, or of the one cluster that has a sweep of that name)."""
         check_sweep_name(name)
-        root = dirs.base("state") / "sweeps"
+        root = dirs.sweeps()
         places = [cluster] if cluster else sorted(p.name for p in root.iterdir()) if root.is_dir() else []
         found = [c for c in places if cls.path(c, name).is_file()]
         if not found:
@@ -171,16 +172,10 @@ def plan(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cwd: Path) ->
     if spec.launcher == "spawn":
         for t in planned:
             for n, v in t.params:
-                if re.search(r"\{(" + "|".join(map(re.escape, spawn_names())) + r")\}", v):
+                if re.search(r"\{(" + "|".join(map(re.escape, PLACEHOLDERS)) + r")\}", v):
                     raise SpecError(f"value {shown(v)} of {n!r} holds a spawn placeholder, which the spawn launcher "
                                     "would fill in again: choose another value")
     return Plan(name, spec, tuple(planned), code, tuple(names))
-
-
-def spawn_names() -> List[str]:
-    from .contract import PLACEHOLDERS
-
-    return list(PLACEHOLDERS)
 
 
 def max_array_size() -> Optional[int]:
