@@ -22,7 +22,7 @@ PIP = $(PYTHON) -m pip
 # torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-split test-fast lint install install-test cluster-up cluster-down bench gpu-check
+.PHONY: demo test test-serial test-fast lint install install-test cluster-up cluster-down bench gpu-check
 
 ifdef VENV
 $(VENV)/bin/python:
@@ -49,14 +49,14 @@ demo: install
 	@echo "      what the job will be (ranks, environment):          clusterddp explain --nodes 2 --gpus 8 examples/train_ddp.py"
 	@$(if $(VENV),echo "      (clusterddp is installed in $(VENV): . $(VENV)/bin/activate)",true)
 
-# Lint first (seconds), then every test, the real-Slurm ones included.
+# Lint first (seconds), then every test, the real-Slurm ones included: three pytest runs side by side (the tests
+# without a cluster, and one per Slurm release, each release's cluster in a sandbox of its own: tests/run_both.py).
 test: install-test lint
-	$(PYTHON) -m pytest -ra --durations=25
-
-# The same as two pytest runs side by side, the cluster's tests and the rest (tests/run_both.py): 31.5 and 40 min
-# in two runs on the 2-core machine, against 38.5 min for one run: not (yet) a dependable gain there.
-test-split: install-test lint
 	$(PYTHON) tests/run_both.py -ra --durations=25
+
+# Every test in one pytest run, one after the other (the releases' clusters one at a time): slower, one report.
+test-serial: install-test lint
+	$(PYTHON) -m pytest -ra --durations=25
 
 # The edit loop: no cluster tests, none marked slow, none that starts a real job's ranks (make test runs them all).
 test-fast: install-test lint

@@ -1,11 +1,18 @@
-"""``make test``: the whole suite as two pytest runs side by side, one with every test of the Slurm test cluster
-(marker ``slurm``: both releases, one after the other, since their clusters share namespaces, addresses and
-/tmp/clusterddp-cluster), one with the rest. Most cluster tests wait on Slurm while the others keep the CPUs busy,
-so the two overlap well (pytest-xdist's groups would do this, but its loadgroup mode does not group on pytest 9.2).
+"""``make test``: the whole suite as pytest runs side by side: the tests without a cluster, and one run per Slurm
+release with that release's test cluster (marker ``slurm``). The suite mostly waits (on Slurm, on job start-up,
+on watchdogs), so the runs overlap well even on 2 cores.
 
-    python tests/run_both.py [pytest options]      # both runs get the options; exit status: the worse of the two
+    python tests/run_both.py [pytest options]      # every run gets the options; exit status: the worst of them
 
-Each run's output is printed whole when it ends (the first to end first), so the two never interleave.
+Two clusters at once would collide: both are nodes node1-node3 at 10.200.0.x on a bridge cddpbr0 with network
+namespaces cddp-node1..., lines in /etc/hosts and /tmp/clusterddp-cluster. So each release's run has a sandbox of
+its own (Linux, root): a private mount namespace with its own /run/netns (the nodes' namespaces) and its own copy
+of /etc/hosts, in a network namespace of its own (the bridge, the controller's address, the ports and the login
+node's sshd live there), and its own cluster directory (CLUSTERDDP_CLUSTER_DIR). The tests and
+tests/slurm/cluster.sh are unchanged: inside a sandbox the cluster is the usual one, and nothing of it reaches the
+machine or the other runs. Without root (no cluster can start anyway) the runs go unsandboxed.
+
+Each run's output is printed whole when it ends (the first to end first), so the runs never interleave.
 """
 from __future__ import annotations
 
@@ -16,21 +23,63 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = (("the tests without a cluster", "not slurm"), ("the tests on the Slurm test cluster", "slurm"))
+sys.path.insert(0, str(ROOT))
+from tests.conftest import RELEASES  # noqa: E402  (the releases the cluster tests run on)
+
+# The sandbox, as a shell line run by `unshare --mount --net --propagation private` ($1: its directory; the rest:
+# the command). A tmpfs on /run/netns hides the machine's network namespace names (ip netns adds its own there);
+# (Not a private /tmp: the repository or its venv may live under /tmp, as a CI clone might.)
+SANDBOX = r"""set -e
+d="$1"; shift
+ip link set lo up
+mkdir -p /run/netns
+mount -t tmpfs -o size=1m,mode=0755 clusterddp-netns /run/netns
+cp /etc/hosts "$d/hosts"
+mount --bind "$d/hosts" /etc/hosts
+exec "$@"
+"""
+
+
+def sandboxable() -> bool:
+    return sys.platform.startswith("linux") and os.geteuid() == 0
+
+
+def runs(tmp: Path) -> List[Tuple[str, List[str]]]:
+    """(title, argv prefix) per run; each has its own --basetemp (pytest prunes old numbered ones, which might be
+    another run's)."""
+    out = [("the tests without a cluster", [sys.executable, "-m", "pytest", "-m", "not slurm",
+                                            "--basetemp", str(tmp / "base-local")])]
+    for release in RELEASES:
+        pytest = [sys.executable, "-m", "pytest", "-m", "slurm", "--slurm-release", release]
+        title = f"the tests on the Slurm {release} test cluster"
+        if sandboxable():
+            box = tmp / f"sandbox-{release}"
+            box.mkdir()
+            out.append((title, ["env", f"CLUSTERDDP_CLUSTER_DIR={box}/cluster", "unshare", "--mount", "--net",
+                                "--propagation", "private", "sh", "-c", SANDBOX, "clusterddp-sandbox", str(box),
+                                *pytest, "--basetemp", str(box / "base")]))
+        else:
+            out.append((title, [*pytest, "--basetemp", str(tmp / f"base-{release}")]))
+    return out
 
 
 def main(argv: list) -> int:
-    with tempfile.TemporaryDirectory(prefix="clusterddp-tests-") as tmp:
+    # Under /tmp whatever TMPDIR says: the Slurm 24.11 root sees the machine's /tmp (tests/slurm/cluster.sh), and
+    # the tests' jobs there read and write their base temp directories.
+    with tempfile.TemporaryDirectory(prefix="clusterddp-tests-", dir="/tmp") as tmp_name:
+        tmp = Path(tmp_name)
+        tmp.chmod(0o711)  # munged wants every directory above its socket (in a cluster directory here) searchable
         started = time.monotonic()
         procs = []
-        for i, (title, marks) in enumerate(RUNS):
-            log = open(Path(tmp) / f"run-{i}.log", "w+b")
-            # Each run its own base temp directory: pytest prunes old numbered ones, which might be the other's.
-            argv_i = [sys.executable, "-m", "pytest", "-m", marks, "--basetemp", str(Path(tmp) / f"base-{i}"), *argv]
-            print(f"run_both: {title}: {' '.join(argv_i[1:])}", flush=True)
-            procs.append((title, log, subprocess.Popen(argv_i, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)))
+        for i, (title, prefix) in enumerate(runs(tmp)):
+            log = open(tmp / f"run-{i}.log", "w+b")
+            argv_i = [*prefix, *argv]
+            print(f"run_both: {title}: {' '.join(argv_i[argv_i.index('pytest'):])}", flush=True)
+            procs.append((title, log, subprocess.Popen(argv_i, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                                       start_new_session=True)))
         codes = {}
         try:
             while len(codes) < len(procs):
@@ -45,16 +94,16 @@ def main(argv: list) -> int:
                         sys.stdout.flush()
                 time.sleep(1)
         except KeyboardInterrupt:
-            for _, _, proc in procs:  # pytest tears the cluster down on SIGINT
+            for _, _, proc in procs:  # pytest tears its cluster down on SIGINT
                 if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
+                    os.killpg(proc.pid, signal.SIGINT)
             for _, _, proc in procs:
                 proc.wait()
             return 130
         finally:
             for _, log, _ in procs:
                 log.close()
-    # 5: no test selected (every test of one kind deselected by the caller's -k/-m): not a failure of the other.
+    # 5: no test selected (every test of one kind deselected by the caller's -k/-m): not a failure of the others.
     failed = {t: c for t, c in codes.items() if c not in (0, 5)}
     print(f"\nrun_both: {len(procs)} runs in {time.monotonic() - started:.0f} s: "
           + ", ".join(f"{t} exit {c}" for t, c in codes.items()), flush=True)

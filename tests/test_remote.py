@@ -22,7 +22,7 @@ from .conftest import CLUSTER_DIR, CLUSTER_SH, ROOT, SCRIPTS, run_cli
 # SSH, rsync and records are the same on every Slurm release: one test runs on each, the rest on 22.05.
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.slurm_releases("22.05")]
 
-SECOND = {"CLUSTERDDP_CLUSTER_DIR": "/tmp/clusterddp-cluster-second", "CLUSTERDDP_CLUSTER_NAME": "second",
+SECOND = {"CLUSTERDDP_CLUSTER_DIR": f"{CLUSTER_DIR}-second", "CLUSTERDDP_CLUSTER_NAME": "second",
           "CLUSTERDDP_CLUSTER_NODES": "node9", "CLUSTERDDP_CLUSTER_SUBNET": "10.201.0",
           "CLUSTERDDP_CLUSTER_BRIDGE": "cddpbr1", "CLUSTERDDP_CLUSTER_IFPREFIX": "cddq-",
           "CLUSTERDDP_CLUSTER_LOGIN": "", "CLUSTERDDP_CLUSTER_PORT": "16917", "CLUSTERDDP_CLUSTER_TAG": "-second"}
