@@ -71,3 +71,25 @@ def slug(name: str) -> str:
     """A file-name-safe form of a job name: no '/', no '%' pattern, no leading dot."""
     s = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "job"
     return s[:100]
+
+
+#: The longest pause, in seconds, between two looks at a followed job (slurm.wait backs off to it); set it lower
+#: to see states sooner, higher to ask a busy controller less often.
+POLL_MAX = "CLUSTERDDP_POLL_MAX"
+POLL_MAX_DEFAULT, POLL_MAX_RANGE = 5.0, (0.5, 60.0)
+
+
+def poll_max(raw: str) -> Tuple[float, str]:
+    """CLUSTERDDP_POLL_MAX's seconds ('' for the default), and what was wrong with ``raw`` ('' when nothing): a
+    bad value falls back to the default, since it is read only once the job is already submitted."""
+    if not raw.strip():
+        return POLL_MAX_DEFAULT, ""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    low, high = POLL_MAX_RANGE
+    if low <= value <= high:  # (NaN and inf fail)
+        return value, ""
+    return POLL_MAX_DEFAULT, (f"{POLL_MAX}={shown(raw)} is not a number of seconds from {low:g} to {high:g}; "
+                              f"following the job with at most {POLL_MAX_DEFAULT:g} s between looks")

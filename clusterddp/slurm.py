@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -20,6 +21,7 @@ from .clusters import Cluster
 from .contract import without_parent_job
 from .errors import JobNotFound, SlurmError, SlurmUnreachable
 from .ids import check_job_id, is_job_number
+from .parse import POLL_MAX, poll_max
 from .rollcall import printable
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -174,12 +176,8 @@ class Partition:
 
 def _gpu_count(gres: str) -> int:
     """GPUs in an sinfo GRES field such as ``gpu:2``, ``gpu:a100:4(S:0-1)`` or ``gpu:2,shard:8``."""
-    total = 0
-    for part in gres.split(","):
-        m = re.match(r"^gpu(?::[^:(]+)?:(\d+)", part.strip())
-        if m:
-            total += int(m.group(1))
-    return total
+    found = (re.match(r"^gpu(?::[^:(]+)?:(\d+)", part.strip()) for part in gres.split(","))
+    return sum(int(m.group(1)) for m in found if m)
 
 
 def partitions() -> Dict[str, Partition]:
@@ -329,8 +327,13 @@ def info(job_id: str) -> JobInfo:
 
 
 def wait(job_id: str, on_change: Callable[[JobInfo], None] = lambda i: None, poll: float = 0.5,
-         max_poll: float = 5.0) -> JobInfo:
-    """Follow a job until it ends, calling ``on_change`` whenever its state changes; returns the final JobInfo."""
+         max_poll: Optional[float] = None) -> JobInfo:
+    """Follow a job until it ends, calling ``on_change`` whenever its state changes; returns the final JobInfo.
+    Looks ``poll`` s after a change, backing off to ``max_poll`` (default: CLUSTERDDP_POLL_MAX, parse.poll_max)."""
+    if max_poll is None:
+        max_poll, problem = poll_max(os.environ.get(POLL_MAX, ""))
+        if problem:
+            print(f"clusterddp: warning: {problem}", file=sys.stderr)
     last = None
     delay = poll
     while True:

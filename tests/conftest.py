@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from clusterddp.parse import POLL_MAX
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 CLUSTER_SH = Path(__file__).resolve().parent / "slurm" / "cluster.sh"
@@ -86,14 +88,18 @@ def slurm_cluster(slurm_release):
         subprocess.run([str(CLUSTER_SH), "install"], check=True, env=release)
     keep = os.environ.get("CLUSTERDDP_KEEP_CLUSTER") == "1"
     subprocess.run([str(CLUSTER_SH), "down"], check=False, env=release, capture_output=True)
-    saved_path = os.environ["PATH"]
+    saved_path, saved_poll = os.environ["PATH"], os.environ.get(POLL_MAX)
     try:
         subprocess.run([str(CLUSTER_SH), "up"], check=True, env=release)
         if slurm_release != "22.05":
             os.environ["PATH"] = f"{CLUSTER_DIR}/bin{os.pathsep}{saved_path}"
+        # --wait looks at a job at least once a second (not up to every 5 s): the cluster tests mostly wait.
+        os.environ.setdefault(POLL_MAX, "1")
         yield dict(os.environ, SLURM_CONF=f"{CLUSTER_DIR}/slurm.conf")
     finally:
         os.environ["PATH"] = saved_path
+        if saved_poll is None:
+            os.environ.pop(POLL_MAX, None)
         if not keep:
             subprocess.run([str(CLUSTER_SH), "down"], check=False, env=release)
 

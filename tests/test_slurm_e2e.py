@@ -207,6 +207,17 @@ def test_status_logs_cancel(work):
     assert batch.returncode == 0 and f"job {job_id} (restart count 0) on node[1-2]" in batch.stdout
 
 
+@pytest.mark.slurm_releases("22.05")  # clusterddp's own follow loop: the same on every release
+def test_wait_with_a_bad_poll_setting_warns_once_and_still_follows(work):
+    d, env = work
+    proc = run_cli("submit", "--nodes", "1", "--gpus", "0", "--procs-per-node", "1", "--cpus-per-task", "1",
+                   "sleeper.py", "--wait", "--", "4", cwd=d, env={**env, "CLUSTERDDP_POLL_MAX": "soon"}, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    warning = "CLUSTERDDP_POLL_MAX='soon' is not a number of seconds from 0.5 to 60"
+    assert proc.stderr.count(warning) == 1, proc.stderr
+    assert "COMPLETED" in proc.stdout + proc.stderr
+
+
 def test_unknown_job_id(work):
     d, env = work
     for command in (["status", "999999"], ["cancel", "999999"], ["logs", "999999"]):

@@ -95,3 +95,20 @@ def test_directives_are_data():
     assert d["exclusive"] is None and d["no-kill"] is None and d["mail-type"] == "END"
     # the job name never reaches a file path unsanitised
     assert d["output"] == "clusterddp-runs/a_b_c-%j.out"
+
+
+@pytest.mark.parametrize("raw, expected", [("", 5.0), ("  ", 5.0), ("1", 1.0), ("0.5", 0.5), ("60", 60.0),
+                                           (" 2.5 ", 2.5)])
+def test_poll_max_accepts_seconds_in_range(raw, expected):
+    from clusterddp.parse import poll_max
+
+    assert poll_max(raw) == (expected, "")
+
+
+@pytest.mark.parametrize("raw", ["0.4", "0", "-1", "61", "1e9", "nan", "inf", "soon", "1s", "--help", "$(id)"])
+def test_poll_max_refuses_the_rest_with_the_default_and_a_reason(raw):
+    from clusterddp.parse import poll_max
+
+    value, problem = poll_max(raw)
+    assert value == 5.0
+    assert problem.startswith(f"CLUSTERDDP_POLL_MAX={raw!r} is not a number of seconds from 0.5 to 60")
