@@ -19,8 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def drill(tmp: Path, *args: str, shape=("--nodes", "1")) -> subprocess.CompletedProcess:
+    """The drill of drill_case.py under the srun launcher: one process per rank and no torchrun agent, whose own
+    torch import would double each run's start-up (the drill runs the job 5-7 times); the example's test below
+    drills the default, torchrun."""
     shutil.copy(SCRIPTS / "drill_case.py", tmp)
-    return subprocess.run([sys.executable, "-m", "clusterddp", "drill", *shape, "--json", "drill_case.py", "--", *args],
+    return subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--launcher", "srun", *shape, "--json",
+                           "drill_case.py", "--", *args],
                           cwd=tmp, capture_output=True, text=True, timeout=900)
 
 

@@ -347,7 +347,9 @@ def test_stacks_without_py_spy_says_why_in_one_line(tmp_path, local_jobs):
 @pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
 def test_the_watchdog_ends_a_hung_job_with_the_roll_call(tmp_path, launcher):
-    job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0:08", str(HANG), "--",
+    # (15 s: a busy 2-core machine can starve a healthy rank for several seconds while its peers import torch
+    # and build DDP; a shorter timeout would then end the job before rank 2 reaches its stuck loader)
+    job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0:15", str(HANG), "--",
                    "--where", "loader", "--rank", "2")
     start = time.monotonic()
     code, out, err = job.finish(timeout=240)
@@ -365,8 +367,9 @@ def test_the_watchdog_ends_a_hung_job_with_the_roll_call(tmp_path, launcher):
 
 @pytest.mark.ranks
 def test_slow_steps_that_advance_are_never_a_hang(tmp_path):
-    # Each step takes 3 s with a 6-s watchdog: 8 steps (24 s) outlast the timeout, and nothing stops them.
-    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0:06", str(HANG), "--",
+    # Each step takes 3 s with a 12-s watchdog: 8 steps (24 s) outlast the timeout, and nothing stops them. (Not
+    # shorter: start-up on a busy 2-core machine, DDP's construction included, can take longer than 6 s.)
+    job = LocalJob(tmp_path, HANG, "--launcher", "srun", "--hang-timeout", "0:12", str(HANG), "--",
                    "--where", "slow", "--step-s", "3", "--steps", "8")
     start = time.monotonic()
     code, out, err = job.finish(timeout=240)
