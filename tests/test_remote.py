@@ -90,7 +90,8 @@ def test_submit_wait_logs_over_ssh(laptop):
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
     (proj / ".git" / "info" / "exclude").write_text("hang.py\n")
     proc = run_cli("submit", "--cluster", "tc", "--nodes", "2", "--gpus", "0", "--procs-per-node", "2", "-t", "5",
-                   "train_ddp.py", "--wait", "--", "--epochs", "1", "--images", "2", "--depth", "3", cwd=proj, env=env, timeout=300)
+                   "train_ddp.py", "--wait", "--", "--epochs", "1", "--images", "2", "--depth", "3", cwd=proj, env=env,
+                   timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = proc.stdout.strip().splitlines()[-1]
     files, _, path = _copied(proc.stderr)
