@@ -151,5 +151,7 @@ def test_every_module_imports_on_its_own(module, import_alone, tmp_path):
     report = tmp_path / "traceback.txt"
     import_alone.stdin.write(f"{module}\t{report}\n")
     import_alone.stdin.flush()
-    code = int(import_alone.stdout.readline())
+    answer = import_alone.stdout.readline()
+    assert answer, f"the importing interpreter ended (exit {import_alone.poll()}; its stderr is above)"
+    code = int(answer)
     assert code == 0, report.read_text() if report.exists() else f"exit {code}"
