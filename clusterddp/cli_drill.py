@@ -11,6 +11,7 @@ import click
 
 from .cli_base import cli
 from .cli_job import build_spec, spec_options
+from .drill import SCENARIOS, Drill, report
 
 
 @cli.command("drill")
@@ -19,9 +20,12 @@ from .cli_job import build_spec, spec_options
               help="Each run of the script must end within this long.")
 @click.option("--drill-dir", default="clusterddp-drill", show_default=True,
               help="Where each scenario runs (a directory of its own: relative checkpoint paths stay apart).")
+@click.option("--only", "only", multiple=True, type=click.Choice(SCENARIOS), metavar="SCENARIO",
+              help="Run only this kind of scenario (repeatable): stop (stopped at a step, run again) or kill (an "
+                   "emulated node's ranks SIGKILLed, on every node drilled). Default: both.")
 @click.option("--json", "as_json", is_flag=True, help="The verdicts as JSON, for tools.")
-def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_dir: str, as_json: bool,
-                  template_dirs: Sequence[str], **opts: Any) -> None:
+def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_dir: str, only: Sequence[str],
+                  as_json: bool, template_dirs: Sequence[str], **opts: Any) -> None:
     """Prove on this machine that SCRIPT [-- ARGS...] resumes exactly, before the long run: the job runs (--local,
     emulated nodes) uninterrupted, stopped at a step and run again, and with an emulated node's ranks SIGKILLed
     after the first checkpoint and retried; the drill compares the steps, the values the script reports
@@ -30,8 +34,6 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     Give it small arguments (a short epoch, a tiny model) and a relative checkpoint directory. Exit 0 when every
     scenario is bit-identical, 1 otherwise.
     """
-    from .drill import Drill, report
-
     spec = build_spec(script, args, template_dirs, local=True, **opts)[0]
     if run_timeout <= 0:
         raise click.BadParameter(f"{run_timeout} is not a positive number of seconds", param_hint="--run-timeout")
@@ -43,10 +45,10 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     note(f"clusterddp drill: the reference run ({base}/reference/a.log) ...")
     ref, steps = drill.reference()
     note(f"clusterddp drill: {steps} steps; now the interruptions ...")
-    verdicts = drill.scenarios(ref, steps)
+    verdicts = drill.scenarios(ref, steps, only or SCENARIOS)
     if as_json:
         click.echo(json.dumps({"steps": steps, "scenarios": [v.as_json() for v in verdicts],
-                               "identical": all(v.identical for v in verdicts)}, indent=2))
+                               "only": list(only or SCENARIOS), "identical": all(v.identical for v in verdicts)}, indent=2))
     else:
-        click.echo(report(spec, steps, verdicts))
+        click.echo(report(spec, steps, verdicts, only or SCENARIOS))
     sys.exit(0 if all(v.identical for v in verdicts) else 1)

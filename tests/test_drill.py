@@ -12,18 +12,21 @@ from pathlib import Path
 
 import pytest
 
+from clusterddp.drill import Verdict, report
+from clusterddp.spec import JobSpec
+
 from .conftest import SCRIPTS
 
-pytestmark = pytest.mark.ranks
+ranks = pytest.mark.ranks  # these start a real job's ranks (not in make test-fast)
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def drill(tmp: Path, *args: str, shape=("--nodes", "1")) -> subprocess.CompletedProcess:
+def drill(tmp: Path, *args: str, shape=("--nodes", "1"), options=()) -> subprocess.CompletedProcess:
     """The drill of drill_case.py under the srun launcher: one process per rank and no torchrun agent, whose own
     torch import would double each run's start-up (the drill runs the job 5-7 times); the example's test below
     drills the default, torchrun."""
     shutil.copy(SCRIPTS / "drill_case.py", tmp)
-    return subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--launcher", "srun", *shape, "--json",
+    return subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--launcher", "srun", *shape, *options, "--json",
                            "drill_case.py", "--", *args],
                           cwd=tmp, capture_output=True, text=True, timeout=900)
 
@@ -32,6 +35,7 @@ def verdicts(proc: subprocess.CompletedProcess) -> dict:
     return {v["scenario"]: v for v in json.loads(proc.stdout)["scenarios"]}
 
 
+@ranks
 def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
     proc = drill(tmp_path, shape=("--nodes", "2", "--procs-per-node", "1"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -41,25 +45,30 @@ def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
     assert json.loads(proc.stdout)["steps"] == 12  # 2 epochs x 48 samples / (2 ranks x batch 4)
 
 
-@pytest.mark.parametrize("mistake, expected", [
-    ("scheduler", r"everything the checkpoint holds was restored, yet the run differs at step (\d+) \(resumed from "
-                  r"step (\d+)\): state outside the checkpoint \(an LR scheduler"),
-    ("random", r"differs from the reference at step 1, before the interruption: the script is not deterministic "
-               r"\(Python's random"),
-    ("noload", r"did not resume: started again at step 0 \(the script never calls load_latest\)"),
-    ("loader", r"differs after the resume \(step (\d+)\): the checkpoint holds the loader but load_latest did not "
-               r"restore it"),
+@ranks
+@pytest.mark.parametrize("mistake, scenario, expected", [
+    ("scheduler", "stop", r"everything the checkpoint holds was restored, yet the run differs at step (\d+) \(resumed "
+                          r"from step (\d+)\): state outside the checkpoint \(an LR scheduler"),
+    ("random", "kill", r"differs from the reference at step 1, before the interruption: the script is not "
+                       r"deterministic \(Python's random"),
+    ("noload", "stop", r"did not resume: started again at step 0 \(the script never calls load_latest\)"),
+    ("loader", "stop", r"differs after the resume \(step (\d+)\): the checkpoint holds the loader but load_latest did "
+                       r"not restore it"),
 ])
-def test_each_mistake_is_named(tmp_path, mistake, expected):
-    proc = drill(tmp_path, "--mistake", mistake)
+def test_each_mistake_is_named(tmp_path, mistake, scenario, expected):
+    """Each mistake in the one scenario kind it is asserted on (``--only``: 3 runs of the script, not 5)."""
+    proc = drill(tmp_path, "--mistake", mistake, options=("--only", scenario))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    stop = verdicts(proc)["stop"]
+    found = verdicts(proc)
+    assert set(found) == {scenario} and json.loads(proc.stdout)["only"] == [scenario], found
+    stop = found[scenario]
     m = re.search(expected, stop["why"])
     assert not stop["identical"] and m, stop
     if mistake == "scheduler":  # the first difference comes after the resume, where the scheduler started over
         assert int(m.group(1)) > int(m.group(2)) == 12, stop
 
 
+@ranks
 @pytest.mark.parametrize("mistake, expected", [
     ("nocheckpoint", "clusterddp: error: the script saved no checkpoint through clusterddp.runtime.Checkpointer"),
     ("fails", "clusterddp: error: the script fails on its own in the reference run (exit 1), before any "
@@ -72,6 +81,7 @@ def test_a_script_the_drill_cannot_use_is_one_line(tmp_path, mistake, expected):
     assert "Traceback" not in proc.stderr
 
 
+@ranks
 def test_too_few_steps_and_an_absolute_checkpoint_directory_are_one_line(tmp_path):
     short = drill(tmp_path, "--epochs", "0")
     assert short.returncode == 1 and "the script ran 0 step(s) (should_stop() calls)" in short.stderr.splitlines()[-1]
@@ -80,6 +90,26 @@ def test_too_few_steps_and_an_absolute_checkpoint_directory_are_one_line(tmp_pat
     assert "writes its checkpoints outside the directory it runs in" in outside.stderr.splitlines()[-1]
 
 
+def test_a_partial_drill_says_what_it_did_not_prove():
+    spec = JobSpec(script="train.py", nodes=1)
+    good = [Verdict("stop", True, "stopped at step 6 (the time-limit signal) and run again: bit-identical")]
+    assert report(spec, 12, good, ("stop",)).splitlines()[-1] == (
+        "clusterddp drill: every scenario run (stop only) bit-identical; drill without --only to prove the rest")
+    assert report(spec, 12, good).splitlines()[-1].endswith("every scenario bit-identical: the script resumes exactly")
+    bad = [good[0]._replace(identical=False, why="...")]
+    assert report(spec, 12, bad, ("stop",)).splitlines()[-1].startswith("clusterddp drill: fix the first difference")
+
+
+def test_only_takes_the_scenario_kinds_and_names_them_when_wrong(tmp_path):
+    from click.testing import CliRunner
+    from clusterddp.cli import cli
+
+    result = CliRunner().invoke(cli, ["drill", "--only", "preempt", "train.py"])
+    assert result.exit_code == 2, result.output
+    assert "'preempt' is not one of 'stop', 'kill'" in result.output, result.output
+
+
+@ranks
 def test_the_example_passes_the_drill_with_small_arguments(tmp_path):
     shutil.copy(ROOT / "examples" / "train_ddp.py", tmp_path)
     proc = subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--nodes", "2", "--procs-per-node", "1",
