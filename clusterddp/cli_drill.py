@@ -45,10 +45,11 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     note(f"clusterddp drill: the reference run ({base}/reference/a.log) ...")
     ref, steps = drill.reference()
     note(f"clusterddp drill: {steps} steps; now the interruptions ...")
-    verdicts = drill.scenarios(ref, steps, only or SCENARIOS)
+    only = only or SCENARIOS
+    verdicts = drill.scenarios(ref, steps, only)
     if as_json:
         click.echo(json.dumps({"steps": steps, "scenarios": [v.as_json() for v in verdicts],
-                               "only": list(only or SCENARIOS), "identical": all(v.identical for v in verdicts)}, indent=2))
+                               "only": list(only), "identical": all(v.identical for v in verdicts)}, indent=2))
     else:
-        click.echo(report(spec, steps, verdicts, only or SCENARIOS))
+        click.echo(report(spec, steps, verdicts, only))
     sys.exit(0 if all(v.identical for v in verdicts) else 1)

@@ -26,8 +26,8 @@ def drill(tmp: Path, *args: str, shape=("--nodes", "1"), options=()) -> subproce
     torch import would double each run's start-up (the drill runs the job 5-7 times); the example's test below
     drills the default, torchrun."""
     shutil.copy(SCRIPTS / "drill_case.py", tmp)
-    return subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--launcher", "srun", *shape, *options, "--json",
-                           "drill_case.py", "--", *args],
+    return subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--launcher", "srun", *shape, *options,
+                           "--json", "drill_case.py", "--", *args],
                           cwd=tmp, capture_output=True, text=True, timeout=900)
 
 
@@ -102,6 +102,7 @@ def test_a_partial_drill_says_what_it_did_not_prove():
 
 def test_only_takes_the_scenario_kinds_and_names_them_when_wrong(tmp_path):
     from click.testing import CliRunner
+
     from clusterddp.cli import cli
 
     result = CliRunner().invoke(cli, ["drill", "--only", "preempt", "train.py"])
