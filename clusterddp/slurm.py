@@ -26,6 +26,14 @@ from .rollcall import printable
 
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+# Reasons for which Slurm keeps a job PENDING forever (until someone changes it or the cluster): --wait stops
+# following there and says why. DependencyNeverSatisfied: unless kill_invalid_depend is set. BadConstraints: e.g. a
+# self-requeue that excluded nodes (ExcNodeList) and left fewer than the job's node count in its partition.
+NEVER_STARTS = {
+    "DependencyNeverSatisfied": "a job it depends on failed, so it will never start",
+    "BadConstraints": "Slurm can never place it as asked (its node count, excluded nodes or features do not fit its "
+                      "partition), so it will never start unless the job or the partition is changed",
+}
 
 
 def clean_env() -> Dict[str, str]:
@@ -248,6 +256,11 @@ class JobInfo:
         return self.state in TERMINAL_STATES
 
     @property
+    def never_starts(self) -> Optional[str]:
+        """Why Slurm will keep this pending job waiting forever (NEVER_STARTS), or None."""
+        return NEVER_STARTS.get(self.reason) if self.state == "PENDING" else None
+
+    @property
     def return_code(self) -> int:
         """The exit code a shell would report for the job: 128+signal when killed, 1 for a failure without one."""
         if self.signal:
@@ -343,7 +356,7 @@ def wait(job_id: str, on_change: Callable[[JobInfo], None] = lambda i: None, pol
             on_change(current)
             last = key
             delay = poll
-        if current.done or current.reason == "DependencyNeverSatisfied":
+        if current.done or current.never_starts:
             return current
         time.sleep(delay)
         delay = min(max_poll, delay * 1.5)

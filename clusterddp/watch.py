@@ -28,7 +28,7 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
     try:
         with follower:
             final = backend.wait(job_id, on_change=show)
-        if not final.done:  # pending on a dependency that can no longer be met
+        if not final.done:  # pending for a reason that never passes (slurm.NEVER_STARTS)
             click.echo(f"clusterddp: {reason(final)}", err=True)
             return EXIT["RUNTIME"]
     except KeyboardInterrupt:
@@ -198,11 +198,8 @@ def attempt_lines(backend: Any, job_id: str, cluster: str, done: bool) -> List[s
 
 
 def reason(job: Any) -> str:
-    if job.reason == "DependencyNeverSatisfied":
-        # Slurm keeps such a job pending forever (unless kill_invalid_depend is set).
-        return ("DependencyNeverSatisfied: a job it depends on failed, so it will never start "
-                f"(clusterddp cancel {job.job_id})")
-    return job.reason
+    never = job.never_starts
+    return f"{job.reason}: {never} (clusterddp cancel {job.job_id})" if never else job.reason
 
 
 def print_log(job_id: str, path_now: Callable[[], Path], prefix: Optional[str], follow: bool,

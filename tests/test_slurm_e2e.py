@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -298,6 +299,36 @@ def test_failed_parent_leaves_the_child_pending_and_status_says_so(work):
     assert waited.returncode == 1 and "will never start" in waited.stderr
     for job in (child_id, job_id_of(waited)):
         run_cli("cancel", job, cwd=d, env=env)
+
+
+def test_a_job_slurm_can_never_place_is_not_followed_forever(work):
+    """What a self-requeue that excluded too many nodes would leave (ExcNodeList, and fewer nodes left in the
+    partition than the job's count): Slurm keeps it PENDING with BadConstraints, forever. --wait's follow loop
+    returns and status says it will never start."""
+    d, env = work
+    proc = submit(work, "--nodes", "2", "--gpus", "1", "--sbatch-arg=--hold", "allreduce.py")
+    assert proc.returncode == 0, proc.stderr
+    job_id = job_id_of(proc)
+    from clusterddp import slurm
+
+    try:
+        for change in (["update", f"JobId={job_id}", "ExcNodeList=node1,node2", "NumNodes=2-2"], ["release", job_id]):
+            subprocess.run(["scontrol", *change], check=True, env=env, capture_output=True)
+        deadline = time.monotonic() + 60
+        while slurm.info(job_id).reason != "BadConstraints" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        got = []  # slurm.wait in a thread: a follow loop that never returns fails the test instead of hanging it
+        follower = threading.Thread(target=lambda: got.append(slurm.wait(job_id, max_poll=1)), daemon=True)
+        follower.start()
+        follower.join(timeout=30)
+        assert got, f"slurm.wait still follows job {job_id}: {slurm.info(job_id)}"
+        final = got[0]
+        assert final.state == "PENDING" and final.reason == "BadConstraints", final
+        st = run_cli("status", job_id, cwd=d, env=env)
+        assert "BadConstraints: Slurm can never place it as asked" in st.stdout, st.stdout
+        assert "will never start" in st.stdout and f"clusterddp cancel {job_id}" in st.stdout, st.stdout
+    finally:
+        run_cli("cancel", job_id, cwd=d, env=env)
 
 
 def test_apptainer_wraps_every_task(work):
