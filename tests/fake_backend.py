@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clusterddp.errors import JobNotFound
+from clusterddp.jobinfo import JobInfo
 from clusterddp.record import JobRecord
-from clusterddp.slurm import JobInfo
 
 
 class FakeBackend:

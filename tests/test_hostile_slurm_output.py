@@ -12,7 +12,8 @@ import pytest
 
 from clusterddp.errors import HostlistError, SpecError
 from clusterddp.hostlist import expand
-from clusterddp.slurm import JobInfo, check_job_id
+from clusterddp.ids import check_job_id
+from clusterddp.jobinfo import JobInfo
 
 from .conftest import ROOT
 

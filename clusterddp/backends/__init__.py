@@ -17,8 +17,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from ..clusters import Cluster
+    from ..jobinfo import JobInfo
     from ..record import JobRecord
-    from ..slurm import JobInfo
     from ..spec import JobSpec
 
 

@@ -8,8 +8,8 @@ from .. import slurm
 from ..clusters import Cluster
 
 if TYPE_CHECKING:
+    from ..jobinfo import JobInfo
     from ..record import JobRecord
-    from ..slurm import JobInfo
     from ..spec import JobSpec
 
 
