@@ -28,7 +28,7 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
     try:
         with follower:
             final = backend.wait(job_id, on_change=show)
-        if not final.done:  # pending for a reason that never passes (slurm.NEVER_STARTS)
+        if not final.done:  # pending for a reason that never passes (jobinfo.NEVER_STARTS)
             click.echo(f"clusterddp: {reason(final)}", err=True)
             return EXIT["RUNTIME"]
     except KeyboardInterrupt:
