@@ -45,7 +45,7 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     note(f"clusterddp drill: the reference run ({base}/reference/a.log) ...")
     ref, steps = drill.reference()
     note(f"clusterddp drill: {steps} steps; now the interruptions ...")
-    only = only or SCENARIOS
+    only = tuple(dict.fromkeys(only)) or SCENARIOS  # each kind once, in the order given
     verdicts = drill.scenarios(ref, steps, only)
     if as_json:
         click.echo(json.dumps({"steps": steps, "scenarios": [v.as_json() for v in verdicts],
