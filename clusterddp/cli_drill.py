@@ -11,7 +11,7 @@ import click
 
 from .cli_base import cli
 from .cli_job import build_spec, spec_options
-from .drill import SCENARIOS, Drill, report
+from .contract import DRILL_SCENARIOS as SCENARIOS
 
 
 @cli.command("drill")
@@ -34,6 +34,8 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     Give it small arguments (a short epoch, a tiny model) and a relative checkpoint directory. Exit 0 when every
     scenario is bit-identical, 1 otherwise.
     """
+    from .drill import Drill, report  # not at start-up: every other command would pay for it
+
     spec = build_spec(script, args, template_dirs, local=True, **opts)[0]
     if run_timeout <= 0:
         raise click.BadParameter(f"{run_timeout} is not a positive number of seconds", param_hint="--run-timeout")

@@ -27,6 +27,9 @@ TIMEOUT = "CLUSTERDDP_TIMEOUT"
 DRILL_DIR = "CLUSTERDDP_DRILL_DIR"
 DRILL_STOP_AT = "CLUSTERDDP_DRILL_STOP_AT"
 DRILL_HOLD = "hold-after-first-checkpoint"  # a file in DRILL_DIR: every rank waits there until it is gone
+# The kinds of scenario `clusterddp drill` runs ("kill" is kill-nodeN on several emulated nodes); here, not in
+# drill.py, so that the CLI offers them as choices without importing the drill at every start-up.
+DRILL_SCENARIOS = ("stop", "kill")
 #: Exported by the batch script (templates/base.sh.j2) and by the local backend.
 EXPORTED: Tuple[str, ...] = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR, RESTARTS,
                             HANG_TIMEOUT)

@@ -27,7 +27,7 @@ from .spec import JobSpec
 OUTSIDE = ("everything the checkpoint holds was restored, yet the run differs at step {step} (resumed from step "
            "{resumed}): state outside the checkpoint (an LR scheduler, a GradScaler, an EMA model, a counter, your own "
            "random generator)")
-SCENARIOS = ("stop", "kill")  # the kinds a drill runs; "kill" is kill-nodeN on several emulated nodes
+SCENARIOS = contract.DRILL_SCENARIOS
 GENERATORS = {"python": "Python's random", "torch": "torch's CPU generator", "numpy": "numpy's global generator",
               "cuda": "the CUDA generator"}
 
