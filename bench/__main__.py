@@ -92,7 +92,7 @@ def item1_cli(rows: List[Row], work: Path) -> None:
 def item2_render(rows: List[Row]) -> None:
     sys.path.insert(0, str(ROOT))
     from clusterddp import JobSpec
-    from clusterddp.render import render
+    from clusterddp.backends.slurm.script import render
 
     specs = [JobSpec("train.py", nodes=1 + i % 64, gpus_per_node=i % 9, job_name=f"job{i}",
                      launcher=("torchrun", "srun", "spawn")[i % 3], time=f"{1 + i % 48}:00:00",

@@ -19,7 +19,7 @@ def __getattr__(name: str) -> object:
     # The spec loads on first use (so that the job side, clusterddp.runtime, never loads it), and the Python API
     # (with submitit behind it) too, so the CLI never pays for it.
     if name == "JobSpec":
-        from .spec import JobSpec
+        from .job.spec import JobSpec
 
         return JobSpec
     if name in _API:

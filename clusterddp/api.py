@@ -18,10 +18,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
-from . import contract, sbatch_options
+from . import contract
 from .errors import ClusterDDPError, JobFailed, SlurmError, SpecError
-from .quoting import shell_quote, shown
-from .spec import JobSpec
+from .job import sbatch_options
+from .job.quoting import shell_quote, shown
+from .job.spec import JobSpec
 
 BACKENDS = ("auto", "slurm", "local")
 
@@ -89,7 +90,7 @@ def executor_params(spec: JobSpec) -> Dict[str, Any]:
 
 def setup_lines(spec: JobSpec) -> List[str]:
     """Batch-shell lines before srun: the user's setup, environment, and the templates' rendezvous block."""
-    from .render import render_part
+    from .backends.slurm.script import render_part
 
     lines = ["set -eo pipefail"]  # not -u: submitit's own lines may read unset variables
     lines += [f"export {name}={shell_quote(value)}" for name, value in spec.env]
@@ -139,7 +140,7 @@ class Job:
     @property
     def state(self) -> str:
         if self.backend == "slurm":
-            from . import slurm
+            from .backends.slurm import commands as slurm
 
             return slurm.info(self.job_id).state  # squeue / sacct / scontrol: works without accounting too
         return str(self.submitit_job.state)
@@ -150,7 +151,7 @@ class Job:
     def wait(self) -> str:
         """Until the job ends; returns its final state."""
         if self.backend == "slurm":
-            from . import slurm
+            from .backends.slurm import commands as slurm
 
             return slurm.wait(self.job_id).state
         self.submitit_job.wait()
@@ -193,14 +194,14 @@ class Job:
 
 
 def _secondary(text: str) -> bool:
-    from .logscan import SECONDARY
+    from .healing.logscan import SECONDARY
 
     return any(s in text for s in SECONDARY)
 
 
 def _backend(backend: str) -> str:
     if backend not in BACKENDS:
-        from .spec import suggest
+        from .job.parse import suggest
 
         raise SpecError(f"unknown backend {backend!r}{suggest(backend, BACKENDS)}: expected one of "
                         f"{', '.join(BACKENDS)}")
@@ -237,8 +238,8 @@ def _executor(spec: JobSpec, backend: str, folder: Optional[str], array_parallel
 
 
 def _free_port() -> int:
+    from .backends.local.plan import pick_port
     from .contract import default_port
-    from .local import pick_port
 
     return pick_port(default_port(os.getpid()))
 
@@ -246,7 +247,7 @@ def _free_port() -> int:
 def _submit(call: Callable[[], Any], spec: JobSpec, backend: str) -> Any:
     hide_gpus = False
     if backend == "local" and spec.gpus_per_node:
-        from .local import visible_gpus
+        from .backends.local.plan import visible_gpus
 
         hide_gpus = len(visible_gpus()) < spec.world_size
         if hide_gpus:
@@ -286,7 +287,7 @@ def submit_script(spec: JobSpec, script: str, args: Sequence[str] = (), backend:
     import submitit
 
     if not os.path.isfile(script):
-        from .preflight import script_not_found
+        from .backends.slurm.preflight import script_not_found
 
         raise SpecError(str(script_not_found(script)))
     command = [python or sys.executable, "-u", script, *args]
@@ -300,9 +301,9 @@ def map_array(fn: Callable, spec: JobSpec, configs: Iterable[Any], max_parallel:
     """One DDP job per config as a Slurm job array (``fn(config)`` on every rank of each); at most
     ``max_parallel`` run at once (the array's % throttle). The configs are the trials of sweep ``name`` (default:
     the function's name): ``clusterddp sweep status NAME`` shows them, with what ``runtime.report`` recorded."""
-    from . import sweep_api
-    from .parse import slug
-    from .sweep_run import sweep_dir_for
+    from .job.parse import slug
+    from .sweeps import api as sweep_api
+    from .sweeps.run import sweep_dir_for
 
     executor_params(spec)
     configs = list(configs)
@@ -327,12 +328,13 @@ def map_array(fn: Callable, spec: JobSpec, configs: Iterable[Any], max_parallel:
 
 def job_attempts(job_id: str, cluster: Optional[str] = None) -> List[Any]:
     """Every attempt of a job submitted with `clusterddp submit` (its batch script's retry loop, requeues included),
-    as `clusterddp status JOBID` shows them: clusterddp.attempts.Attempt (nodes, start, end, exit, fault, fault_nodes,
-    why, next). Its cluster is found from the records, as the CLI finds it. (Jobs of this API run no retry loop.)"""
+    as `clusterddp status JOBID` shows them: clusterddp.healing.attempts.Attempt (nodes, start, end, exit, fault,
+    fault_nodes, why, next). Its cluster is found from the records, as the CLI finds it. (Jobs of this API run no
+    retry loop.)"""
     from . import backends
-    from .attempts import read
-    from .clusters import by_name
-    from .record import JobRecord, for_job
+    from .backends.record import JobRecord, for_job
+    from .healing.attempts import read
+    from .job.clusters import by_name
 
     name = for_job(job_id, cluster).name
     record = JobRecord.load(job_id, name)

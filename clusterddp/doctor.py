@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from .rollcall import printable
 
 if TYPE_CHECKING:
-    from .clusters import Cluster
-    from .spec import JobSpec
+    from .job.clusters import Cluster
+    from .job.spec import JobSpec
 
 #: What the doctor job runs on every rank.
 JOB_MODULE = "clusterddp.runtime.doctor"
@@ -100,8 +100,8 @@ def run_check(spec: "JobSpec", cluster: "Cluster", local: bool,
     from .rollcall import read_bounded
 
     if local:
+        from .backends.local.plan import make_plan, pick_port, run, visible_gpus
         from .contract import default_port
-        from .local import make_plan, pick_port, run, visible_gpus
 
         lines: List[str] = []
         plan = make_plan(spec, os.path.join(spec.output_dir, f"clusterddp-doctor-local-{os.getpid()}"),

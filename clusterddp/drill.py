@@ -22,7 +22,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import contract
 from .errors import ClusterDDPError
-from .spec import JobSpec
+from .job.spec import JobSpec
 
 OUTSIDE = ("everything the checkpoint holds was restored, yet the run differs at step {step} (resumed from step "
            "{resumed}): state outside the checkpoint (an LR scheduler, a GradScaler, an EMA model, a counter, your own "
@@ -54,7 +54,7 @@ class Verdict(NamedTuple):
 
 def _child() -> None:
     """In the drill's child process: one local run of the spec given as JSON on stdin."""
-    from .local import submit_local
+    from .backends.local.plan import submit_local
 
     fields = json.load(sys.stdin)
     sys.exit(submit_local(JobSpec(**fields), quiet=False))

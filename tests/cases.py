@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from clusterddp import JobSpec
-from clusterddp.sweep import SweepJob, parse_grids, trials
+from clusterddp.sweeps.grid import SweepJob, parse_grids, trials
 
 # A sweep's array (values a shell would misread among them), its keys from a fixed stand-in for the code's hash.
 _SWEEP = SweepJob("lr-search", tuple(trials(parse_grids(["lr=0.1,1e-3", "tag=it's,$(id) x"]), {"code": "0" * 16})))
@@ -63,7 +63,7 @@ def has_control(value: str) -> bool:
 def run_rendered(spec, tmp: Path, env_names=(), extra_env=None, expect_ok: bool = True):
     """Run ``render(spec)`` under bash with stand-in srun/torchrun/scontrol and a fake Slurm environment; the
     recorder script (tests/scripts/record_argv.py) writes what arrived. Returns the record (or the process)."""
-    from clusterddp.render import render
+    from clusterddp.backends.slurm.script import render
 
     script = tmp / "job.sh"
     script.write_bytes(render(spec).encode("utf-8", "surrogateescape"))

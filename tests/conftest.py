@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.parse import POLL_MAX
+from clusterddp.job.parse import POLL_MAX
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from clusterddp.backends.jobinfo import JobInfo
+from clusterddp.backends.record import JobRecord
 from clusterddp.errors import JobNotFound
-from clusterddp.jobinfo import JobInfo
-from clusterddp.record import JobRecord
 
 
 class FakeBackend:

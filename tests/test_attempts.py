@@ -1,6 +1,6 @@
 """Issue 25, points 2, 3 and 6 without a cluster: the options (--retries, --spare-nodes) and their bad values, what
 the rendered retry loop asks of Slurm, one attempt's fault report as the batch script runs it (a real
-`python -m clusterddp.faults`), and the attempt history read back as data. The loop itself runs on the real
+`python -m clusterddp.healing.faults`), and the attempt history read back as data. The loop itself runs on the real
 cluster in test_self_healing.py."""
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from clusterddp import attempts, contract
+from clusterddp import contract
+from clusterddp.backends.slurm.script import render
 from clusterddp.cli import cli
-from clusterddp.render import render
-from clusterddp.spec import MAX_RETRIES, JobSpec
+from clusterddp.healing import attempts
+from clusterddp.job.spec import MAX_RETRIES, JobSpec
 
 from .test_quarantine import PEER_GONE, TRACEBACK
 
@@ -75,7 +76,7 @@ def test_explain_and_dry_run_show_the_spares(project):
 
 def fault_report(run: Path, err: str, nodes: str = "node1,node2") -> list:
     (run / "srun.err").write_text(err)
-    proc = subprocess.run([sys.executable, "-m", "clusterddp.faults", str(run), str(run / "srun.err"), nodes],
+    proc = subprocess.run([sys.executable, "-m", "clusterddp.healing.faults", str(run), str(run / "srun.err"), nodes],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.count("\n") == 3, proc.stderr
     return proc.stdout.split("\n")[:3]

@@ -15,11 +15,12 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterddp import code_copy, remote
+from clusterddp.backends.ssh import connection as remote
+from clusterddp.backends.ssh import copy as code_copy
 from clusterddp.cli import cli
-from clusterddp.clusters import Cluster, choose, from_table
 from clusterddp.errors import ClusterUnreachable, PreflightError, SpecError
-from clusterddp.spec import JobSpec
+from clusterddp.job.clusters import Cluster, choose, from_table
+from clusterddp.job.spec import JobSpec
 
 
 @pytest.mark.parametrize("table, message", [

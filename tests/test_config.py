@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from clusterddp.cli import cli
-from clusterddp.config import resolve
+from clusterddp.job.config import resolve
 
 USER = """
 [defaults]

@@ -9,9 +9,9 @@ import pytest
 
 from clusterddp import JobSpec, contract
 from clusterddp.api import setup_lines
-from clusterddp.local import make_plan
-from clusterddp.record import JobRecord
-from clusterddp.render import render
+from clusterddp.backends.local.plan import make_plan
+from clusterddp.backends.record import JobRecord
+from clusterddp.backends.slurm.script import render
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "templates"
@@ -87,14 +87,14 @@ def test_port_scheme_matches():
 
 
 def test_parent_job_variables_are_dropped_by_one_rule():
-    from clusterddp import slurm
+    from clusterddp.backends.slurm import commands as slurm
 
     environ = {"SLURM_JOB_ID": "1", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_PARTITION": "x", "SRUN_CPUS": "1",
                "HOME": "/h"}
     assert contract.without_parent_job(environ) == {"SLURM_CONF": "/etc/slurm.conf", "HOME": "/h"}
     import inspect
 
-    import clusterddp.local_run as local_run
+    import clusterddp.backends.local.run as local_run
 
     for module in (slurm, local_run):
         assert "without_parent_job" in inspect.getsource(module)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp.drill import Verdict, report
-from clusterddp.spec import JobSpec
+from clusterddp.job.spec import JobSpec
 
 from .conftest import SCRIPTS
 

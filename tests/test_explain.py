@@ -3,7 +3,7 @@ from click.testing import CliRunner
 
 from clusterddp import JobSpec
 from clusterddp.cli import cli
-from clusterddp.explain import explain
+from clusterddp.job.explain import explain
 
 
 def test_explain_cli(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import attempts
+from clusterddp.healing import attempts
 
 from .conftest import SCRIPTS, run_cli
 
@@ -102,7 +102,7 @@ def test_a_python_exception_is_a_program_fault_and_quarantines_nothing(work, lau
 @pytest.mark.slurm_releases("22.05")
 def test_a_job_that_cannot_fit_beside_the_quarantine_is_refused(work):
     """Never exclude so many nodes that the job cannot run: one line, nothing submitted."""
-    from clusterddp import quarantine
+    from clusterddp.healing import quarantine
 
     quarantine.add("here", ["node2", "node3"], "rank 2 killed", "41")
     before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from clusterddp import contract
-from clusterddp.local import make_plan
-from clusterddp.local_run import run_plan
-from clusterddp.render import render
-from clusterddp.spec import JobSpec
+from clusterddp.backends.local.plan import make_plan
+from clusterddp.backends.local.run import run_plan
+from clusterddp.backends.slurm.script import render
+from clusterddp.job.spec import JobSpec
 
 from .conftest import ROOT
 

@@ -111,9 +111,9 @@ def test_reports_read_back_from_a_shared_run_directory_cannot_drive_the_terminal
 
 
 def test_hang_timeout_is_validated_and_exported():
+    from clusterddp.backends.slurm.script import render
     from clusterddp.errors import SpecError
-    from clusterddp.render import render
-    from clusterddp.spec import JobSpec
+    from clusterddp.job.spec import JobSpec
 
     assert JobSpec("t.py").hang_timeout_seconds == contract.DEFAULT_HANG_TIMEOUT_S
     assert JobSpec("t.py", hang_timeout="0").hang_timeout_seconds == 0

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from clusterddp.backends.jobinfo import JobInfo
 from clusterddp.errors import HostlistError, SpecError
 from clusterddp.hostlist import expand
-from clusterddp.ids import check_job_id
-from clusterddp.jobinfo import JobInfo
+from clusterddp.job.ids import check_job_id
 
 from .conftest import ROOT
 

@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterddp import JobSpec, SpecError
+from clusterddp.backends.slurm.commands import Partition
+from clusterddp.backends.slurm.preflight import check_cluster
+from clusterddp.backends.slurm.script import render
 from clusterddp.cli import cli
 from clusterddp.errors import HostlistError
 from clusterddp.hostlist import expand
-from clusterddp.preflight import check_cluster
-from clusterddp.render import render
-from clusterddp.slurm import Partition
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = "x" * 256  # one path component over the 255 bytes file systems allow
@@ -183,7 +183,7 @@ def test_partition_lists_are_checked_like_sbatch():
 
 
 def test_a_second_job_with_the_same_id_keeps_the_first_record(tmp_path, monkeypatch):
-    from clusterddp.record import JobRecord, state_dir
+    from clusterddp.backends.record import JobRecord, state_dir
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     first = JobRecord("7", "/a/first.sbatch", "/a/t-7.out", "/a/t-7", "srun", 2, 2)
@@ -208,7 +208,7 @@ def test_a_second_job_with_the_same_id_keeps_the_first_record(tmp_path, monkeypa
 def test_records_from_before_clusters_are_still_found(tmp_path, monkeypatch):
     import json
 
-    from clusterddp.record import JobRecord, recent, state_dir
+    from clusterddp.backends.record import JobRecord, recent, state_dir
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     state_dir().mkdir(parents=True)

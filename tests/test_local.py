@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import JobSpec
-from clusterddp.local import describe, make_plan
+from clusterddp.backends.local.plan import describe, make_plan
 
 from .conftest import SCRIPTS, run_cli
 from .procs import descendants

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import attempts
+from clusterddp.healing import attempts
 
 from .conftest import SCRIPTS
 from .procs import children

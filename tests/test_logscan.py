@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from clusterddp.logscan import summary, tracebacks
+from clusterddp.healing.logscan import summary, tracebacks
 
 from .conftest import ROOT
 
@@ -20,7 +20,7 @@ def test_a_huge_log_is_scanned_in_little_memory(tmp_path):
         f.truncate(400 << 20)  # 400 MB of one line (sparse: no disk), then the traceback
         f.seek(0, 2)
         f.write(("\n[default1]:" + TRACE.replace("\n", "\n[default1]:")).encode())
-    code = ("from pathlib import Path; from clusterddp.logscan import tracebacks\n"
+    code = ("from pathlib import Path; from clusterddp.healing.logscan import tracebacks\n"
             f"found = tracebacks([Path({str(log)!r})])\n"
             "print(len(found), found[0].label, found[0].last)\n"
             # VmHWM: this process's own peak (ru_maxrss would carry the forking pytest's size across exec)

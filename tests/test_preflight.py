@@ -6,8 +6,8 @@ import os
 import pytest
 
 from clusterddp import JobSpec
-from clusterddp.preflight import PreflightError, check_cluster, check_local
-from clusterddp.slurm import Partition, _gpu_count
+from clusterddp.backends.slurm.commands import Partition, _gpu_count
+from clusterddp.backends.slurm.preflight import PreflightError, check_cluster, check_local
 
 from .conftest import SCRIPTS, run_cli
 
@@ -80,7 +80,7 @@ def test_preflight_on_the_test_cluster(slurm_env, tmp_path):
 def test_parent_job_variables_do_not_leak(slurm_env, tmp_path):
     import shutil
 
-    from clusterddp import slurm
+    from clusterddp.backends.slurm import commands as slurm
 
     shutil.copy(SCRIPTS / "allreduce.py", tmp_path)
     # as if submitting from inside another job: sbatch would read SBATCH_PARTITION as an option

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from clusterddp import quarantine
 from clusterddp.cli import cli
-from clusterddp.faults import INFRASTRUCTURE, PROGRAM, classify
+from clusterddp.healing import quarantine
+from clusterddp.healing.faults import INFRASTRUCTURE, PROGRAM, classify
 
 TRACEBACK = """Traceback (most recent call last):
   File "/home/u/train.py", line 40, in <module>

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterddp import JobSpec
-from clusterddp.render import render
+from clusterddp.backends.slurm.script import render
 
 from .cases import CASES, HOSTILE_ARGS, STANDINS, run_rendered
 

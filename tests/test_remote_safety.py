@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.clusters import from_table
+from clusterddp.backends.ssh.mirror import PULL_ARGS
 from clusterddp.errors import SpecError
-from clusterddp.mirror import PULL_ARGS
+from clusterddp.job.clusters import from_table
 
 from .conftest import ROOT
 
@@ -72,7 +72,7 @@ def test_links_in_a_remote_run_directory_do_not_come_back(tmp_path):
 
 
 def test_logs_never_follow_a_link(tmp_path):
-    from clusterddp.record import JobRecord
+    from clusterddp.backends.record import JobRecord
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path / "state")}
     env.pop("SLURM_CONF", None)
@@ -96,7 +96,7 @@ def test_logs_never_follow_a_link(tmp_path):
 
 
 def _prepare(code: Path, lib: Path, origin: str = "laptop:/home/me/proj", instead: str = "") -> list:
-    from clusterddp.code_copy import _PREPARE
+    from clusterddp.backends.ssh.copy import _PREPARE
 
     proc = subprocess.run(["sh", "-c", _PREPARE, "clusterddp", str(code), str(lib), origin,
                            instead or f"{code}-other", "sh"], capture_output=True, text=True, timeout=60)
@@ -136,8 +136,8 @@ def _git(repo: Path, *args: str) -> None:
 
 
 def _copied(proj: Path, dest: Path) -> list:
-    from clusterddp import code_copy
-    from clusterddp.spec import JobSpec
+    from clusterddp.backends.ssh import copy as code_copy
+    from clusterddp.job.spec import JobSpec
 
     with code_copy.code_selection(JobSpec(script="train.py"), proj) as chosen:
         subprocess.run(["rsync", "--protect-args", "-rlpt", *chosen, "--", f"{proj}/", f"{dest}/"], check=True)
@@ -187,9 +187,9 @@ def test_outside_git_the_ignore_rules_are_gits(tmp_path, monkeypatch):
 
 
 def test_without_git_a_pattern_rsync_reads_otherwise_is_refused(tmp_path, monkeypatch):
-    from clusterddp import code_copy
+    from clusterddp.backends.ssh import copy as code_copy
     from clusterddp.errors import PreflightError
-    from clusterddp.spec import JobSpec
+    from clusterddp.job.spec import JobSpec
 
     proj = tmp_path / "proj"
     proj.mkdir()
@@ -204,7 +204,7 @@ def test_without_git_a_pattern_rsync_reads_otherwise_is_refused(tmp_path, monkey
 def test_status_copies_only_an_ended_jobs_reports(tmp_path):
     """Class 15: status pulled every finished remote job's whole run directory (logs included) on every call; it
     now takes only the roll call and the rendezvous report (the real rsync, here, with the same filter)."""
-    from clusterddp.mirror import REPORT_FILTER
+    from clusterddp.backends.ssh.mirror import REPORT_FILTER
 
     run = tmp_path / "remote" / "train-7"
     for name in ("rank-0.out", "stacks/ranks/rank-0.json", "stacks/hang-0/rollcall.txt", "stacks/hang-0/rank-0.txt",
@@ -233,7 +233,7 @@ def test_two_projects_with_one_directory_name_get_two_copies(tmp_path):
 
 def test_an_edit_of_the_same_size_in_the_same_second_is_sent(tmp_path):
     """Class 4 (part): rsync's quick check (size and time) skipped such an edit; the copy compares checksums."""
-    from clusterddp.code_copy import COPY_ARGS
+    from clusterddp.backends.ssh.copy import COPY_ARGS
 
     src, dest = tmp_path / "src", tmp_path / "dest"
     src.mkdir()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp import JobSpec, TemplateError, __version__
-from clusterddp.render import available_templates, render
+from clusterddp.backends.slurm.script import available_templates, render
 
 from .cases import CASES
 

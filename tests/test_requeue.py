@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clusterddp import slurm
+from clusterddp.backends.slurm import commands as slurm
 
 from .conftest import SCRIPTS, run_cli
 from .procs import children

@@ -104,7 +104,7 @@ def test_a_planted_roll_call_never_fails_a_job_that_succeeded(tmp_path, rank_exi
     """Class 3: the batch script took exit 79 from the presence of stacks/hang-N/rollcall.txt, so a file planted in
     a shared run directory turned a successful job into a 'hung' one. The ranks' exit status now decides; the
     file only explains a step that failed. (The rendered script, run by bash with a stand-in srun.)"""
-    from clusterddp.spec import JobSpec
+    from clusterddp.job.spec import JobSpec
 
     from .cases import run_rendered
 
@@ -125,10 +125,10 @@ def test_a_run_directory_that_is_not_the_jobs_own_is_refused(tmp_path, plant):
     """Class 3: `mkdir -p` took a run directory someone else made first (a predictable name in a shared output
     directory); the batch script and the local backend now refuse one that is a link, another user's, or writable
     by others, before any rank writes into it."""
+    from clusterddp.backends.local.plan import make_plan
+    from clusterddp.backends.local.run import run_plan
     from clusterddp.errors import LocalRunError
-    from clusterddp.local import make_plan
-    from clusterddp.local_run import run_plan
-    from clusterddp.spec import JobSpec
+    from clusterddp.job.spec import JobSpec
 
     from .cases import run_rendered
 

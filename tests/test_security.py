@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from clusterddp import JobSpec, SpecError
 from clusterddp.api import executor_params, setup_lines
+from clusterddp.backends.slurm.script import context, render
 from clusterddp.cli import cli
-from clusterddp.render import context, render
-from clusterddp.sbatch_options import resolve
+from clusterddp.job.sbatch_options import resolve
 
 from .cases import CORPUS, has_control, run_rendered
 
@@ -52,7 +52,7 @@ def one_line_usage_error(r) -> str:
 
 # --- 1. sbatch's own argv ----------------------------------------------------------------------------------
 def test_script_path_reaches_sbatch_after_double_dash_absolute(tmp_path):
-    from clusterddp.slurm import _script_argv
+    from clusterddp.backends.slurm.commands import _script_argv
 
     argv = _script_argv(Path("--wrap=touch PWNED;echo ") / "job.sbatch")
     assert argv[-2] == "--" and argv[-1].startswith("/") and "--ignore-pbs" in argv[:-2]

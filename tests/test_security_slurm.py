@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.sbatch_options import NO_VALUE, REQUIRED_VALUE, known_in
+from clusterddp.job.sbatch_options import NO_VALUE, REQUIRED_VALUE, known_in
 
 from .cases import CORPUS, has_control
 from .conftest import SCRIPTS, run_cli

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import clusterddp
-from clusterddp import attempts, slurm
+from clusterddp.backends.slurm import commands as slurm
+from clusterddp.healing import attempts
 
 from .conftest import SCRIPTS, run_cli
 from .test_faults import _rank_pids

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.render import render
+from clusterddp.backends.slurm.script import render
 
 from .cases import CASES
 from .conftest import SCRIPTS, run_cli
@@ -128,7 +128,7 @@ def test_hostile_job_name_reaches_slurm_intact(work):
     assert proc.returncode == 0, proc.stderr
     job_id = job_id_of(proc)
     show = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True, env=env)
-    from clusterddp.slurm import parse_scontrol
+    from clusterddp.backends.slurm.commands import parse_scontrol
 
     fields = parse_scontrol(show.stdout)
     assert fields["Partition"] == "debug"
@@ -150,7 +150,7 @@ def test_two_jobs_at_once_share_nodes(work):
         assert w.returncode == 0
     finals = []
     for job_id in ids:
-        from clusterddp import slurm
+        from clusterddp.backends.slurm import commands as slurm
 
         finals.append(slurm.wait(job_id))
     assert [f.state for f in finals] == ["COMPLETED", "COMPLETED"]
@@ -182,7 +182,7 @@ def test_status_logs_cancel(work):
     proc = submit(work, "--nodes", "2", "--gpus", "1", "--launcher", "srun", "sleeper.py", "--", "300")
     assert proc.returncode == 0, proc.stderr
     job_id = job_id_of(proc)
-    from clusterddp import slurm
+    from clusterddp.backends.slurm import commands as slurm
 
     deadline = time.monotonic() + 60
     while slurm.info(job_id).state != "RUNNING" and time.monotonic() < deadline:
@@ -259,7 +259,7 @@ def test_wait_ctrl_c_can_cancel(work):
     cli.send_signal(2)  # SIGINT, as Ctrl-C
     out, err = cli.communicate(timeout=60)
     assert cli.returncode == 130 and "cancelled job" in err, err
-    from clusterddp import slurm
+    from clusterddp.backends.slurm import commands as slurm
 
     assert slurm.wait(out.strip()).state == "CANCELLED"
 
@@ -269,7 +269,7 @@ def test_array_runs_each_task_as_a_ddp_job(work):
     proc = submit(work, "--array", "0-1%1", "--nodes", "2", "--gpus", "1", "allreduce.py")
     assert proc.returncode == 0, proc.stderr
     array_id = job_id_of(proc)
-    from clusterddp import slurm
+    from clusterddp.backends.slurm import commands as slurm
 
     finals = [slurm.wait(f"{array_id}_{i}") for i in range(2)]
     assert [f.state for f in finals] == ["COMPLETED", "COMPLETED"]
@@ -288,7 +288,7 @@ def test_failed_parent_leaves_the_child_pending_and_status_says_so(work):
     child = submit(work, "--after", parent_id, "--nodes", "2", "--gpus", "1", "allreduce.py")
     assert child.returncode == 0, child.stderr
     child_id = job_id_of(child)
-    from clusterddp import slurm
+    from clusterddp.backends.slurm import commands as slurm
 
     assert slurm.wait(parent_id).state == "FAILED"
     final = slurm.wait(child_id)  # returns: the dependency can never be met
@@ -309,7 +309,7 @@ def test_a_job_slurm_can_never_place_is_not_followed_forever(work):
     proc = submit(work, "--nodes", "2", "--gpus", "1", "--sbatch-arg=--hold", "allreduce.py")
     assert proc.returncode == 0, proc.stderr
     job_id = job_id_of(proc)
-    from clusterddp import slurm
+    from clusterddp.backends.slurm import commands as slurm
 
     try:
         for change in (["update", f"JobId={job_id}", "ExcNodeList=node1,node2", "NumNodes=2-2"], ["release", job_id]):

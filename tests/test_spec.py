@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from clusterddp import JobSpec, SpecError
-from clusterddp.spec import parse_env, parse_time, sbatch_quote
+from clusterddp.job.spec import parse_env, parse_time, sbatch_quote
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -100,14 +100,14 @@ def test_directives_are_data():
 @pytest.mark.parametrize("raw, expected", [("", 5.0), ("  ", 5.0), ("1", 1.0), ("0.5", 0.5), ("60", 60.0),
                                            (" 2.5 ", 2.5)])
 def test_poll_max_accepts_seconds_in_range(raw, expected):
-    from clusterddp.parse import poll_max
+    from clusterddp.job.parse import poll_max
 
     assert poll_max(raw) == (expected, "")
 
 
 @pytest.mark.parametrize("raw", ["0.4", "0", "-1", "61", "1e9", "nan", "inf", "soon", "1s", "--help", "$(id)"])
 def test_poll_max_refuses_the_rest_with_the_default_and_a_reason(raw):
-    from clusterddp.parse import poll_max
+    from clusterddp.job.parse import poll_max
 
     value, problem = poll_max(raw)
     assert value == 5.0

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from clusterddp import contract, render, sweep
+from clusterddp import contract
+from clusterddp.backends.slurm import script as render
 from clusterddp.cli import cli
 from clusterddp.errors import SpecError
-from clusterddp.spec import JobSpec
-from clusterddp.sweep_run import code_files, code_hash, plan
+from clusterddp.job.spec import JobSpec
+from clusterddp.sweeps import grid as sweep
+from clusterddp.sweeps.run import code_files, code_hash, plan
 
 from .conftest import SCRIPTS, run_cli
 
@@ -246,7 +248,7 @@ def test_a_local_sweep_reruns_only_the_failed_trial(project):
 @pytest.mark.ranks
 def test_local_trials_run_side_by_side_with_max_parallel(project):
     """--local --max-parallel 2: two trials at once, each in a process of its own with its output in a log."""
-    from clusterddp import attempts
+    from clusterddp.healing import attempts
 
     proc = run_cli("sweep", "--local", "--max-parallel", "2", "--grid", "lr=0.1,0.2", "--grid", "seed=0", "--gpus", "0",
                    "--procs-per-node", "2", "--launcher", "srun", "trial.py", "--", "--lr", "{lr}", "--seed",
@@ -264,7 +266,7 @@ def test_local_trials_run_side_by_side_with_max_parallel(project):
 def test_status_without_the_queue_is_an_error_not_missing_trials(project, tmp_path):
     """When squeue cannot answer, queued trials must not look as if they never ran (a resubmission would run them
     twice): one line, exit 1."""
-    from clusterddp.sweep_run import SweepRecord
+    from clusterddp.sweeps.run import SweepRecord
 
     rec = SweepRecord("q", "here", str(project / "clusterddp-runs" / "sweep-q"), {"script": "trial.py"},
                       trials={"k": {"index": 0, "params": [["lr", "1"]], "code": "c"}},

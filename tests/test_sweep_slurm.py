@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp import attempts
+from clusterddp.healing import attempts
 
 from .conftest import SCRIPTS, run_cli
 

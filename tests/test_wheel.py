@@ -38,7 +38,7 @@ def test_wheel_in_fresh_venv_renders(tmp_path):
                        cwd=work, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "--nnodes=2 --nproc-per-node=8" in r.stdout
-    where = subprocess.check_output([str(py), "-c", "import clusterddp, clusterddp.render as r; "
+    where = subprocess.check_output([str(py), "-c", "import clusterddp, clusterddp.backends.slurm.script as r; "
                                      "print(clusterddp.__file__); print(r._shipped_dir())"], cwd=work, text=True)
     module_file, templates = where.split("\n")[:2]
     assert module_file.startswith(str(venv)), module_file

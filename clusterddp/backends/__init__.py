@@ -16,10 +16,10 @@ from ..errors import SpecError
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..clusters import Cluster
-    from ..jobinfo import JobInfo
-    from ..record import JobRecord
-    from ..spec import JobSpec
+    from ..job.clusters import Cluster
+    from ..job.spec import JobSpec
+    from .jobinfo import JobInfo
+    from .record import JobRecord
 
 
 class Backend(Protocol):
@@ -58,7 +58,7 @@ def names() -> Sequence[str]:
 
 def check_name(name: str, where: str) -> str:
     if name not in REGISTRY:
-        from ..parse import suggest
+        from ..job.parse import suggest
 
         raise SpecError(f"{where}: unknown backend {name!r}{suggest(name, names())}; backends: {', '.join(names())}")
     return name

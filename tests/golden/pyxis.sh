@@ -97,7 +97,7 @@ mkdir -p -- "$RUN_DIR/nccl-trace"
 echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 8 (2 x 4), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
 
-# Attempts. After a node fault (clusterddp.faults tells one from a program fault: a rank killed with no traceback
+# Attempts. After a node fault (clusterddp.healing.faults tells one from a program fault: a rank killed with no traceback
 # of its own, a lost node, a hang, ranks that never arrived) the job step runs again from the last checkpoint on
 # 2 node(s) of the allocation without the node(s) at fault: at most 2 time(s) in all (--retries),
 # on a spare while one is left (--spare-nodes 0), else the job requeues itself with those nodes excluded.
@@ -159,8 +159,8 @@ clusterddp_retry() {
     local used fault kind nodes why to f
     used="$(awk -F'\t' '$7 == "infrastructure" && ($10 == "retry" || $10 == "requeue") { n++ } END { print n + 0 }' \
         "$RUN_DIR/attempts.tsv" 2>/dev/null || echo 0)"
-    fault="$(python3 -m clusterddp.faults "$RUN_DIR" "$CLUSTERDDP_STEP_ERR" "$CLUSTERDDP_STEP_NODES" 2>/dev/null)" ||
-        fault="$(printf 'unknown\n\nno fault report (clusterddp.faults failed with %s where the batch script runs)' python3)"
+    fault="$(python3 -m clusterddp.healing.faults "$RUN_DIR" "$CLUSTERDDP_STEP_ERR" "$CLUSTERDDP_STEP_NODES" 2>/dev/null)" ||
+        fault="$(printf 'unknown\n\nno fault report (clusterddp.healing.faults failed with %s where the batch script runs)' python3)"
     { IFS= read -r kind; IFS= read -r nodes; IFS= read -r why; } <<<"$fault" || true
     echo "clusterddp: attempt $((CLUSTERDDP_ATTEMPT + 1)) failed: fault: $kind${nodes:+ on $nodes}: $why" >&2
     if [ "$kind" != infrastructure ]; then

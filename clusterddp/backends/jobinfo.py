@@ -1,0 +1,59 @@
+"""What every backend says of a job (JobInfo): its state, why it waits, how it ended; which states are final and
+which pending reasons Slurm never gets past."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..rollcall import printable
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                   "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+# Reasons for which Slurm keeps a job PENDING forever (until someone changes it or the cluster): --wait stops
+# following there and says why. DependencyNeverSatisfied: unless kill_invalid_depend is set. BadConstraints: e.g. a
+# self-requeue that excluded nodes (ExcNodeList) and left fewer than the job's node count in its partition.
+NEVER_STARTS = {
+    "DependencyNeverSatisfied": "a job it depends on failed, so it will never start",
+    "BadConstraints": "Slurm can never place it as asked (its node count, excluded nodes or features do not fit its "
+                      "partition), so it will never start unless the job or the partition is changed",
+}
+
+
+@dataclass
+class JobInfo:
+    job_id: str
+    state: str
+    reason: str = ""
+    elapsed: str = ""
+    nodes: str = ""
+    node_list: str = ""
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    stdout_path: str = ""
+
+    def __post_init__(self) -> None:
+        # What squeue/sacct/scontrol printed (on a login node that may not be ours) is data: printable, one line,
+        # bounded; a log path only when it is an absolute file name (scontrol's StdOut=/ is none).
+        for name in ("state", "reason", "elapsed", "nodes", "node_list", "stdout_path"):
+            value = getattr(self, name)
+            setattr(self, name, printable(str(value)).replace("\n", "?")[:4096])
+        if not self.stdout_path.startswith("/") or self.stdout_path.endswith("/"):
+            self.stdout_path = ""
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def never_starts(self) -> Optional[str]:
+        """Why Slurm will keep this pending job waiting forever (NEVER_STARTS), or None."""
+        return NEVER_STARTS.get(self.reason) if self.state == "PENDING" else None
+
+    @property
+    def return_code(self) -> int:
+        """The exit code a shell would report for the job: 128+signal when killed, 1 for a failure without one."""
+        if self.signal:
+            return 128 + self.signal
+        if self.exit_code:
+            return self.exit_code
+        return 0 if self.state == "COMPLETED" else 1

@@ -1,0 +1,237 @@
+"""Running a local plan (local.py makes it): start every process, copy their output to the logs and the terminal,
+stop them together on a failure, Ctrl-C or SIGTERM; SIGUSR2 asks the ranks to checkpoint, as a Slurm time limit
+does."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+
+from ... import contract
+from ...contract import without_parent_job
+from ...errors import LocalRunError
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+KILL_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
+# torchrun's line prefix (contract.TORCHRUN_PREFIX) with the local rank captured
+_DEFAULT_PREFIX = re.compile("^" + re.escape(contract.TORCHRUN_PREFIX).replace(re.escape("{local_rank}"), r"(\d+)"))
+
+
+class _Runner:
+    """Starts the plan's processes, copies their output to logs and the terminal, ends them together."""
+
+    def __init__(self, plan: "Plan", quiet: bool, echo: Callable[[str], None]) -> None:
+        self.plan, self.quiet, self.echo = plan, quiet, echo
+        self.popens: List[subprocess.Popen] = []
+        self.lock = threading.Lock()
+        self.node_rank: Dict[int, int] = {}
+
+    def start(self) -> None:
+        # A job started from inside a Slurm allocation must not inherit that job's variables.
+        base = without_parent_job(os.environ)
+        base.update(self.plan.common)
+        for p in self.plan.procs:
+            env = dict(base)
+            env.update(p.env)
+            try:
+                popen = subprocess.Popen(list(p.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:
+                self.stop()
+                raise LocalRunError(f"cannot start {p.argv[0]}: {exc.strerror}") from None
+            self.popens.append(popen)
+        # torchrun's c10d rendezvous orders agents of one host by pid: that order is their node rank.
+        if not contract.LAUNCHERS[self.plan.spec.launcher].node_known:
+            order = sorted(range(len(self.popens)), key=lambda i: self.popens[i].pid)
+            self.node_rank = {i: pos for pos, i in enumerate(order)}
+        self.threads = [threading.Thread(target=self._pump, args=(i,), daemon=True) for i in range(len(self.popens))]
+        for t in self.threads:
+            t.start()
+
+    def _prefix(self, i: int, line: str) -> Tuple[str, str, Optional[int]]:
+        p = self.plan.procs[i]
+        if p.rank is not None:
+            return f"[rank {p.rank}] ", line, p.rank
+        m = _DEFAULT_PREFIX.match(line)
+        if m:
+            rank = self.node_rank.get(i, i) * self.plan.spec.tasks_per_node + int(m.group(1))
+            return f"[rank {rank}] ", line[m.end():], rank
+        return f"[{p.label}] ", line, None
+
+    def _pump(self, i: int) -> None:
+        popen, p = self.popens[i], self.plan.procs[i]
+        assert popen.stdout is not None
+        with open(p.log, "ab") as log:
+            for raw in iter(popen.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                text = raw.decode("utf-8", "replace").rstrip("\n")
+                prefix, body, rank = self._prefix(i, text)
+                if self.quiet and rank != 0:
+                    continue
+                with self.lock:
+                    self.echo(prefix + body)
+
+    def wait(self) -> Tuple[int, Optional[int]]:
+        """Until all exit 0 or one fails (then end the rest). Returns (exit code, index of the first failure)."""
+        while True:
+            codes = [p.poll() for p in self.popens]
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                # Seen in one poll: a process ended by a signal (not our SIGTERM) is the cause, the others' errors
+                # its collateral (a peer gone), as faults.py reads srun and torchrun.
+                signalled = [i for i in failed if (codes[i] or 0) < 0 and codes[i] != -signal.SIGTERM]
+                first = (signalled or failed)[0]
+                self.stop()
+                return codes[first] or 1, first
+            if all(c == 0 for c in codes):
+                return 0, None
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM every process group we started, SIGKILL what is left after a grace period, descendants in
+        other sessions included."""
+        # torchrun starts each worker in a session of its own, out of reach of the agent's group; a worker that
+        # ignores SIGTERM (a rank that asked for should_stop()) would outlive its agent's SIGKILL, orphaned and
+        # holding its GPU. So every descendant is listed now, while the agents still are their parents.
+        below = _descendants([p.pid for p in self.popens])
+        for p in self.popens:
+            if p.poll() is None:
+                _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE_S
+        for p in self.popens:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.popens:
+            _signal_group(p.pid, signal.SIGKILL)  # also children that outlived their parent
+        for pid, started in below:
+            if _start_time(pid) == started:  # still that process, not a new one with a reused pid
+                _kill(pid)
+        for p in self.popens:
+            p.wait()
+
+    def join_output(self) -> None:
+        for t in getattr(self, "threads", []):
+            t.join(timeout=5)
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The process's start time (field 22 of /proc/PID/stat), None once it is gone: tells a pid's reuse apart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants(roots: List[int]) -> List[Tuple[int, str]]:
+    """Every living process below ``roots`` as (pid, start time), from /proc (Linux; elsewhere none)."""
+    children: Dict[int, List[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found: List[Tuple[int, str]] = []
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            started = _start_time(child)
+            if started is not None:
+                found.append((child, started))
+                todo.append(child)
+    return found
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL one process, and its group where it leads one (a torchrun worker's own session)."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def own_run_dir(path: Path) -> None:
+    """Refuse a run directory that is not the job's own (as the batch script does): a link, another user's, or one
+    that group or others can write (the ranks would write through links planted there)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise LocalRunError(f"the run directory {path} is not this job's own (a link, another user's, or writable by "
+                            "group or others): refusing to use it; choose another --output-dir")
+
+
+def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = print,
+             note: Callable[[str], None] = print, outcome: Optional[Dict[str, int]] = None) -> int:
+    """Run the plan to its end; returns the job's exit code (130 after Ctrl-C). ``outcome`` gets the index of the
+    process that failed first and its return code ("first", "returncode")."""
+    Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+    own_run_dir(Path(plan.run_dir))
+    trace = dict(plan.common).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if trace:  # torch opens its dump file without making the directory: no directory, no dump
+        Path(trace).parent.mkdir(parents=True, exist_ok=True)
+    note(plan.note)
+    runner = _Runner(plan, quiet, echo)
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    def on_usr2(signum: int, frame: object) -> None:
+        # As at a Slurm time limit: ask every rank to checkpoint and stop (clusterddp.runtime.should_stop()).
+        Path(dict(plan.common)[contract.STOP_FILE]).touch()
+        note("clusterddp: SIGUSR2: asked every rank to checkpoint and stop")
+
+    signal.signal(signal.SIGTERM, on_term)
+    previous_usr2 = signal.signal(signal.SIGUSR2, on_usr2)
+    try:
+        runner.start()
+        code, first = runner.wait()
+    except KeyboardInterrupt:
+        runner.stop()
+        runner.join_output()
+        note(f"clusterddp: interrupted; stopped all {len(runner.popens)} processes (logs in {plan.run_dir}/)")
+        return contract.EXIT["INTERRUPTED"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGUSR2, previous_usr2)
+    runner.join_output()
+    if first is not None and outcome is not None:
+        outcome.update(first=first, returncode=runner.popens[first].returncode)
+    if first is not None:
+        from ...healing.logscan import summary, tracebacks
+        from ...rollcall import runtime_failure
+
+        ended = runtime_failure(Path(plan.run_dir))
+        if ended is not None:
+            note(ended[1])
+            return ended[0]
+        note(f"clusterddp: {plan.procs[first].label} exited with code {code}; stopped the others")
+        found = tracebacks(sorted(Path(plan.run_dir).glob("*.out")))
+        note(summary(found, plan.run_dir))
+    return code

@@ -1,0 +1,82 @@
+"""A submission, start to end: spec -> pre-flight -> script -> the host places it -> sbatch -> record.
+
+The middle layer between the CLI (and the Python API's callers) and Slurm: the same flow for this machine and a
+cluster over SSH, whose differences live in the host (hosts.py)."""
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ... import contract
+from ...errors import ClusterDDPError, PreflightError, SlurmError
+from ...job import sbatch_options
+from ...job.clusters import Cluster
+from ..hosts import host_for
+from ..record import JobRecord
+from . import commands as slurm
+from .preflight import check_cluster, check_local
+from .script import render
+
+if TYPE_CHECKING:
+    from ...job.spec import JobSpec
+
+
+def submit(spec: "JobSpec", cluster: Cluster, template_dirs: Sequence[str] = (), check: bool = True,
+           note: Callable[[str], None] = lambda line: None) -> JobRecord:
+    """Submit ``spec`` to ``cluster`` (its Slurm commands run through ``slurm.on(cluster)``): pre-flight checks
+    (local, then the partition offer from sinfo; skipped with ``check=False``), the script written under the output
+    directory, ``sbatch --test-only``, ``sbatch``, the record.
+
+    On a remote cluster the directory submitted from is first copied there (only what changed) and the job runs
+    from its own snapshot of that copy. The script keeps the name sbatch saw (``scontrol show job`` reports it as
+    the Command); when submission fails, the error says where the script was kept.
+    """
+    host = host_for(cluster)
+    spec = host.job_spec(spec)
+    text = render(spec, template_dirs=template_dirs)
+    if check:
+        check_local(spec, here=not host.cluster.remote)
+    host.check_copy(spec)
+    if check:
+        for line in check_cluster(spec, slurm.partitions()):
+            note(line)
+    name = f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}.sbatch"
+    place = host.place(spec, check, note)
+    out = place.output_dir
+    if place.cwd is not None and out != spec.output_dir:  # it runs elsewhere: its outputs by their absolute path
+        text = render(spec.replace(output_dir=out), template_dirs=template_dirs)
+    script = f"{out}/{name}"
+    host.write(script, text)
+    try:
+        if check:
+            try:
+                slurm.test_only(script, place.cwd)
+            except SlurmError as exc:
+                raise PreflightError(f"sbatch --test-only refused the job: {exc.stderr.strip() or exc}; "
+                                     "(--no-check skips the checks)") from None
+        # Held until the files of an earlier job with the same id (a reset counter, a second cluster sharing the
+        # directory) are moved aside, so the new job's log and run directory never mix with them. Only after the
+        # --test-only check: a held job skips sbatch's own "can never run" refusal. With --no-check the files are
+        # moved right after sbatch (a job that starts within milliseconds could open them first).
+        job_id = slurm.sbatch(script, hold=check, cwd=place.cwd)
+    except ClusterDDPError as exc:
+        raise type(exc)(f"{exc}\n  the script is kept at {host.shown(script)}") from None
+    paths = [f"{out}/{contract.batch_log(spec.file_stem, job_id)}", f"{out}/{contract.run_dir(spec.file_stem, job_id)}"]
+    try:
+        for old, kept in host.move_aside(paths):
+            note(f"an earlier job {job_id} left {old}: kept as {kept}")
+    except OSError as exc:
+        note(f"warning: could not move an earlier job {job_id}'s files aside ({exc}); the new job writes beside them")
+    record = JobRecord(job_id=job_id, script_path=script, batch_log=paths[0], run_dir=paths[1],
+                       launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes,
+                       cluster=host.cluster.name, python=spec.python)
+    record.save()
+    held_on_purpose = any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args)
+    if check and not held_on_purpose:
+        try:
+            slurm.run(["scontrol", "release", job_id])
+        except SlurmError as exc:
+            raise SlurmError(f"job {job_id} was submitted held and could not be released: run "
+                             f"scontrol release {job_id}", exc.argv, exc.returncode, exc.stderr) from None
+    return record

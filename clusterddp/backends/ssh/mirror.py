@@ -1,0 +1,86 @@
+"""A remote job's files, readable here: its logs and reports copied back from the cluster (only what changed;
+never checkpoints or data; no symbolic link followed) into this machine's mirror directory."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ... import dirs
+from ...job.clusters import Cluster
+from .connection import _host_path, _rsync
+
+if TYPE_CHECKING:
+    from ..record import JobRecord
+
+#: What is copied back from a run directory: logs and reports, never checkpoints or data.
+PULL_FILTER = ["--include=*/", "--include=*.out", "--include=*.txt", "--include=*.json", "--include=*.log",
+               "--include=*.tsv", "--include=rank_*", "--exclude=*"]
+#: How a run directory comes back: recursive, times kept, symlinks skipped (no -l), empty directories left out.
+PULL_ARGS = ["-rt", "--no-links", "--prune-empty-dirs", *PULL_FILTER]
+
+
+def _mirror(cluster_name: str, leaf: str) -> Path:
+    """A directory on this machine for copies of one remote job's files."""
+    local = dirs.mirror() / cluster_name / leaf
+    local.mkdir(parents=True, exist_ok=True)
+    return local
+
+
+def mirror_dir(record: "JobRecord") -> Path:
+    """Where a remote job's logs and reports are copied back to on this machine (one per submission: a reused id
+    gets its own)."""
+    key = hashlib.sha256(record.script_path.encode()).hexdigest()[:8]
+    return _mirror(record.cluster, f"{record.job_id}-{key}")
+
+
+def fetch(record: "JobRecord") -> "JobRecord":
+    """The record with its files readable here: for a remote job, its batch log and its run directory's logs and
+    reports copied back (only what changed) and the paths pointing at the copies; a job of ``here`` as it is."""
+    from ...job.clusters import by_name
+
+    if record.cluster in ("", "here"):
+        return record
+    cluster = by_name(record.cluster)
+    local = mirror_dir(record)
+    run_name = Path(record.run_dir).name
+    # -rt, not -l: links in a remote run directory are not copied (one planted there could name any file of
+    # yours once it is followed here: logs --rank printed ~/.ssh/id_ed25519 that way).
+    _rsync(cluster, [*PULL_ARGS, "--",
+                     _host_path(cluster, record.batch_log), _host_path(cluster, record.run_dir),
+                     f"{local}/"], f"job {record.job_id}'s logs")
+    return replace(record, batch_log=str(local / Path(record.batch_log).name), run_dir=str(local / run_name),
+                   script_path=record.script_path)
+
+
+#: What `status` needs of an ended job: the roll call and the rendezvous report, nothing else.
+REPORT_FILTER = ["--include=/*/", "--include=/*/stacks/", "--include=/*/stacks/hang-*/",
+                 "--include=/*/stacks/hang-*/rollcall.*", "--include=/*/stacks/rendezvous-*.txt",
+                 "--include=/*/attempts.tsv", "--exclude=*"]
+_FINAL = ".reports-final"
+
+
+def fetch_reports(record: "JobRecord") -> "JobRecord":
+    """Like fetch, for `status` of an ended job: only its report files, copied once (an ended job's reports do not
+    change; a listing of many finished jobs then costs no copy at all)."""
+    from ...job.clusters import by_name
+
+    if record.cluster in ("", "here"):
+        return record
+    local = mirror_dir(record)
+    run_name = Path(record.run_dir).name
+    marker = local / _FINAL
+    if not marker.exists():
+        cluster = by_name(record.cluster)
+        _rsync(cluster, ["-rt", "--no-links", "--prune-empty-dirs", *REPORT_FILTER, "--",
+                         _host_path(cluster, record.run_dir), f"{local}/"], f"job {record.job_id}'s reports")
+        marker.write_text("")
+    return replace(record, batch_log=str(local / Path(record.batch_log).name), run_dir=str(local / run_name))
+
+
+def fetch_file(cluster: Cluster, path: str, job_id: str) -> Path:
+    """One file from the cluster (a log Slurm names), copied here."""
+    local = _mirror(cluster.name, f"{job_id}-log")
+    _rsync(cluster, ["-t", "--no-links", "--", _host_path(cluster, path), f"{local}/"], f"job {job_id}'s log")
+    return local / Path(path).name

@@ -1,0 +1,200 @@
+"""``clusterddp status | nodes | stacks | cancel | logs``: following jobs that run or ran."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import click
+
+from ..contract import EXIT, LAUNCHERS
+from ..errors import SpecError
+from .base import CLUSTER_OPTION, Command
+
+
+def _note(line: str) -> None:
+    click.echo(f"clusterddp: {line}", err=True)
+
+
+@click.command("status", cls=Command)
+@click.argument("job_ids", nargs=-1)
+@CLUSTER_OPTION
+def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
+    """State, elapsed time, nodes and exit code of JOBID... (default: the last 10 jobs submitted from here, on
+    every cluster; a CLUSTER column then says where each ran)."""
+    from .. import backends
+    from ..backends.record import for_job, recent
+    from ..backends.slurm import commands as slurm
+    from ..errors import SlurmUnreachable
+    from ..job.clusters import by_name
+    from ..observe.follow import FAULT_STATES, attempt_lines, fault_line, reason, why_it_ended
+
+    if job_ids:
+        ids = [slurm.check_job_id(j) for j in job_ids]
+        targets = [(for_job(j, cluster, note=_note).name, j) for j in ids]
+    else:
+        targets = [(r.cluster, r.job_id) for r in recent(10)]
+        if not targets:
+            raise SpecError("no job ids given and no jobs submitted with clusterddp here yet")
+    several = len({c for c, _ in targets}) > 1 or any(c != "here" for c, _ in targets)
+    rows = [("CLUSTER",) * several + ("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
+    failed = 0
+    unreachable: dict = {}
+    faults: list = []
+    for name, job_id in targets:
+        where = (name,) * several
+        if name in unreachable:
+            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
+            failed += 1
+            continue
+        try:
+            backend = backends.get(by_name(name))
+            j = backend.info(job_id)
+            # A report file explains a failure; it never makes a job that ended well look failed.
+            why = reason(j) if not j.done else why_it_ended(backend, job_id, name) if j.return_code else ""
+        except slurm.JobNotFound as exc:
+            if len(targets) == 1:
+                raise
+            rows.append(where + (job_id, "UNKNOWN", "", "", "", "", str(exc).split(":")[0]))
+            failed += 1
+            continue
+        except (SlurmUnreachable, SpecError) as exc:
+            if len({c for c, _ in targets}) == 1:
+                raise  # one cluster: one line that says so (a listing of several goes on with the others)
+            unreachable[name] = str(exc).splitlines()[0]
+            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
+            failed += 1
+            continue
+        exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
+        rows.append(where + (j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, why))
+        if len(targets) == 1:
+            faults += attempt_lines(backend, job_id, name, j.done)
+        if len(targets) == 1 and j.done and j.return_code and j.state in FAULT_STATES:
+            faults.append(fault_line(backend, job_id, name, j.node_list, j.state))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for line in faults:
+        if line:
+            click.echo(line)
+    if failed:
+        sys.exit(EXIT["RUNTIME"])
+
+
+@click.command("nodes", cls=Command)
+@click.option("--forget", metavar="NODE", multiple=True, help="Drop NODE from the list (repeatable).")
+@CLUSTER_OPTION
+def nodes_command(forget: Sequence[str], cluster: Optional[str]) -> None:
+    """The nodes quarantined after a fault (a node killed, a hang, a rendezvous that missed it), which
+    submissions leave out for 24 h (submit --no-quarantine uses them anyway): node, since, job, reason."""
+    import datetime
+
+    from ..healing import quarantine
+    from ..job.clusters import choose
+
+    name = choose(cluster, None).name
+    for node in forget:
+        if not quarantine.forget(name, node):
+            raise SpecError(f"node {node!r} is not quarantined on cluster {name!r} (clusterddp nodes lists them)")
+        click.echo(f"clusterddp: {node} is no longer quarantined on cluster {name!r}", err=True)
+    if forget:
+        return
+    held = quarantine.active(name)
+    if not held:
+        click.echo(f"no node is quarantined on cluster {name!r}")
+        return
+    rows = [("NODE", "SINCE", "JOB", "REASON")] + [
+        (n, datetime.datetime.fromtimestamp(e["since"]).strftime("%Y-%m-%d %H:%M"), e["job"], e["reason"])
+        for n, e in sorted(held.items())]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+
+
+@click.command("stacks", cls=Command)
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print the roll call as JSON (for tools).")
+@click.option("--timeout", type=float, default=10.0, show_default=True, metavar="SECONDS",
+              help="How long ranks get to answer before py-spy is tried for the silent ones.")
+@click.option("--no-py-spy", is_flag=True, help="Do not fall back to py-spy for ranks that do not answer.")
+@CLUSTER_OPTION
+def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, cluster: Optional[str]) -> None:
+    """Where is every rank of a running job? Collects every rank's Python stacks (all threads) and prints a roll
+    call: ranks grouped by the place they wait, the odd ones out named, ranks that never started listed.
+
+    JOB is a job id, or the run directory of a --local run. Ranks using clusterddp.runtime answer through the run
+    directory (no ptrace needed); for others, py-spy is tried on their nodes (pip install 'clusterddp[stacks]').
+    Every rank's full stacks are kept in RUN_DIR/stacks/<time>/.
+
+    \b
+      clusterddp stacks 123456
+      clusterddp stacks clusterddp-runs/train-local-20261130-120000-4242
+    """
+    import json
+
+    from ..observe.stacks import roll_call
+
+    call, text = roll_call(job, cluster, timeout, not no_py_spy, note=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(call, indent=1) if as_json else text.rstrip("\n"))
+    if not call["groups"]:
+        sys.exit(EXIT["RUNTIME"])
+
+
+@click.command("cancel", cls=Command)
+@click.argument("job_id")
+@CLUSTER_OPTION
+def cancel_command(job_id: str, cluster: Optional[str]) -> None:
+    """Cancel JOBID (scancel)."""
+    from .. import backends
+    from ..backends.record import for_job
+
+    chosen = for_job(job_id, cluster, note=_note)
+    backends.get(chosen).cancel(job_id)
+    where = f" on cluster {chosen.name}" if chosen.name != "here" else ""
+    click.echo(f"clusterddp: cancel requested for job {job_id}{where}", err=True)
+
+
+@click.command("logs", cls=Command)
+@click.argument("job_id")
+@click.option("--rank", type=int, help="Show this rank's output instead of the batch log.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
+@CLUSTER_OPTION
+def logs_command(job_id: str, rank: Optional[int], follow: bool, cluster: Optional[str]) -> None:
+    """Print the batch log of JOBID, or one rank's log with --rank N. (For a remote cluster the logs are copied
+    here first, only what is new, into ~/.local/state/clusterddp/mirror/.)"""
+    from .. import backends
+    from ..backends.record import JobRecord, for_job
+    from ..errors import LogNotFound
+    from ..observe.follow import print_log
+
+    chosen = for_job(job_id, cluster, note=_note)
+    backend = backends.get(chosen)
+    record = JobRecord.load(job_id, chosen.name)
+    prefix = None
+    if record is None:
+        info = backend.info(job_id)  # JobNotFound when Slurm never heard of it
+        if not info.stdout_path:
+            raise LogNotFound(f"no log path known for job {job_id} (not submitted with clusterddp here?)")
+        if rank is not None:
+            raise SpecError(f"job {job_id} was not submitted with clusterddp here: no rank logs known")
+        stdout_path = info.stdout_path
+
+        def path_now() -> Path:
+            return backend.readable_file(stdout_path, job_id)
+    else:
+        found = record
+        if rank is not None:
+            world = record.nodes * record.procs_per_node
+            if not 0 <= rank < world:
+                raise SpecError(f"--rank {rank} is outside the job's ranks 0..{world - 1}")
+            prefix = record.rank_log(rank)[1]
+            facts = LAUNCHERS[record.launcher]
+            if not facts.task_per_rank and facts.line_prefix is None:  # spawn: the node's ranks share its log
+                first = rank - rank % record.procs_per_node
+                click.echo(f"clusterddp: spawn jobs log per node: {record.rank_log(rank)[0].name} holds ranks "
+                           f"{first}-{first + record.procs_per_node - 1}", err=True)
+
+        def path_now() -> Path:
+            here = backend.readable(found)
+            return Path(here.batch_log) if rank is None else here.rank_log(rank)[0]
+    print_log(job_id, path_now, prefix, follow, done=lambda: backend.info(job_id).done)

@@ -1,0 +1,93 @@
+"""A job's attempts, as its batch script recorded them (``attempts.tsv`` in the run directory, one line per attempt
+that ended: nodes, start, end, exit code, fault class, node(s) at fault, what came next). Read as data: the file
+is the job's, but its text came from logs (bounded, printable, checked names). Login side; pure over files."""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import List, NamedTuple, Sequence, Tuple
+
+from .. import contract
+from ..rollcall import printable, read_bounded
+
+_MAX_LINES = 1000
+_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+class Attempt(NamedTuple):
+    restart: int
+    attempt: int
+    start: int
+    end: int
+    nodes: Tuple[str, ...]
+    exit: int
+    fault: str                 # "infrastructure", "program", "unknown", or "" (none: it ended well or was stopped)
+    fault_nodes: Tuple[str, ...]
+    why: str
+    next: str                  # contract.NEXT_RETRY, NEXT_REQUEUE or NEXT_END
+
+    def line(self) -> str:
+        """One line for people: 'attempt 1 (restart 0) on node1,node2, 19:40:01-19:40:17 (16 s), exit 143: ...'."""
+        span = f"{time.strftime('%H:%M:%S', time.localtime(self.start))}-" \
+               f"{time.strftime('%H:%M:%S', time.localtime(self.end))} ({max(0, self.end - self.start)} s)"
+        head = f"attempt {self.attempt + 1} (restart {self.restart}) on {','.join(self.nodes) or '?'}, {span}, " \
+               f"exit {self.exit}"
+        if self.fault:
+            at = f" on {','.join(self.fault_nodes)}" if self.fault_nodes else ""
+            head += f": fault: {self.fault}{at}: {self.why}"
+        elif self.why:
+            head += f" ({self.why})"
+        then = {contract.NEXT_RETRY: "retried here without the node(s) at fault",
+                contract.NEXT_REQUEUE: "requeued" + (" without the node(s) at fault" if self.fault else "")}
+        return head + (f"; {then[self.next]}" if self.next in then else "")
+
+
+def _nodes(text: str) -> Tuple[str, ...]:
+    return tuple(n for n in text.split(",")[:4096] if _NODE.fullmatch(n))
+
+
+def _int(text: str) -> int:
+    return int(text) if text.isdigit() and len(text) < 19 else 0
+
+
+def read(run_dir: Path) -> List[Attempt]:
+    """Every attempt recorded in ``run_dir`` (none when the file is missing, a link or unreadable)."""
+    raw = read_bounded(Path(run_dir) / contract.ATTEMPTS_FILE)
+    if raw is None:
+        return []
+    out = []
+    for line in raw.decode("utf-8", "replace").splitlines()[:_MAX_LINES]:
+        f = line.split("\t")
+        if len(f) != len(contract.ATTEMPT_FIELDS):
+            continue
+        fault = f[6] if f[6] in ("infrastructure", "program", "unknown") else ""
+        out.append(Attempt(_int(f[0]), _int(f[1]), _int(f[2]), _int(f[3]), _nodes(f[4]),
+                           int(f[5]) if re.fullmatch(r"-?\d{1,4}", f[5]) else -1, fault, _nodes(f[7]),
+                           printable(f[8])[:300], f[9] if f[9] in (contract.NEXT_RETRY, contract.NEXT_REQUEUE,
+                                                                     contract.NEXT_END) else ""))
+    return out
+
+
+def append(run_dir: Path, a: Attempt) -> None:
+    """Record one attempt as the batch script does (the local backend's retry loop)."""
+    fields = (a.restart, a.attempt, a.start, a.end, ",".join(a.nodes), a.exit, a.fault, ",".join(a.fault_nodes),
+              re.sub(r"[\t\r\n]+", " ", a.why), a.next)
+    with open(Path(run_dir) / contract.ATTEMPTS_FILE, "a", encoding="utf-8") as fh:
+        fh.write("\t".join(str(f) for f in fields) + "\n")
+
+
+def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
+    """A failed attempt's logs and reports moved to attempts/RESTART.ATTEMPT/ (as the batch script does)."""
+    run = Path(run_dir)
+    to = run / contract.ATTEMPT_DIR.format(restarts=restart, attempt=attempt)
+    to.mkdir(parents=True, exist_ok=True)
+    for path in sorted(run.glob("rank-*.out")) + sorted(run.glob("node-*.out")) + [run / "stacks", run / "torchrun"]:
+        if path.exists() and not path.is_symlink():
+            path.rename(to / path.name)
+    return to
+
+
+def at_fault(attempts: Sequence[Attempt]) -> List[Tuple[Tuple[str, ...], str]]:
+    """(nodes, why) of every attempt that ended in a node fault with its node(s) known."""
+    return [(a.fault_nodes, a.why) for a in attempts if a.fault == "infrastructure" and a.fault_nodes]

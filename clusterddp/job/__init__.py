@@ -1,0 +1,3 @@
+"""The job as data, pure (no Slurm contacted, nothing written): the spec (spec.py) and what it is made from
+(parse, ids, quoting, sbatch_options), where its defaults come from (config, trust, clusters), what it will be
+(explain) and the skeleton of ``clusterddp new``. Login side: never imports torch."""

@@ -1,0 +1,1 @@
+"""Looking at jobs that run or ran: following states and logs (follow) and every rank's stack (stacks)."""

@@ -1,0 +1,247 @@
+"""Following a job from the login node: live states until it ends (--wait), its log as it grows (logs -f), and
+the root cause of a failure. Login side; the CLI's commands call these."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence
+
+import click
+
+from ..contract import EXIT
+
+#: The end states a fault class is looked for in (a cancelled job or one at its time limit had none).
+FAULT_STATES = ("FAILED", "NODE_FAIL")
+
+
+def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
+    """Follow ``job_id`` of ``backend`` (--wait): its states as they change; its exit code, or 130 on Ctrl-C."""
+    start = time.monotonic()
+
+    def show(job: Any) -> None:
+        where = f" on {job.node_list}" if job.state == "RUNNING" and job.node_list else ""
+        why = f" ({job.reason})" if job.reason and job.reason not in ("None", "") and not job.done else ""
+        click.echo(f"clusterddp: job {job_id} {job.state}{where}{why} [{time.monotonic() - start:.1f} s]", err=True)
+
+    follower = _AttemptFollower(record)
+    try:
+        with follower:
+            final = backend.wait(job_id, on_change=show)
+        if not final.done:  # pending for a reason that never passes (jobinfo.NEVER_STARTS)
+            click.echo(f"clusterddp: {reason(final)}", err=True)
+            return EXIT["RUNTIME"]
+    except KeyboardInterrupt:
+        choice = on_interrupt
+        if choice == "ask":
+            choice = "detach"
+            if sys.stdin.isatty():
+                choice = "cancel" if click.confirm(f"\nCancel job {job_id}?", default=False, err=True) else "detach"
+        if choice == "cancel":
+            backend.cancel(job_id)
+            click.echo(f"clusterddp: cancelled job {job_id}", err=True)
+        else:
+            click.echo(f"clusterddp: stopped watching; job {job_id} goes on (clusterddp status {job_id})", err=True)
+        return EXIT["INTERRUPTED"]
+    code = final.return_code
+    click.echo(f"clusterddp: job {job_id} ended {final.state}, exit code {code}", err=True)
+    if record is not None:
+        follower.finish(backend.readable(record, reports_only=True))
+    if code != 0 and record is not None:
+        readable = backend.readable(record)
+        show_failure(readable)
+        fault = fault_of(readable, final.node_list, final.state) if final.state in FAULT_STATES else None
+        if fault is not None:
+            click.echo(f"clusterddp: {fault.line()}", err=True)
+            from ..healing.faults import INFRASTRUCTURE
+
+            if fault.kind == INFRASTRUCTURE and fault.nodes:
+                click.echo(quarantine_note(fault.nodes, record.cluster), err=True)
+    return code
+
+
+class _AttemptFollower:
+    """--wait: each attempt of the job's retry loop as it ends (a thread reading attempts.tsv of a job whose run
+    directory is on this machine; a remote job's attempts come once it has ended), and the nodes at fault
+    quarantined."""
+
+    def __init__(self, record: Optional[Any]) -> None:
+        import threading
+
+        self.record, self.shown, self.stop = record, 0, threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "_AttemptFollower":
+        if self.record is not None and self.record.cluster in ("", "here"):
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        run_dir = Path(self.record.run_dir) if self.record is not None else None
+        while run_dir is not None and not self.stop.wait(1.0):
+            self._show(run_dir)
+
+    def _show(self, run_dir: Path) -> List[Any]:
+        """Print the attempts not shown yet: all of them once there is more than one or a fault."""
+        from ..healing.attempts import read
+
+        with self.lock:
+            found = read(run_dir)
+            for i, a in enumerate(found[self.shown:], start=self.shown):
+                if a.fault or a.next != "end" or i > 0:
+                    click.echo(f"clusterddp: {a.line()}", err=True)
+            self.shown = max(self.shown, len(found))
+            return found
+
+    def finish(self, readable: Any) -> None:
+        """The attempts not shown yet; the nodes at fault in any of them quarantined."""
+        from ..healing import quarantine
+        from ..healing.attempts import at_fault
+
+        found = self._show(Path(readable.run_dir))
+        held: List[str] = []
+        for nodes, why in at_fault(found):
+            held += quarantine.add(readable.cluster, nodes, why, readable.job_id)
+        if held:
+            click.echo(quarantine_note(sorted(set(held)), readable.cluster), err=True)
+
+
+def quarantine_note(nodes: Sequence[str], cluster: str) -> str:
+    from ..healing.quarantine import DEFAULT_SECONDS
+
+    where = "" if cluster == "here" else f" --cluster {cluster}"
+    return (f"clusterddp: quarantined {', '.join(nodes)}: later submissions leave it out for "
+            f"{DEFAULT_SECONDS // 3600} h (clusterddp nodes{where}; clusterddp nodes --forget NODE{where})")
+
+
+def fault_of(record: Any, node_list: str, state: str) -> Optional[Any]:
+    """The fault class of a failed job (faults.classify) from its files as readable here; a node at fault is
+    quarantined on the job's cluster."""
+    from ..healing import quarantine
+    from ..healing.faults import INFRASTRUCTURE, classify
+    from ..hostlist import expand
+
+    try:
+        nodes = expand(node_list) if node_list and node_list not in ("(null)", "None") else []
+    except ValueError:
+        nodes = []
+    fault = classify(Path(record.run_dir), [Path(p) for p in record.logs()], Path(record.batch_log), nodes,
+                     node_failed=state == "NODE_FAIL")
+    if fault is not None and fault.kind == INFRASTRUCTURE and fault.nodes:
+        quarantine.add(record.cluster, fault.nodes, fault.why, record.job_id)
+    return fault
+
+
+def show_failure(record: Any) -> None:
+    """The hang watchdog's roll call, or ranks that never arrived, or else every log with a traceback and the most
+    likely root cause in full (``record``'s files readable here: Backend.readable)."""
+    from ..healing.logscan import summary, tracebacks
+    from ..rollcall import runtime_failure
+
+    ended = runtime_failure(Path(record.run_dir))
+    if ended is not None:
+        click.echo(ended[1], err=True)
+        return
+
+    found = tracebacks([Path(p) for p in record.logs()] + [Path(record.batch_log)])
+    click.echo(summary(found, f"{record.run_dir}/ and {record.batch_log}" if not found else record.run_dir), err=True)
+
+
+def why_it_ended(backend: Any, job_id: str, cluster: str) -> str:
+    """What the runtime reported for a job that ended: a hang's roll call in one line, a failed rendezvous."""
+    from ..backends.record import JobRecord
+    from ..rollcall import hang_report, rendezvous_failure
+
+    record = JobRecord.load(job_id, cluster)
+    if record is None:
+        return ""
+    record = backend.readable(record, reports_only=True)
+    hang = hang_report(Path(record.run_dir))
+    if hang is not None:
+        return hang["summary"]
+    return rendezvous_failure(Path(record.run_dir)) or ""
+
+
+def fault_line(backend: Any, job_id: str, cluster: str, node_list: str, state: str) -> str:
+    """``status JOBID``'s fault line for a job that failed ('' when nothing tells)."""
+    from ..backends.record import JobRecord
+
+    record = JobRecord.load(job_id, cluster)
+    if record is None:
+        return ""
+    fault = fault_of(backend.readable(record), node_list, state)
+    return "" if fault is None else fault.line()
+
+
+def attempt_lines(backend: Any, job_id: str, cluster: str, done: bool) -> List[str]:
+    """``status JOBID``'s history: one line per attempt once there is more than one or a fault (the nodes at fault
+    are quarantined, as --wait does)."""
+    from ..backends.record import JobRecord
+    from ..healing import quarantine
+    from ..healing.attempts import at_fault, read
+
+    record = JobRecord.load(job_id, cluster)
+    if record is None or (not done and cluster not in ("", "here")):
+        return []
+    found = read(Path(backend.readable(record, reports_only=True).run_dir))
+    if len(found) < 2 and not any(a.fault for a in found):
+        return []
+    for nodes, why in at_fault(found):
+        quarantine.add(record.cluster, nodes, why, record.job_id)
+    return [a.line() for a in found]
+
+
+def reason(job: Any) -> str:
+    never = job.never_starts
+    return f"{job.reason}: {never} (clusterddp cancel {job.job_id})" if never else job.reason
+
+
+def print_log(job_id: str, path_now: Callable[[], Path], prefix: Optional[str], follow: bool,
+              done: Callable[[], bool]) -> None:
+    """Print a log (``path_now()`` gives its path here, copying it from a remote cluster first), following it
+    until the job ends (``done()``) with ``follow``."""
+    def emit(chunk: str) -> None:
+        if prefix is None:
+            click.echo(chunk, nl=False)
+        else:
+            click.echo("".join(line for line in chunk.splitlines(True) if line.startswith(prefix)), nl=False)
+
+    path = path_now()
+    if path.is_symlink():  # a log is a file of the job's; a link (planted in a shared directory) is not followed
+        from ..errors import LogNotFound
+
+        raise LogNotFound(f"log {path} is a symbolic link: not followed (logs are read as files of the job)")
+    if not path.exists() and not follow:
+        from ..errors import LogNotFound
+
+        raise LogNotFound(f"log {path} does not exist (yet): the job may still be pending; try clusterddp logs "
+                          f"{job_id} --follow")
+    pos, partial = 0, ""
+    try:
+        while True:
+            if path.exists():
+                with path.open("r", errors="replace") as fh:
+                    fh.seek(pos)
+                    text = partial + fh.read()
+                    pos = fh.tell()
+                # While following, hold back a half-written last line so prefixes are matched on whole lines.
+                cut = text.rfind("\n") + 1 if follow else len(text)
+                text, partial = text[:cut], text[cut:]
+                if text:
+                    emit(text)
+            if not follow:
+                if partial:
+                    emit(partial)
+                return
+            if done():
+                follow = False  # one more read: the last lines may land just after the state changes
+            time.sleep(0.5)
+            path = path_now()
+    except KeyboardInterrupt:
+        return

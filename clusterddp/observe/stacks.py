@@ -1,0 +1,240 @@
+"""``clusterddp stacks``: ask every rank of a running job where it is and print the roll call. Login side.
+
+Ranks that use clusterddp.runtime answer through their control thread: this writes a request file in the run
+directory and each rank writes its stacks beside it (no ptrace, no GPU, no collective). For the ranks that do not
+answer (an unmodified script, a rank stuck in native code), ``py-spy dump`` is tried on their nodes, started with
+``srun --overlap`` inside the job (or directly for a --local run); where that is not possible, one line says why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .. import contract, rollcall
+from ..contract import EXIT
+from ..errors import ClusterDDPError, SlurmError
+
+FALLBACK_MODULE = "clusterddp.runtime.pyspy"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is inspected: a run directory and, for a Slurm job, its id, nodes and rank layout."""
+
+    run_dir: Path
+    world_size: Optional[int] = None
+    launcher: str = ""
+    per_node: int = 1
+    job_id: Optional[str] = None
+    nodes: Sequence[str] = ()
+
+
+def _node_guess(rank: int, target: Target, hellos: Dict[int, Dict[str, Any]]) -> str:
+    launcher = target.launcher or next((str(h.get("launcher")) for h in hellos.values()), "")
+    if launcher in contract.LAUNCHERS and not contract.LAUNCHERS[launcher].node_known:
+        return "node unknown: torchrun gives node ranks out at its rendezvous"
+    per = target.per_node if target.job_id else next(
+        (h["local_world_size"] for h in hellos.values() if isinstance(h.get("local_world_size"), int)), 1)
+    index = rank // max(1, per)
+    for r, h in hellos.items():
+        if r // max(1, per) == index:
+            return str(h.get("node", "?"))
+    return target.nodes[index] if index < len(target.nodes) else f"node {index}"
+
+
+def _fallback(target: Target, directory: Path, timeout: float) -> str:
+    """py-spy on every node for the ranks that gave no dump; '' or the reason it could not run."""
+    argv = [sys.executable, "-m", FALLBACK_MODULE, str(target.run_dir.resolve()), str(directory.resolve())]
+    if target.job_id is None:
+        # A local run: not the Slurm job this shell may sit in (the helper matches ranks by SLURM_JOB_ID there).
+        env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "SLURMD_NODENAME")}
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30, env=env)
+        except subprocess.TimeoutExpired:
+            return f"py-spy did not finish within {timeout + 30:.0f} s"
+        return proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else ""
+    from ..backends.slurm import commands as slurm
+
+    try:
+        proc = slurm.run_in_job(target.job_id, len(target.nodes) or 1, argv, timeout=timeout + 30)
+    except SlurmError as exc:
+        return f"srun --overlap could not start py-spy in job {target.job_id}: {str(exc).splitlines()[0]}"
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return lines[-1] if proc.returncode and lines else ""
+
+
+def collect(target: Target, timeout: float = 10.0, note: Callable[[str], None] = lambda line: None,
+            fallback: bool = True) -> Dict[str, Any]:
+    """Ask, wait up to ``timeout`` seconds for the answers, fall back to py-spy for the silent ranks, and return
+    the roll call (rollcall.build's dict plus "dir" and "fallback"). Writes rollcall.txt/.json beside the dumps."""
+    run_dir = target.run_dir
+    if not run_dir.is_dir():
+        raise ClusterDDPError(f"run directory {run_dir} does not exist (has the job started?)")
+    name = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+    directory = run_dir / contract.DUMP_DIR.format(name=name)
+    started = time.monotonic()
+    try:
+        directory.mkdir(parents=True)
+        rollcall.write_atomic(run_dir / contract.REQUEST_FILE, name + "\n")
+    except OSError as exc:
+        raise ClusterDDPError(f"cannot write the stack request into {run_dir}: {exc.strerror}") from None
+    hellos = rollcall.read_hellos(run_dir)
+    if target.world_size:  # the job's record says how many ranks there are: files claiming others are not its own
+        hellos = {r: h for r, h in hellos.items() if r < target.world_size}
+    world = target.world_size or max((h.get("world_size", 0) for h in hellos.values()), default=0)
+    alive = {r for r, h in hellos.items() if h.get("state") != "left"}
+    if alive:
+        note(f"asked {len(alive)} rank(s) through the run directory; waiting up to {timeout:.0f} s")
+        while time.monotonic() - started < timeout:
+            answered = {int(n) for p in directory.glob("rank-*.json") if (n := p.stem[5:]).isdigit() and len(n) < 7}
+            if alive <= answered:
+                break
+            time.sleep(0.2)
+    dumps = [d for d in rollcall.read_dumps(directory) if not target.world_size or d["rank"] < target.world_size]
+    reason = ""
+    if fallback and len(dumps) < max(world, 1):
+        note("ranks without an answer: trying py-spy on their nodes")
+        reason = _fallback(target, directory, timeout)
+        dumps = [d for d in rollcall.read_dumps(directory) if not target.world_size or d["rank"] < target.world_size]
+    world = world or max((d["rank"] + 1 for d in dumps), default=0)
+    answered = {d["rank"] for d in dumps}
+    missing = {}
+    for r in range(world):
+        if r in answered:
+            continue
+        h = hellos.get(r)
+        if h is None:
+            missing[r] = f"{_node_guess(r, target, hellos)}: never started, or does not use clusterddp.runtime"
+        elif h.get("state") == "left":
+            missing[r] = f"{h.get('node', '?')}: finished (left the process group)"
+        else:
+            missing[r] = (f"{h.get('node', '?')}, pid {h.get('pid', '?')}: started ({h.get('state')}) but did not "
+                          f"answer in {timeout:.0f} s: busy in native code holding Python's lock, stopped, or gone")
+    call = rollcall.build(dumps, world, missing)
+    call["dir"], call["fallback"] = str(directory), reason
+    call["elapsed_s"] = round(time.monotonic() - started, 2)
+    rollcall.write_atomic(directory / "rollcall.json", json.dumps(call, indent=1))
+    rollcall.write_atomic(directory / "rollcall.txt", rollcall.format_text(call))
+    return call
+
+
+def nccl_traces(run_dir: Path) -> List[Path]:
+    """PyTorch's NCCL flight-recorder dumps in the run directory (written on a timeout or a hang)."""
+    return sorted((run_dir / contract.NCCL_TRACE_DIR).glob("rank_*"))
+
+
+def report(call: Dict[str, Any], run_dir: Path) -> str:
+    """The roll call as printed by ``clusterddp stacks``."""
+    lines = [rollcall.format_text(call).rstrip("\n")]
+    if call.get("fallback"):
+        lines.append(f"py-spy fallback: {call['fallback']}")
+    traces = nccl_traces(run_dir)
+    if traces:
+        lines.append(f"NCCL flight recorder: {len(traces)} dump(s) in {run_dir / contract.NCCL_TRACE_DIR}/ "
+                     "(read them with: torchfrtrace "
+                     f"{run_dir / contract.NCCL_TRACE_DIR} -p rank_)")
+    lines.append(f"every rank's stacks: {call['dir']}/")
+    return rollcall.printable("\n".join(lines) + "\n")  # dump files are data
+
+
+def roll_call(job: str, cluster_option: Optional[str], timeout: float, fallback: bool,
+              note: Callable[[str], None]) -> Tuple[Dict[str, Any], str]:
+    """``clusterddp stacks JOB``: the roll call and its text, for a job id (its record gives the run directory;
+    on a remote cluster it is collected on the login node) or the run directory of a --local run."""
+    from .. import backends, hostlist
+    from ..backends.record import JobRecord, for_job
+    from ..errors import SpecError
+    from ..job.ids import check_job_id
+
+    try:
+        job_id: Optional[str] = check_job_id(job)
+    except SpecError:
+        job_id = None
+    if job_id is None:
+        if not Path(job).is_dir():
+            raise SpecError(f"{job!r} is neither a job id (digits) nor an existing run directory")
+        target = Target(Path(job))
+        call = collect(target, timeout, note=lambda line: note(f"clusterddp: {line}"), fallback=fallback)
+        return call, report(call, target.run_dir)
+    chosen = for_job(job_id, cluster_option, note=lambda line: note(f"clusterddp: {line}"))
+    record = JobRecord.load(job_id, chosen.name)
+    if record is None:
+        raise SpecError(f"job {job_id} was not submitted with clusterddp here, so its run directory is unknown; "
+                        "pass the run directory instead: clusterddp stacks RUN_DIR")
+    info = backends.get(chosen).info(job_id)
+    if info.state != "RUNNING":
+        raise ClusterDDPError(f"job {job_id} is {info.state}: only a running job has stacks to show"
+                              + (f" (its logs: clusterddp logs {job_id})" if info.done else ""))
+    target = Target(Path(record.run_dir), record.nodes * record.procs_per_node, record.launcher,
+                    record.procs_per_node, job_id, hostlist.expand(info.node_list) if info.node_list else ())
+    if chosen.remote:
+        return _remote(chosen, record.python, target, timeout, fallback, note)
+    call = collect(target, timeout, note=lambda line: note(f"clusterddp: {line}"), fallback=fallback)
+    return call, report(call, target.run_dir)
+
+
+def _remote(cluster: Any, python: str, target: Target, timeout: float, fallback: bool,
+            note: Callable[[str], None]) -> Tuple[Dict[str, Any], str]:
+    """The roll call of a remote job: collected on the login node (where the run directory is), by this
+    clusterddp's own modules run with the job's Python there (``main`` below)."""
+    from ..backends.ssh.connection import python_module
+
+    args = [str(target.run_dir), "--world-size", str(target.world_size), "--launcher", target.launcher,
+            "--per-node", str(target.per_node), "--job-id", str(target.job_id), "--nodes", ",".join(target.nodes),
+            "--timeout", str(timeout)] + ([] if fallback else ["--no-py-spy"])
+    note(f"clusterddp: asking job {target.job_id}'s ranks on cluster {cluster.name}")
+    proc = python_module(cluster, python, "clusterddp.observe.stacks", args, timeout=2 * timeout + 90)
+    for line in proc.stderr.splitlines():
+        if line.strip():
+            note(f"clusterddp: {cluster.name}: {line}")
+    argv = ["python", "-m", "clusterddp.observe.stacks", *args]
+    try:
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave no answer", argv, proc.returncode,
+                         proc.stderr) from None
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        raise ClusterDDPError(f"cluster {cluster.name}: {answer['error']}")
+    call = answer.get("call") if isinstance(answer, dict) else None
+    if not isinstance(call, dict) or not isinstance(call.get("groups"), list) \
+            or not isinstance(answer.get("report"), str):  # a login node's answer is data: its shape is checked
+        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave an answer of another shape", argv,
+                         proc.returncode, proc.stderr)
+    return call, rollcall.printable(answer["report"])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m clusterddp.observe.stacks RUN_DIR ...``: collect where the files are (a remote cluster's login
+    node, for a clusterddp that asks over SSH) and print {"call": ..., "report": ...} (or {"error": ...}) as JSON."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m clusterddp.observe.stacks")
+    p.add_argument("run_dir")
+    p.add_argument("--world-size", type=int)
+    p.add_argument("--launcher", default="")
+    p.add_argument("--per-node", type=int, default=1)
+    p.add_argument("--job-id")
+    p.add_argument("--nodes", default="")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--no-py-spy", action="store_true")
+    a = p.parse_args(argv)
+    target = Target(Path(a.run_dir), a.world_size, a.launcher, a.per_node, a.job_id,
+                    tuple(n for n in a.nodes.split(",") if n))
+    try:
+        call = collect(target, a.timeout, note=lambda line: print(line, file=sys.stderr, flush=True),
+                       fallback=not a.no_py_spy)
+    except ClusterDDPError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return EXIT["RUNTIME"]
+    print(json.dumps({"call": call, "report": report(call, target.run_dir)}))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

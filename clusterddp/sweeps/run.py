@@ -1,0 +1,239 @@
+"""A sweep, start to end: the grid -> the trials without a result -> a snapshot of the code -> **one** job array ->
+the sweep's record here; ``--rerun`` resubmits chosen trials from the record, with the code they were submitted with.
+States and metrics come from sweep_status.py. The record lives under $XDG_STATE_HOME/clusterddp/sweeps/<cluster>/.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from .. import dirs
+from ..backends.slurm import commands as slurm
+from ..contract import PLACEHOLDERS
+from ..errors import PreflightError, SpecError
+from ..job.clusters import Cluster
+from ..job.quoting import shown
+from ..job.spec import JobSpec
+from .grid import Axis, SweepJob, Trial, check_placeholders, check_sweep_name, trials
+
+LOCAL = ".local"             # the record directory of sweeps run with --local
+MAX_CODE_BYTES = 256 << 20   # a snapshot per code version: data belongs in .gitignore, not in every snapshot
+Note = Callable[[str], None]
+
+
+@dataclass
+class SweepRecord:
+    """What this machine keeps of a sweep: where its trials run, how (the job spec), every trial ever planned (by
+    key) and every submission (array job id -> task index -> trial key)."""
+
+    name: str
+    cluster: str
+    sweep_dir: str                    # absolute, on the cluster: the trials' run directories
+    spec: Dict[str, Any]              # JobSpec fields (no sweep), as last submitted
+    trials: Dict[str, Dict[str, Any]] = field(default_factory=dict)   # key -> index, params, code, script
+    submissions: List[Dict[str, Any]] = field(default_factory=list)   # job_id, tasks {index: key}, time
+    submitted_from: str = ""          # the directory the jobs run in (here): reruns start from there too
+    origin: str = "sweep"             # or "map_array" (the Python API), which reruns by being called again
+
+    @staticmethod
+    def path(cluster: str, name: str) -> Path:
+        return dirs.sweeps() / cluster / f"{check_sweep_name(name)}.json"
+
+    def save(self) -> None:
+        path = self.path(self.cluster, self.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, name: str, cluster: Optional[str] = None) -> "SweepRecord":
+        """The record of sweep ``name`` (of ``cluster``, or of the one cluster that has a sweep of that name)."""
+        check_sweep_name(name)
+        root = dirs.sweeps()
+        places = [cluster] if cluster else sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+        found = [c for c in places if cls.path(c, name).is_file()]
+        if not found:
+            known = sorted({p.stem for p in root.glob("*/*.json")}) if root.is_dir() else []
+            raise SpecError(f"no sweep named {name!r}{f' on cluster {cluster}' if cluster else ''} was submitted from "
+                            f"this machine" + (f"; known sweeps: {', '.join(known)}" if known else ""))
+        if len(found) > 1:
+            raise SpecError(f"sweep {name!r} exists for several clusters ({', '.join(found)}): choose one with "
+                            "--cluster NAME (--local runs: --local)")
+        data = json.loads(cls.path(found[0], name).read_text())
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+    def job_spec(self) -> JobSpec:
+        return JobSpec(**self.spec)
+
+    def trial(self, key: str) -> Trial:
+        t = self.trials[key]
+        return Trial(int(t["index"]), tuple((k, v) for k, v in t["params"]), key)
+
+
+def spec_fields(spec: JobSpec) -> Dict[str, Any]:
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "sweep"}
+
+
+# --- the code: which files, their hash, their snapshot ------------------------------------------------------
+def code_files(spec: JobSpec, cwd: Path) -> List[str]:
+    """The files of the directory submitted from that make the sweep's code: git's rules (as a remote copy
+    takes), never .git, __pycache__ or the output directory."""
+    from ..backends.ssh.copy import _output_top, _selected_names
+
+    names = _selected_names(spec, cwd)
+    if names is None:  # no git: every file, less the same exclusions
+        top = _output_top(spec)
+        names = []
+        for base, subdirs, files in os.walk(cwd):
+            rel = os.path.relpath(base, cwd)
+            subdirs[:] = [d for d in subdirs if d not in (".git", "__pycache__") and not (rel == "." and d == top)]
+            names += [os.path.normpath(os.path.join(rel, f)) for f in files]
+    return sorted(names)
+
+
+def code_hash(cwd: Path, names: Sequence[str]) -> str:
+    """One hash of the files' names and contents (links by their target): the code's identity in trial keys."""
+    h, total = hashlib.sha256(), 0
+    for name in names:
+        path = cwd / name
+        h.update(os.fsencode(name) + b"\0")
+        if path.is_symlink():
+            h.update(b"link:" + os.fsencode(os.readlink(path)))
+        elif path.is_file():
+            total += path.stat().st_size
+            if total > MAX_CODE_BYTES:
+                raise PreflightError(f"the directory you submit from, {cwd}, holds more than "
+                                     f"{MAX_CODE_BYTES >> 20} MiB of files that are not ignored (at {shown(name)}): "
+                                     "every code version of a sweep is kept as a snapshot; add data and checkpoints "
+                                     "to .gitignore, or submit from a smaller directory")
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def snapshot(cwd: Path, names: Sequence[str], target: Path) -> Path:
+    """A private copy of the code at ``target`` (made once per code version: it is the same code)."""
+    if target.is_dir():
+        return target
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    old = os.umask(0o077)
+    try:
+        for name in names:
+            src, dst = cwd / name, tmp / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink():
+                os.symlink(os.readlink(src), dst)
+            elif src.is_file():
+                shutil.copy2(src, dst)
+        tmp.mkdir(parents=True, exist_ok=True)
+        tmp.rename(target)
+    finally:
+        os.umask(old)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# --- planning and submitting --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    spec: JobSpec          # as the user gave it (relative script, their output directory)
+    trials: Tuple[Trial, ...]
+    code: str
+    names: Tuple[str, ...]
+
+
+def plan(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cwd: Path) -> Plan:
+    """Validate the sweep and compute every trial's key (pure but for reading the code)."""
+    if spec.array is not None:
+        raise SpecError("--array and a sweep both make the job array: drop --array (--max-parallel throttles)")
+    if spec.after:
+        raise SpecError("--after is not supported for sweeps yet: submit the sweep once its dependency is done")
+    name = check_sweep_name(name or spec.file_stem)
+    check_placeholders(spec.args, axes, spec.launcher)
+    names = code_files(spec, cwd)
+    if not spec.module and os.path.normpath(spec.script) not in names:
+        raise SpecError(f"the training script {shown(spec.script)} is not among the files of {cwd} that a sweep "
+                        "snapshots (outside it, or ignored by .gitignore): submit from the project's directory")
+    code = code_hash(cwd, names)
+    identity = {"script": spec.script, "module": spec.module, "args": list(spec.args), "code": code,
+                "shape": [spec.nodes, spec.tasks_per_node, spec.launcher]}
+    planned = trials(axes, identity)
+    if spec.launcher == "spawn":
+        for t in planned:
+            for n, v in t.params:
+                if re.search(r"\{(" + "|".join(map(re.escape, PLACEHOLDERS)) + r")\}", v):
+                    raise SpecError(f"value {shown(v)} of {n!r} holds a spawn placeholder, which the spawn launcher "
+                                    "would fill in again: choose another value")
+    return Plan(name, spec, tuple(planned), code, tuple(names))
+
+
+def max_array_size() -> Optional[int]:
+    """Slurm's MaxArraySize (array task ids go up to it, exclusive), from scontrol show config; None unknown."""
+    proc = slurm.run(["scontrol", "show", "config"], check=False)
+    m = re.search(r"^MaxArraySize\s*=\s*([0-9]+)", proc.stdout or "", re.M)
+    return int(m.group(1)) if m else None
+
+
+def check_array_size(todo: Sequence[Trial], total: int) -> None:
+    limit = max_array_size()
+    if limit is not None and todo and max(t.index for t in todo) >= limit:
+        raise PreflightError(f"the sweep has {total} trials (array task ids 0-{total - 1}), but this cluster's "
+                             f"MaxArraySize is {limit} (task ids below {limit}): split the grid into sweeps of at "
+                             f"most {limit} trials, or ask the admins to raise MaxArraySize")
+
+
+def sweep_dir_for(spec: JobSpec, name: str, remote: bool) -> str:
+    out = spec.output_dir if remote else str(Path(spec.output_dir).resolve())
+    return f"{out.rstrip('/')}/sweep-{name}"
+
+
+def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord, max_parallel: Optional[int],
+           template_dirs: Sequence[str], check: bool, note: Note, cwd: Path) -> str:
+    """One job array of ``todo`` (their original indices as task ids); returns its job id."""
+    from .. import backends
+
+    spec = p.spec
+    if not cluster.remote:  # here: the job runs the snapshot's script, from the directory submitted from
+        code_dir = snapshot(cwd, p.names, Path(record.sweep_dir) / "code" / p.code)
+        note(f"the sweep's trials run the code as it is now, from its snapshot {code_dir}")
+        if not spec.module:
+            spec = spec.replace(script=str(code_dir / spec.script))
+    spec = spec.replace(output_dir=record.sweep_dir, array=SweepJob(p.name, tuple(todo)).array(max_parallel),
+                        sweep=SweepJob(p.name, tuple(todo)))
+    with slurm.on(cluster):
+        rec = backends.get(cluster).submit(spec, template_dirs, check=check, note=note)
+    if cluster.remote:  # where the outputs went there (under the project's copy): absolute from now on
+        record.sweep_dir = os.path.dirname(rec.run_dir)
+    for t in todo:
+        record.trials[t.key] = {"index": t.index, "params": [list(kv) for kv in t.params], "code": p.code}
+    record.submissions.append({"job_id": rec.job_id, "time": int(time.time()),
+                               "tasks": {str(t.index): t.key for t in todo}})
+    record.spec = spec_fields(p.spec)
+    record.save()
+    return rec.job_id
+
+
+def new_record(p: Plan, cluster: Cluster, local: bool) -> SweepRecord:
+    where = LOCAL if local else cluster.name
+    try:
+        old = SweepRecord.load(p.name, where)
+    except SpecError:
+        return SweepRecord(p.name, where, sweep_dir_for(p.spec, p.name, cluster.remote and not local),
+                           spec_fields(p.spec), submitted_from=str(Path.cwd()))
+    if old.spec.get("output_dir") != p.spec.output_dir or old.submitted_from != str(Path.cwd()):
+        raise SpecError(f"sweep {p.name!r} was submitted from {old.submitted_from} with --output-dir "
+                        f"{old.spec.get('output_dir')}: submit it from there with the same --output-dir, or give "
+                        "this one another --name")
+    return old

@@ -1,0 +1,241 @@
+"""A sweep's trials as they stand: Slurm asked once for every task of the sweep's arrays (squeue), each trial's
+latest run directory read for its end (attempts.tsv) and its metrics (metrics.jsonl); the results table.
+A remote sweep's small files come back in one rsync. Files in run directories are data: bounded and checked."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import contract
+from ..backends.slurm import commands as slurm
+from ..healing import attempts
+from ..rollcall import printable, read_bounded, read_json
+from .run import LOCAL, SweepRecord
+
+#: Metrics whose best value is the largest (the rest: the smallest); --maximize/--minimize decide otherwise.
+MAXIMIZED = ("acc", "accuracy", "top1", "top5", "auc", "f1", "precision", "recall", "score", "reward", "iou", "map",
+             "bleu")
+QUEUED = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
+          "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED")
+_MAX_METRIC_LINES = 100_000
+
+
+@dataclass
+class TrialState:
+    key: str
+    index: int
+    params: List[Tuple[str, str]]
+    state: str                      # COMPLETED, FAILED, MISSING (submitted, never ran) or Slurm's queue state
+    job: str = ""                   # the array task (1234_5) or the local run
+    elapsed: Optional[int] = None   # seconds
+    why: str = ""
+    run_dir: str = ""
+    last: Dict[str, float] = field(default_factory=dict)
+    best: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def has_result(self) -> bool:
+        return self.state != "MISSING"
+
+
+def maximized(metric: str, maximize: Sequence[str] = (), minimize: Sequence[str] = ()) -> bool:
+    if metric in maximize or metric in minimize:
+        return metric in maximize
+    return metric.lower().split("_")[-1] in MAXIMIZED or metric.lower() in MAXIMIZED
+
+
+def _queue(record: SweepRecord) -> Dict[str, Tuple[str, str]]:
+    """array task (1234_5) -> (state, elapsed), for this user's jobs of the sweep: one squeue call."""
+    if record.cluster == LOCAL:
+        return {}
+    ids = {s["job_id"] for s in record.submissions}
+    from ..job.clusters import by_name
+
+    # check=True: without the queue, a queued trial would look as if it never ran (and be submitted again).
+    with slurm.on(by_name(record.cluster)):
+        proc = slurm.run(["squeue", "--me", "--noheader", "--array", "--format=%i|%T|%M"])
+    out = {}
+    for line in (proc.stdout or "").splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0].split("_")[0] in ids:
+            out[parts[0]] = (parts[1], parts[2])
+    return out
+
+
+def _local_dir(record: SweepRecord) -> Path:
+    """The sweep directory readable here (a remote one: its trial files copied back, only what changed)."""
+    if record.cluster in (LOCAL, "here"):
+        return Path(record.sweep_dir)
+    from ..backends.ssh.connection import _host_path, _rsync
+    from ..backends.ssh.mirror import _mirror
+    from ..job.clusters import by_name
+
+    cluster = by_name(record.cluster)
+    local = _mirror(cluster.name, f"sweep-{record.name}")
+    _rsync(cluster, ["-rt", "--no-links", "--prune-empty-dirs", "--include=/*/", f"--include=/*/{contract.TRIAL_FILE}",
+                     f"--include=/*/{contract.ATTEMPTS_FILE}", f"--include=/*/{contract.METRICS_FILE}",
+                     "--exclude=*", "--", _host_path(cluster, record.sweep_dir + "/"), f"{local}/"],
+           f"sweep {record.name}'s results")
+    return local
+
+
+def metrics(run_dir: Path) -> List[Tuple[Optional[int], Dict[str, float]]]:
+    """(step, metrics) per line of metrics.jsonl; a line that is not one such object is skipped."""
+    raw = read_bounded(run_dir / contract.METRICS_FILE, 64 << 20)
+    out = []
+    for line in (raw or b"").decode("utf-8", "replace").splitlines()[:_MAX_METRIC_LINES]:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        values = item.get("metrics") if isinstance(item, dict) else None
+        if not isinstance(values, dict):
+            continue
+        clean = {}
+        for k, v in values.items():
+            if isinstance(k, str) and k.isidentifier() and len(k) <= 64:
+                number = float(v) if isinstance(v, (int, float, str)) and _numeric(v) else None
+                if number is not None:
+                    clean[k] = number
+        step = item.get("step")
+        out.append((step if isinstance(step, int) and not isinstance(step, bool) else None, clean))
+    return out
+
+
+def _numeric(v: Any) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence[str] = ()) -> List[TrialState]:
+    """Every trial of the record, in grid order: its state, its latest run, its metrics."""
+    queue = _queue(record)
+    base = _local_dir(record)
+    runs: Dict[str, List[Tuple[float, Path]]] = {}
+    for trial_file in base.glob(f"*/{contract.TRIAL_FILE}") if base.is_dir() else []:
+        data = read_json(trial_file, 1 << 16)
+        if isinstance(data, dict) and data.get("sweep") == record.name and data.get("key") in record.trials:
+            runs.setdefault(data["key"], []).append((trial_file.stat().st_mtime, trial_file.parent))
+    task_of = {key: f"{s['job_id']}_{index}" for s in record.submissions for index, key in s["tasks"].items()}
+    out = []
+    for key, t in sorted(record.trials.items(), key=lambda kv: (kv[1]["index"], kv[0])):
+        st = TrialState(key, int(t["index"]), [(str(k), str(v)) for k, v in t["params"]], "MISSING",
+                        job=task_of.get(key, ""))
+        latest = max(runs.get(key, []), default=None)
+        if latest is not None:
+            st.run_dir = str(latest[1])
+            st.job = st.job or latest[1].name  # a local trial: its run directory
+            ended = attempts.read(latest[1])
+            if ended:
+                last = ended[-1]
+                st.elapsed = max(0, last.end - ended[0].start)
+                st.state = "COMPLETED" if last.exit == 0 and last.next == contract.NEXT_END else "FAILED"
+                st.why = "" if st.state == "COMPLETED" else f"exit {last.exit}" + (
+                    f": {last.fault}: {last.why}" if last.fault else f" ({last.why})" if last.why else "")
+            else:
+                st.state, st.why = "FAILED", "ended without a result (cancelled, or killed before its end)"
+            for _, values in metrics(latest[1]):
+                for name, v in values.items():
+                    st.last[name] = v
+                    if math.isnan(v):
+                        continue
+                    better = max if maximized(name, maximize, minimize) else min
+                    st.best[name] = better(st.best.get(name, v), v)
+        if st.job in queue:
+            st.state, elapsed = queue[st.job]
+            st.elapsed = _seconds(elapsed)
+            st.why = ""
+        out.append(st)
+    return out
+
+
+def _seconds(text: str) -> Optional[int]:
+    """squeue's %M ([days-]hours:minutes:seconds, or minutes:seconds) in seconds."""
+    days, _, rest = text.rpartition("-")
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 or (days and not days.isdigit()):
+        return None
+    seconds = 0
+    for p in parts:
+        seconds = seconds * 60 + int(p)
+    return seconds + int(days or 0) * 86400
+
+
+def _clock(seconds: Optional[int]) -> str:
+    if seconds is None:
+        return "-"
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def _value(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.6g}"
+
+
+def param_names(rows: Sequence[TrialState]) -> List[str]:
+    """Every parameter of the sweep's trials, in the order they first appear (a later grid may add some)."""
+    return list(dict.fromkeys(n for r in rows for n, _ in r.params))
+
+
+def metric_names(rows: Sequence[TrialState]) -> List[str]:
+    return sorted({m for r in rows for m in r.last})
+
+
+def ordered(rows: Sequence[TrialState], sort: Optional[str], maximize: Sequence[str] = (),
+            minimize: Sequence[str] = ()) -> List[TrialState]:
+    """By ``sort``'s best value, the best first (trials without it last), else in grid order."""
+    if not sort:
+        return list(rows)
+    sign = -1 if maximized(sort, maximize, minimize) else 1
+    return sorted(rows, key=lambda r: (sort not in r.best, sign * r.best.get(sort, 0.0), r.index))
+
+
+def table(record: SweepRecord, rows: Sequence[TrialState], maximize: Sequence[str] = (),
+          minimize: Sequence[str] = ()) -> str:
+    """The results table as people read it: one row per trial, columns aligned."""
+    names = param_names(rows)
+    ms = metric_names(rows)
+    head = ["trial", *names, "state", *[c for m in ms for c in
+                                         (f"{m} last", f"{m} {'max' if maximized(m, maximize, minimize) else 'min'}")],
+            "elapsed", "job"]
+    body = [[str(r.index), *[dict(r.params).get(n, "-") for n in names], r.state,
+             *[c for m in ms for c in (_value(r.last.get(m)), _value(r.best.get(m)))], _clock(r.elapsed), r.job]
+            for r in rows]
+    cells = [[printable(c).replace("\n", "?")[:40] for c in row] for row in [head, *body]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    tally: Dict[str, int] = {}
+    for r in rows:
+        tally[r.state] = tally.get(r.state, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(tally.items()))
+    arrays = ", ".join(s["job_id"] for s in record.submissions) or "none"
+    where = "run here (--local)" if record.cluster == LOCAL else f"array job(s) {arrays}"
+    notes = [f"  trial {r.index}: {printable(r.why)}" for r in rows if r.why]
+    return "\n".join([f"sweep {record.name}: {len(rows)} trial(s): {summary}; {where}", *lines, *notes]) + "\n"
+
+
+def as_json(rows: Sequence[TrialState]) -> str:
+    return json.dumps([{"trial": r.index, "key": r.key, "params": dict(r.params), "state": r.state, "job": r.job,
+                        "elapsed": r.elapsed, "last": r.last, "best": r.best, "run_dir": r.run_dir, "why": r.why}
+                       for r in rows], indent=2, sort_keys=True, default=str)
+
+
+def as_csv(rows: Sequence[TrialState]) -> str:
+    buf = io.StringIO()
+    names = param_names(rows)
+    ms = metric_names(rows)
+    w = csv.writer(buf)
+    w.writerow(["trial", *names, "state", *[c for m in ms for c in (f"{m}_last", f"{m}_best")], "elapsed", "job"])
+    for r in rows:
+        w.writerow([r.index, *[dict(r.params).get(n, "") for n in names], r.state,
+                    *[c for m in ms for c in (r.last.get(m, ""), r.best.get(m, ""))],
+                    "" if r.elapsed is None else r.elapsed, r.job])
+    return buf.getvalue()
