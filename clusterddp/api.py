@@ -140,9 +140,9 @@ class Job:
     @property
     def state(self) -> str:
         if self.backend == "slurm":
-            from .backends.slurm import commands as slurm
+            from .backends.slurm import SlurmBackend
 
-            return slurm.info(self.job_id).state  # squeue / sacct / scontrol: works without accounting too
+            return SlurmBackend().info(self.job_id).state  # squeue / sacct / scontrol: without accounting too
         return str(self.submitit_job.state)
 
     def cancel(self) -> None:
@@ -151,9 +151,9 @@ class Job:
     def wait(self) -> str:
         """Until the job ends; returns its final state."""
         if self.backend == "slurm":
-            from .backends.slurm import commands as slurm
+            from .backends.slurm import SlurmBackend
 
-            return slurm.wait(self.job_id).state
+            return SlurmBackend().wait(self.job_id).state
         self.submitit_job.wait()
         return str(self.submitit_job.state)
 

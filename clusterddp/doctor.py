@@ -100,7 +100,8 @@ def run_check(spec: "JobSpec", cluster: "Cluster", local: bool,
     from .rollcall import read_bounded
 
     if local:
-        from .backends.local.plan import make_plan, pick_port, run, visible_gpus
+        from .backends.local.plan import make_plan, pick_port, visible_gpus
+        from .backends.local.run import run_plan as run
         from .contract import default_port
 
         lines: List[str] = []

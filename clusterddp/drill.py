@@ -54,10 +54,11 @@ class Verdict(NamedTuple):
 
 def _child() -> None:
     """In the drill's child process: one local run of the spec given as JSON on stdin."""
-    from .backends.local.plan import submit_local
+    from . import backends
+    from .job.ids import LOCAL
 
     fields = json.load(sys.stdin)
-    sys.exit(submit_local(JobSpec(**fields), quiet=False))
+    sys.exit(backends.get(LOCAL).run(JobSpec(**fields), quiet=False))
 
 
 def _events(directory: Path) -> Dict[int, List[dict]]:

@@ -74,6 +74,10 @@ class PreflightError(SpecError):
     """The cluster cannot run this job as asked (a usage error: change the request)."""
 
 
+class BackendUnsupported(SpecError):
+    """What a cluster's backend cannot do (a usage error: choose another cluster or command)."""
+
+
 class JobFailed(ClusterDDPError):
     """A rank of the job raised (the message holds its traceback) or the job did not complete."""
 
@@ -84,4 +88,4 @@ class LogNotFound(ClusterDDPError):
 
 __all__ = ["ClusterDDPError", "SpecError", "TemplateError", "SlurmError", "JobNotFound", "SlurmUnreachable",
            "ClusterUnreachable", "LocalRunError",
-           "RuntimeEnvError", "HostlistError", "PreflightError", "JobFailed", "LogNotFound"]
+           "RuntimeEnvError", "HostlistError", "PreflightError", "BackendUnsupported", "JobFailed", "LogNotFound"]

@@ -1,6 +1,6 @@
-"""Issue 24: the package's import graph has no circle (imports inside functions count; only ``TYPE_CHECKING``
-imports aside). The graph is read from the source with ast,
-so a circle that only shows on some code path is caught too."""
+"""Issues 24 and 38: the package's import graph has no circle (imports inside functions and ``TYPE_CHECKING``
+imports count: a type-only circle is still two modules that cannot be understood apart). The graph is read from
+the source with ast, so a circle that only shows on some code path is caught too."""
 from __future__ import annotations
 
 import ast
@@ -45,14 +45,9 @@ def _targets(module: str, node: ast.AST, is_package: bool, known: Dict[str, Path
 
 def _edges(module: str, path: Path, known: Dict[str, Path]) -> Set[str]:
     edges: Set[str] = set()
-    todo = [(ast.parse(path.read_text(encoding="utf-8")), False)]
-    while todo:
-        node, type_checking = todo.pop()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.Import, ast.ImportFrom)) and not type_checking:
-                edges.update(_targets(module, child, path.name == "__init__.py", known))
-            todo.append((child, type_checking or (isinstance(child, ast.If)
-                                                  and "TYPE_CHECKING" in ast.unparse(child.test))))
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            edges.update(_targets(module, node, path.name == "__init__.py", known))
     return edges
 
 

@@ -3,6 +3,8 @@ with one registry line and runs submit, status, logs and cancel through the real
 that is not registered is refused, listing the registered ones."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -49,6 +51,28 @@ def test_the_test_backend_runs_through_the_cli(fake):
     assert waited.exit_code == 0 and "ended COMPLETED, exit code 0" in waited.stderr, waited.stderr
     shown = fake.invoke(cli, ["config", "show"])
     assert "# cluster fk: backend fake  # " in shown.stdout, shown.stdout
+
+
+def test_dry_run_sweep_stacks_and_drill_go_through_the_backend(fake, tmp_path):
+    """Issue 38: --dry-run prints what the backend's submit writes; what it cannot do (a sweep's array, stacks,
+    the drill's emulated nodes) is one line naming the backend, exit 2, nothing submitted."""
+    dry = fake.invoke(cli, ["submit", "--dry-run", "--cluster", "fk", "--gpus", "0", "train.py", "--", "--lr", "1"])
+    assert dry.exit_code == 0, dry.stderr
+    assert json.loads(dry.stdout) == {"state": "PENDING", "argv": ["train.py", "--lr", "1"], "cwd": str(tmp_path)}
+    assert "dry run, nothing submitted" in dry.stderr and not (tmp_path / "fake-jobs").exists()
+    job = fake.invoke(cli, ["submit", "--cluster", "fk", "--gpus", "0", "train.py"]).stdout.split()[-1]
+    written = json.loads((tmp_path / "fake-jobs" / f"{job}.json").read_text())
+    assert {k: written[k] for k in ("argv", "cwd")} == {"argv": ["train.py"], "cwd": str(tmp_path)}
+    for argv, what in ((["sweep", "--cluster", "fk", "--gpus", "0", "--grid", "lr=1,2", "train.py", "--", "{lr}"],
+                        "a sweep (one job array) is not supported by the fake backend (cluster fk)"),
+                       (["stacks", "--cluster", "fk", job], "asking a job's ranks for their stacks (clusterddp "
+                                                             "stacks) is not supported by the fake backend"),
+                       (["drill", "--cluster", "fk", "--gpus", "0", "train.py"],
+                        "the drill (it runs on this machine, the local backend: drop --cluster) is not supported "
+                        "by the fake backend (cluster fk)")):
+        r = fake.invoke(cli, argv)
+        assert r.exit_code == 2 and what in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+    assert sorted(p.name for p in (tmp_path / "fake-jobs").glob("*.json")) == [f"{job}.json"]  # nothing else ran
 
 
 def test_an_unregistered_backend_is_refused_with_the_names(fake, tmp_path):

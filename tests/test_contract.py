@@ -87,7 +87,7 @@ def test_port_scheme_matches():
 
 
 def test_parent_job_variables_are_dropped_by_one_rule():
-    from clusterddp.backends.slurm import commands as slurm
+    import clusterddp.backends.hosts as hosts
 
     environ = {"SLURM_JOB_ID": "1", "SLURM_CONF": "/etc/slurm.conf", "SBATCH_PARTITION": "x", "SRUN_CPUS": "1",
                "HOME": "/h"}
@@ -96,7 +96,7 @@ def test_parent_job_variables_are_dropped_by_one_rule():
 
     import clusterddp.backends.local.run as local_run
 
-    for module in (slurm, local_run):
+    for module in (hosts, local_run):
         assert "without_parent_job" in inspect.getsource(module)
         assert 'startswith(("SLURM_"' not in inspect.getsource(module)
 

@@ -80,7 +80,9 @@ def test_preflight_on_the_test_cluster(slurm_env, tmp_path):
 def test_parent_job_variables_do_not_leak(slurm_env, tmp_path):
     import shutil
 
-    from clusterddp.backends.slurm import commands as slurm
+    from clusterddp.backends.slurm.commands import Slurm, parse_scontrol
+
+    slurm = Slurm.here()
 
     shutil.copy(SCRIPTS / "allreduce.py", tmp_path)
     # as if submitting from inside another job: sbatch would read SBATCH_PARTITION as an option
@@ -89,4 +91,4 @@ def test_parent_job_variables_do_not_leak(slurm_env, tmp_path):
     proc = run_cli("submit", "--nodes", "2", "--gpus", "1", "allreduce.py", "--wait", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
-    assert slurm.parse_scontrol(slurm.run(["scontrol", "-o", "show", "job", job_id]).stdout)["Partition"] == "debug"
+    assert parse_scontrol(slurm.run(["scontrol", "-o", "show", "job", job_id]).stdout)["Partition"] == "debug"

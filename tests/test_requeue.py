@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from clusterddp.backends.slurm import commands as slurm
+from clusterddp.backends.slurm.commands import Slurm, parse_scontrol
 
 from .conftest import SCRIPTS, run_cli
 from .procs import children
+
+slurm = Slurm.here()
 
 TOTAL_STEPS = 36  # resumable.py: 3 epochs x 192 samples / (4 ranks x batch 4)
 RANKS = 4
@@ -73,10 +75,10 @@ def interrupt_and_release(job_id: str, log: Path, after_steps: int) -> None:
     while len(steps(log)) < after_steps and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(steps(log)) >= after_steps, "the job did not get going"
-    restarts = int(slurm.parse_scontrol(_show(job_id)).get("Restarts", "0"))
+    restarts = int(parse_scontrol(_show(job_id)).get("Restarts", "0"))
     subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
     while time.monotonic() < deadline:
-        fields = slurm.parse_scontrol(_show(job_id))
+        fields = parse_scontrol(_show(job_id))
         state, reason = fields.get("JobState"), fields.get("Reason")
         if int(fields.get("Restarts", "0")) > restarts and state == "RUNNING":
             return

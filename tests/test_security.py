@@ -52,9 +52,9 @@ def one_line_usage_error(r) -> str:
 
 # --- 1. sbatch's own argv ----------------------------------------------------------------------------------
 def test_script_path_reaches_sbatch_after_double_dash_absolute(tmp_path):
-    from clusterddp.backends.slurm.commands import _script_argv
+    from clusterddp.backends.slurm.commands import script_argv
 
-    argv = _script_argv(Path("--wrap=touch PWNED;echo ") / "job.sbatch")
+    argv = script_argv(Path("--wrap=touch PWNED;echo ") / "job.sbatch", remote=False)
     assert argv[-2] == "--" and argv[-1].startswith("/") and "--ignore-pbs" in argv[:-2]
 
 

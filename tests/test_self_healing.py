@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import clusterddp
-from clusterddp.backends.slurm import commands as slurm
+from clusterddp.backends.slurm.commands import Slurm, parse_scontrol
 from clusterddp.healing import attempts
 
 from .conftest import SCRIPTS, run_cli
@@ -25,6 +25,7 @@ from .test_hangs import SLEEP_IN_LOADER
 from .test_requeue import RANKS, TOTAL_STEPS, identical, job_args, rank_steps, reference, steps  # noqa: F401
 
 pytestmark = pytest.mark.slurm
+slurm = Slurm.here()
 EVERY = 4  # checkpoint interval (steps)
 ONCE = pytest.mark.slurm_releases("22.05")
 
@@ -109,7 +110,7 @@ def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work,
     kill_node2_after(work / "run.log", EVERY + 3)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        fields = slurm.parse_scontrol(subprocess.run(["scontrol", "--oneliner", "show", "job", job_id],
+        fields = parse_scontrol(subprocess.run(["scontrol", "--oneliner", "show", "job", job_id],
                                                      capture_output=True, text=True).stdout)
         if fields.get("JobState") == "PENDING" and fields.get("Reason") == "BeginTime":
             assert fields.get("ExcNodeList") == "node2" and fields.get("Restarts") == "1", fields

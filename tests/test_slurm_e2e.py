@@ -150,7 +150,8 @@ def test_two_jobs_at_once_share_nodes(work):
         assert w.returncode == 0
     finals = []
     for job_id in ids:
-        from clusterddp.backends.slurm import commands as slurm
+        from clusterddp.backends.slurm.commands import Slurm
+        slurm = Slurm.here()
 
         finals.append(slurm.wait(job_id))
     assert [f.state for f in finals] == ["COMPLETED", "COMPLETED"]
@@ -182,7 +183,8 @@ def test_status_logs_cancel(work):
     proc = submit(work, "--nodes", "2", "--gpus", "1", "--launcher", "srun", "sleeper.py", "--", "300")
     assert proc.returncode == 0, proc.stderr
     job_id = job_id_of(proc)
-    from clusterddp.backends.slurm import commands as slurm
+    from clusterddp.backends.slurm.commands import Slurm
+    slurm = Slurm.here()
 
     deadline = time.monotonic() + 60
     while slurm.info(job_id).state != "RUNNING" and time.monotonic() < deadline:
@@ -259,7 +261,8 @@ def test_wait_ctrl_c_can_cancel(work):
     cli.send_signal(2)  # SIGINT, as Ctrl-C
     out, err = cli.communicate(timeout=60)
     assert cli.returncode == 130 and "cancelled job" in err, err
-    from clusterddp.backends.slurm import commands as slurm
+    from clusterddp.backends.slurm.commands import Slurm
+    slurm = Slurm.here()
 
     assert slurm.wait(out.strip()).state == "CANCELLED"
 
@@ -269,7 +272,8 @@ def test_array_runs_each_task_as_a_ddp_job(work):
     proc = submit(work, "--array", "0-1%1", "--nodes", "2", "--gpus", "1", "allreduce.py")
     assert proc.returncode == 0, proc.stderr
     array_id = job_id_of(proc)
-    from clusterddp.backends.slurm import commands as slurm
+    from clusterddp.backends.slurm.commands import Slurm
+    slurm = Slurm.here()
 
     finals = [slurm.wait(f"{array_id}_{i}") for i in range(2)]
     assert [f.state for f in finals] == ["COMPLETED", "COMPLETED"]
@@ -288,7 +292,8 @@ def test_failed_parent_leaves_the_child_pending_and_status_says_so(work):
     child = submit(work, "--after", parent_id, "--nodes", "2", "--gpus", "1", "allreduce.py")
     assert child.returncode == 0, child.stderr
     child_id = job_id_of(child)
-    from clusterddp.backends.slurm import commands as slurm
+    from clusterddp.backends.slurm.commands import Slurm
+    slurm = Slurm.here()
 
     assert slurm.wait(parent_id).state == "FAILED"
     final = slurm.wait(child_id)  # returns: the dependency can never be met
@@ -309,7 +314,8 @@ def test_a_job_slurm_can_never_place_is_not_followed_forever(work):
     proc = submit(work, "--nodes", "2", "--gpus", "1", "--sbatch-arg=--hold", "allreduce.py")
     assert proc.returncode == 0, proc.stderr
     job_id = job_id_of(proc)
-    from clusterddp.backends.slurm import commands as slurm
+    from clusterddp.backends.slurm.commands import Slurm
+    slurm = Slurm.here()
 
     try:
         for change in (["update", f"JobId={job_id}", "ExcNodeList=node1,node2", "NumNodes=2-2"], ["release", job_id]):

@@ -16,9 +16,10 @@ from clusterddp import contract
 from clusterddp.backends.slurm import script as render
 from clusterddp.cli import cli
 from clusterddp.errors import SpecError
+from clusterddp.job.code import code_files, code_hash
 from clusterddp.job.spec import JobSpec
 from clusterddp.sweeps import grid as sweep
-from clusterddp.sweeps.run import code_files, code_hash, plan
+from clusterddp.sweeps.run import plan
 
 from .conftest import SCRIPTS, run_cli
 

@@ -1,38 +1,54 @@
 """Backends: where a job is sent and asked about, behind one small protocol and a registry (torchx's schedulers
-are the model). A cluster names its backend (``backend = "slurm"`` in ``[clusters.NAME]``, the default); the
-CLI and the library ask ``get(cluster)`` and never test which one they hold.
+are the model). A cluster names its backend (``backend = "slurm"`` in ``[clusters.NAME]``, the default); ``local``
+is a backend too (this machine, no Slurm: ``--local`` is sugar for it). The CLI and the library ask ``get(...)``
+and never test which one they hold.
 
-A new backend is one module with a class that has the protocol's methods, and one line in ``REGISTRY`` (or one
-``register`` call, as the tests' own backend does). The registry names modules, never a value from a
-configuration file: a profile chooses among the registered names only.
+A new backend is one module with a class that has the protocol's methods (``BackendBase`` answers "not supported
+by this backend" for what it leaves out), and one line in ``REGISTRY`` (or one ``register`` call, as the tests' own
+backend does). The registry names modules, never a value from a configuration file: a profile chooses among the
+registered names only.
 """
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Callable, Dict, Protocol, Sequence
+import subprocess
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
-from ..errors import SpecError
+from ..errors import BackendUnsupported
+from ..job.ids import LOCAL
+from .registry import REGISTRY, check_name, names, register  # noqa: F401 (the registry's names, here too)
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from ..job.clusters import Cluster
     from ..job.spec import JobSpec
+    from .hosts import Host
     from .jobinfo import JobInfo
     from .record import JobRecord
 
 
 class Backend(Protocol):
-    """What the CLI asks of a backend (bound to one cluster)."""
+    """What the CLI and the library ask of a backend (bound to one cluster)."""
 
+    name: str
     cluster: "Cluster"
+    host: Optional["Host"]  # where its commands run and its jobs' files are (None: not on a host of ours)
 
-    def submit(self, spec: "JobSpec", template_dirs: Sequence[str], check: bool,
-               note: Callable[[str], None]) -> "JobRecord": ...
+    def script(self, spec: "JobSpec", template_dirs: Sequence[str] = ()) -> str: ...  # what --dry-run prints
+
+    def not_applied(self, spec: "JobSpec") -> List[str]: ...        # the options it ignores, as flags
+
+    def submit(self, spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
+               note: Callable[[str], None] = ...) -> "JobRecord": ...
 
     def info(self, job_id: str) -> "JobInfo": ...       # raises JobNotFound for an id it never had
 
-    def wait(self, job_id: str, on_change: Callable[["JobInfo"], None]) -> "JobInfo": ...
+    def wait(self, job_id: str, on_change: Callable[["JobInfo"], None] = ...) -> "JobInfo": ...
+
+    def queue(self, job_ids: Sequence[str]) -> Dict[str, Tuple[str, str]]: ...  # array tasks: (state, elapsed)
+
+    def max_array_size(self) -> Optional[int]: ...
 
     def cancel(self, job_id: str) -> None: ...
 
@@ -40,31 +56,67 @@ class Backend(Protocol):
 
     def readable_file(self, path: str, job_id: str) -> "Path": ...
 
+    def readable_tree(self, path: str, name: str, files: Sequence[str]) -> "Path": ...
 
-#: name -> "module:Class" (imported on first use, so an unused backend costs nothing).
-REGISTRY: Dict[str, str] = {
-    "slurm": "clusterddp.backends.slurm:SlurmBackend",
-}
+    def run_on_nodes(self, job_id: str, nodes: int, argv: Sequence[str],
+                     timeout: float = 60) -> subprocess.CompletedProcess: ...
 
-
-def register(name: str, target: str) -> None:
-    """Add a backend: ``target`` is "module:Class" (the class takes the Cluster)."""
-    REGISTRY[name] = target
+    def run_module(self, python: str, module: str, args: Sequence[str],
+                   timeout: float = 120) -> subprocess.CompletedProcess: ...  # where the jobs' files are
 
 
-def names() -> Sequence[str]:
-    return sorted(REGISTRY)
+class BackendBase:
+    """What a backend leaves out says so: one line naming the backend and the cluster, never an AttributeError."""
+
+    name = "?"
+    cluster: "Cluster"
+    host: Optional["Host"] = None
+
+    def unsupported(self, what: str) -> BackendUnsupported:
+        return BackendUnsupported(f"{what} is not supported by the {self.name} backend (cluster "
+                                  f"{self.cluster.name}): use a cluster whose backend is slurm")
+
+    def script(self, spec: "JobSpec", template_dirs: Sequence[str] = ()) -> str:
+        raise self.unsupported("printing the job's script (--dry-run)")
+
+    def not_applied(self, spec: "JobSpec") -> List[str]:
+        return []
+
+    def queue(self, job_ids: Sequence[str]) -> Dict[str, Tuple[str, str]]:
+        raise self.unsupported("a sweep (one job array, its queue)")
+
+    def max_array_size(self) -> Optional[int]:
+        raise self.unsupported("a sweep (one job array)")
+
+    def readable_tree(self, path: str, name: str, files: Sequence[str]) -> "Path":
+        raise self.unsupported("reading a sweep's results")
+
+    def run_on_nodes(self, job_id: str, nodes: int, argv: Sequence[str],
+                     timeout: float = 60) -> subprocess.CompletedProcess:
+        raise self.unsupported("running a command on a job's nodes")
+
+    def run_module(self, python: str, module: str, args: Sequence[str],
+                   timeout: float = 120) -> subprocess.CompletedProcess:
+        raise self.unsupported("asking a job's ranks for their stacks (clusterddp stacks)")
 
 
-def check_name(name: str, where: str) -> str:
-    if name not in REGISTRY:
-        from ..job.parse import suggest
-
-        raise SpecError(f"{where}: unknown backend {name!r}{suggest(name, names())}; backends: {', '.join(names())}")
-    return name
-
-
-def get(cluster: "Cluster") -> Backend:
-    """The backend of ``cluster``, bound to it."""
+def get(cluster: Union["Cluster", str]) -> Any:
+    """The backend of ``cluster`` (a Cluster, or ``LOCAL``: this machine without Slurm), bound to it."""
+    if isinstance(cluster, str):
+        if cluster != LOCAL:
+            raise ValueError(f"backends.get: a Cluster or {LOCAL!r}, not {cluster!r}")
+        module, _, cls = REGISTRY[LOCAL].partition(":")
+        return getattr(importlib.import_module(module), cls)()
     module, _, cls = REGISTRY[check_name(cluster.backend, f"cluster {cluster.name}")].partition(":")
     return getattr(importlib.import_module(module), cls)(cluster)
+
+
+def host_for(cluster: "Cluster") -> "Host":
+    """The host of ``cluster``: its login node over SSH when it has a host, else this machine."""
+    if cluster.remote:
+        from .ssh import Ssh
+
+        return Ssh(cluster)
+    from .hosts import Here
+
+    return Here(cluster)

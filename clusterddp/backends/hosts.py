@@ -1,13 +1,16 @@
-"""Where a job's files go and its script is written: this machine (``Here``) or a cluster's login node over SSH
-(``Ssh``). "Remote" is one object, chosen once from the cluster (``host_for``), not a mode checked at each step;
-the submission flow (submit.py) is the same for both."""
+"""Where commands run, a job's files go and its script is written: this machine (``Here``) or a cluster's login
+node over SSH (``Ssh``, backends/ssh/). "Remote" is one object, chosen once from the cluster (``host_for``) and held
+by the backend as a field, not a mode checked at each step; the submission flow (slurm/submit.py) is the same for
+both."""
 from __future__ import annotations
 
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
+from ..contract import without_parent_job
 from ..errors import SpecError
 from ..job.clusters import Cluster
 from ..job.quoting import shown
@@ -24,8 +27,22 @@ class Placement:
     output_dir: str
 
 
+def clean_env() -> Dict[str, str]:
+    """This environment without the variables of a Slurm job we may be running inside (contract.py says which)."""
+    return without_parent_job(os.environ)
+
+
 class Host(Protocol):
     cluster: Cluster
+    remote: bool
+
+    def run(self, argv: Sequence[str], cwd: Optional[str] = None,
+            timeout: float = 60) -> subprocess.CompletedProcess: ...  # text output captured
+
+    def where(self) -> str: ...                                      # for messages: "cluster hpc (ssh ...)"
+
+    def python_module(self, python: str, module: str, args: Sequence[str],
+                      timeout: float = 120) -> subprocess.CompletedProcess: ...  # with this clusterddp's modules
 
     def job_spec(self, spec: "JobSpec") -> "JobSpec": ...           # the spec as it runs there
 
@@ -43,8 +60,24 @@ class Host(Protocol):
 class Here:
     """This machine: the job runs where you submit from; its outputs under --output-dir."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    remote = False
+
+    def __init__(self, cluster: Optional[Cluster] = None) -> None:
+        self.cluster = cluster or Cluster()
+
+    def run(self, argv: Sequence[str], cwd: Optional[str] = None,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        """``argv`` here, without a surrounding job's Slurm variables (FileNotFoundError: no such command)."""
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=cwd)
+
+    def where(self) -> str:
+        return "this machine"
+
+    def python_module(self, python: str, module: str, args: Sequence[str],
+                      timeout: float = 120) -> subprocess.CompletedProcess:
+        import sys
+
+        return self.run([sys.executable, "-m", module, *args], timeout=timeout)
 
     def job_spec(self, spec: "JobSpec") -> "JobSpec":
         return spec
@@ -82,48 +115,3 @@ class Here:
 
     def shown(self, path: str) -> str:
         return path
-
-
-class Ssh:
-    """A cluster's login node: the directory you submit from is copied there, each submission's job runs its own
-    snapshot of that copy, and the outputs go under the copy (code_copy.py, remote.py)."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-
-    def job_spec(self, spec: "JobSpec") -> "JobSpec":
-        from .ssh import connection as remote
-
-        return remote.job_spec(spec, self.cluster)
-
-    def check_copy(self, spec: "JobSpec") -> None:
-        from .ssh import copy as code_copy
-
-        code_copy.check_copy(self.cluster, spec, Path.cwd())  # counted here, before any connection
-
-    def place(self, spec: "JobSpec", check: bool, note: Callable[[str], None]) -> Placement:
-        from .ssh import copy as code_copy
-
-        code = code_copy.prepare(self.cluster, spec, Path.cwd(), check)
-        note(f"copied {len(code.sent.files)} changed file(s), {code.sent.bytes_sent} bytes, to {self.cluster.name}:"
-             f"{code.path} (ssh {self.cluster.destination})")
-        note(f"this job runs its own snapshot of the code (a later submit does not change it): {code.snapshot}")
-        out = spec.output_dir if spec.output_dir.startswith("/") else f"{code.path}/{spec.output_dir}"
-        return Placement(code.snapshot, os.path.normpath(out))  # the outputs stay with the copy, not the snapshot
-
-    def write(self, path: str, text: str) -> None:
-        from .ssh import connection as remote
-
-        remote.write(self.cluster, path, text)
-
-    def move_aside(self, paths: Sequence[str]) -> List[Tuple[str, str]]:
-        from .ssh import connection as remote
-
-        return [(old, kept) for old, kept in remote.move_aside(self.cluster, paths)]
-
-    def shown(self, path: str) -> str:
-        return f"{self.cluster.name}:{path}"
-
-
-def host_for(cluster: Cluster) -> Host:
-    return Ssh(cluster) if cluster.remote else Here(cluster)

@@ -75,6 +75,14 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     """
     from ..drill import Drill, report  # not at start-up: every other command would pay for it
 
+    if opts.get("cluster"):
+        from .. import backends
+        from ..job.clusters import choose
+
+        chosen = choose(opts["cluster"], opts.get("profile"))
+        if chosen.backend != "local":  # the drill stops and kills emulated nodes: only the local backend has them
+            raise backends.get(chosen).unsupported("the drill (it runs on this machine, the local backend: drop "
+                                                   "--cluster)")
     spec = build_spec(script, args, template_dirs, local=True, **opts)[0]
     if run_timeout <= 0:
         raise click.BadParameter(f"{run_timeout} is not a positive number of seconds", param_hint="--run-timeout")

@@ -96,28 +96,34 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
     With --local, run the same job here, no Slurm needed (try it before you have a cluster).
     """
     spec, template_dirs, cluster = build_spec(script, args, template_dirs, local=local, **opts)
+    from .. import backends
+    from ..job.ids import LOCAL
+
     if local:
         if cluster.remote:
             raise SpecError(f"--local runs on this machine; --cluster {cluster.name} submits to a remote cluster: "
                             "choose one")
-        from ..backends.local.plan import submit_local
-
-        code = submit_local(spec, quiet=quiet, dry_run=dry_run, echo=click.echo,
-                            note=lambda line: click.echo(line, err=True))
-        sys.exit(code)
-    if quiet:
+    backend = backends.get(LOCAL if local else cluster)
+    if quiet and not local:
         raise SpecError("--quiet only applies to --local runs (Slurm jobs write their output to logs)")
     if wait_ and spec.array:
         raise SpecError("--wait follows one job; an --array has one per task: submit without --wait and follow the "
                         "tasks with clusterddp status JOBID_TASK")
+    if local:
+        if dry_run:
+            from ..backends.local.plan import not_applied_line
+
+            line = not_applied_line(spec)
+            if line:
+                click.echo(line, err=True)
+            _print_script(backend.script(spec, template_dirs))
+            return
+        sys.exit(backend.run(spec, quiet=quiet, echo=click.echo, note=lambda line: click.echo(line, err=True)))
     if dry_run:
-        _print_script(_render(spec, template_dirs))
+        _print_script(backend.script(spec, template_dirs))
         where = f" (for cluster {cluster.name})" if cluster.remote else ""
         click.echo(f"clusterddp: dry run, nothing submitted{where}: {_summary(spec)}", err=True)
         return
-    from .. import backends
-
-    backend = backends.get(cluster)
     record = backend.submit(spec, template_dirs, check=not no_check,
                             note=lambda line: click.echo(f"clusterddp: {line}", err=True))
     job_id = record.job_id

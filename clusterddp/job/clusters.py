@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..errors import SpecError
-from .ids import HERE
+from .ids import HERE, LOCAL
 from .ids import check_cluster_name as check_name
 
 KEYS = ("host", "user", "port", "remote_dir", "setup", "ssh_config", "max_copy", "shell", "backend")
@@ -78,9 +78,9 @@ def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
     from .parse import suggest
 
     check_name(name)
-    if name == HERE:
-        raise SpecError(f"{where}: the cluster name {HERE!r} is reserved for this machine's own Slurm; choose "
-                        "another name")
+    if name in (HERE, LOCAL):
+        what = "this machine's own Slurm" if name == HERE else "this machine without Slurm (--local)"
+        raise SpecError(f"{where}: the cluster name {name!r} is reserved for {what}; choose another name")
     if not isinstance(table, dict):
         raise SpecError(f"{where}: clusters.{name} must be a table ([clusters.{name}]), got {table!r}")
     for key in table:
@@ -96,7 +96,7 @@ def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
             raise SpecError(f"{where}: clusters.{name}.{key} must be {expected}, got {value!r}")
         return value
 
-    from ..backends import check_name as check_backend
+    from ..backends.registry import check_name as check_backend
 
     backend = check_backend(text("backend", None, "a backend's name") or "slurm", f"{where}: clusters.{name}")
     host = text("host", _HOST, "a host name as you would give it to ssh (letters, digits, '.', '-', ':'; not "

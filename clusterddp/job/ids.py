@@ -6,7 +6,8 @@ import re
 from ..errors import SpecError
 from .quoting import shown
 
-HERE = "here"  # the cluster name of this machine's own Slurm
+HERE = "here"    # the cluster name of this machine's own Slurm
+LOCAL = "local"  # this machine without Slurm: the local backend (--local), and where local sweeps are filed
 _JOBID = re.compile(r"[0-9]+(_[0-9]+)?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

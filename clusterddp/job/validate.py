@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Iterable, Tuple
+from typing import Any, Iterable, Tuple
 
 from .. import contract
 from ..errors import SpecError
@@ -14,8 +14,8 @@ from .ids import is_job_id
 from .parse import MAX_COUNT, SBATCH_VALUE_MAX, parse_time, suggest
 from .quoting import check_command_word, check_no_control, check_one_line, check_utf8, shown
 
-if TYPE_CHECKING:
-    from .spec import JobSpec
+# The spec is typed Any here: spec.py imports this module, and a type-only import back would make the two one.
+JobSpec = Any
 
 LAUNCHERS = tuple(contract.LAUNCHERS)
 GPU_REQUESTS = ("gpus-per-node", "gres", "gpus-per-task")
@@ -29,7 +29,7 @@ _SBATCH_OPT = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
 _ARRAY = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+)?(,[0-9]+(-[0-9]+)?(:[0-9]+)?)*(%[0-9]+)?")
 
 
-def check(spec: "JobSpec") -> None:
+def check(spec: JobSpec) -> None:
     for name, value in texts(spec):
         check_utf8(value, name)
     _counts(spec)
@@ -40,7 +40,7 @@ def check(spec: "JobSpec") -> None:
     _slurm_limits(spec)
 
 
-def texts(spec: "JobSpec") -> Iterable[Tuple[str, str]]:
+def texts(spec: JobSpec) -> Iterable[Tuple[str, str]]:
     """Every text the user gave, with its field name."""
     for f in dataclasses.fields(spec):
         value = getattr(spec, f.name)
@@ -64,7 +64,7 @@ def positive_int(name: str, value: object, minimum: int) -> None:
         raise SpecError(f"{name} must be at most {MAX_COUNT} (what Slurm accepts), got {value}")
 
 
-def _counts(spec: "JobSpec") -> None:
+def _counts(spec: JobSpec) -> None:
     positive_int("nodes", spec.nodes, 1)
     positive_int("gpus_per_node", spec.gpus_per_node, 0)
     if spec.procs_per_node is not None:
@@ -89,7 +89,7 @@ def _counts(spec: "JobSpec") -> None:
             raise SpecError(f"master_port must be at most 65535, got {spec.master_port}")
 
 
-def _time_and_signals(spec: "JobSpec") -> None:
+def _time_and_signals(spec: JobSpec) -> None:
     positive_int("signal_seconds", spec.signal_seconds, 10)
     positive_int("stop_grace", spec.stop_grace, 1)
     try:
@@ -108,7 +108,7 @@ def _time_and_signals(spec: "JobSpec") -> None:
                         "--signal-before or raise --time")
 
 
-def _choices(spec: "JobSpec") -> None:
+def _choices(spec: JobSpec) -> None:
     if spec.launcher not in LAUNCHERS:
         raise SpecError(f"unknown launcher {spec.launcher!r}{suggest(spec.launcher, LAUNCHERS)}: "
                         f"expected one of {', '.join(LAUNCHERS)}")
@@ -123,7 +123,7 @@ def _choices(spec: "JobSpec") -> None:
                         "choose one container runtime")
 
 
-def _names(spec: "JobSpec") -> None:
+def _names(spec: JobSpec) -> None:
     """Values that end up on #SBATCH lines and in paths: names, not free text."""
     if spec.module and not _MODULE.fullmatch(spec.script):
         raise SpecError(f"invalid module name {shown(spec.script)}: expected dotted Python identifiers "
@@ -154,7 +154,7 @@ def _names(spec: "JobSpec") -> None:
                                 "file systems allow at most 255")
 
 
-def _commands_and_environment(spec: "JobSpec") -> None:
+def _commands_and_environment(spec: JobSpec) -> None:
     """Words bash or a launcher runs as a command, the program's arguments and its environment."""
     check_command_word(spec.python, "python", "--python")
     if spec.apptainer is not None:
@@ -176,7 +176,7 @@ def _commands_and_environment(spec: "JobSpec") -> None:
         check_one_line(line, "setup line" if line in spec.setup else "health_check")
 
 
-def _slurm_limits(spec: "JobSpec") -> None:
+def _slurm_limits(spec: JobSpec) -> None:
     """What sbatch itself would refuse, said before it does."""
     for arg in spec.sbatch_args:
         if not _SBATCH_OPT.fullmatch(arg.split("=", 1)[0]):

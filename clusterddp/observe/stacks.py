@@ -59,10 +59,10 @@ def _fallback(target: Target, directory: Path, timeout: float) -> str:
         except subprocess.TimeoutExpired:
             return f"py-spy did not finish within {timeout + 30:.0f} s"
         return proc.stderr.strip().splitlines()[-1] if proc.returncode and proc.stderr.strip() else ""
-    from ..backends.slurm import commands as slurm
+    from ..backends.slurm import SlurmBackend
 
-    try:
-        proc = slurm.run_in_job(target.job_id, len(target.nodes) or 1, argv, timeout=timeout + 30)
+    try:  # where the files are: this machine's Slurm (a remote cluster's runs this module on its login node)
+        proc = SlurmBackend().run_on_nodes(target.job_id, len(target.nodes) or 1, argv, timeout=timeout + 30)
     except SlurmError as exc:
         return f"srun --overlap could not start py-spy in job {target.job_id}: {str(exc).splitlines()[0]}"
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -167,29 +167,32 @@ def roll_call(job: str, cluster_option: Optional[str], timeout: float, fallback:
     if record is None:
         raise SpecError(f"job {job_id} was not submitted with clusterddp here, so its run directory is unknown; "
                         "pass the run directory instead: clusterddp stacks RUN_DIR")
-    info = backends.get(chosen).info(job_id)
+    backend = backends.get(chosen)
+    if backend.host is None:  # neither here nor on a login node of ours: nowhere to ask the ranks from
+        raise backend.unsupported("asking a job's ranks for their stacks (clusterddp stacks)")
+    info = backend.info(job_id)
     if info.state != "RUNNING":
         raise ClusterDDPError(f"job {job_id} is {info.state}: only a running job has stacks to show"
                               + (f" (its logs: clusterddp logs {job_id})" if info.done else ""))
     target = Target(Path(record.run_dir), record.nodes * record.procs_per_node, record.launcher,
                     record.procs_per_node, job_id, hostlist.expand(info.node_list) if info.node_list else ())
-    if chosen.remote:
-        return _remote(chosen, record.python, target, timeout, fallback, note)
+    if backend.host.remote:  # its files are on the login node: asked there
+        return _remote(backend, record.python, target, timeout, fallback, note)
     call = collect(target, timeout, note=lambda line: note(f"clusterddp: {line}"), fallback=fallback)
     return call, report(call, target.run_dir)
 
 
-def _remote(cluster: Any, python: str, target: Target, timeout: float, fallback: bool,
+def _remote(backend: Any, python: str, target: Target, timeout: float, fallback: bool,
             note: Callable[[str], None]) -> Tuple[Dict[str, Any], str]:
     """The roll call of a remote job: collected on the login node (where the run directory is), by this
     clusterddp's own modules run with the job's Python there (``main`` below)."""
-    from ..backends.ssh.connection import python_module
+    cluster = backend.cluster
 
     args = [str(target.run_dir), "--world-size", str(target.world_size), "--launcher", target.launcher,
             "--per-node", str(target.per_node), "--job-id", str(target.job_id), "--nodes", ",".join(target.nodes),
             "--timeout", str(timeout)] + ([] if fallback else ["--no-py-spy"])
     note(f"clusterddp: asking job {target.job_id}'s ranks on cluster {cluster.name}")
-    proc = python_module(cluster, python, "clusterddp.observe.stacks", args, timeout=2 * timeout + 90)
+    proc = backend.run_module(python, "clusterddp.observe.stacks", args, timeout=2 * timeout + 90)
     for line in proc.stderr.splitlines():
         if line.strip():
             note(f"clusterddp: {cluster.name}: {line}")

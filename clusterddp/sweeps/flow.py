@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from .. import contract
-from ..backends.slurm import commands as slurm
 from ..errors import SpecError
 from ..healing import attempts
 from ..job.clusters import Cluster
@@ -55,8 +54,7 @@ def run(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cluster: Clust
              f"{len(todo)}")
     if local:
         return _run_local(p, record, todo, skipped, note, echo, cwd, max_parallel or 1)
-    with slurm.on(cluster):
-        check_array_size(todo, count(axes))
+    check_array_size(todo, count(axes), cluster)
     job_id = submit(p, cluster, todo, record, max_parallel, template_dirs, check, note, cwd)
     return Outcome(p.name, job_id, todo, skipped)
 
@@ -98,7 +96,7 @@ def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_paral
             return _run_local(p, record, todo, 0, note, echo, snap, max_parallel or 1)
         return Outcome(name, submit(p, _cluster(record), todo, record, max_parallel, template_dirs, check, note,
                                     snap), todo, 0)
-    from .run import code_files, code_hash
+    from ..job.code import code_files, code_hash
 
     if code_hash(cwd, code_files(spec, cwd)) != code:
         raise SpecError(f"the code here differs from what the trials of sweep {name} were submitted with, and a "
@@ -181,7 +179,8 @@ def _run_local(p: Plan, record: SweepRecord, todo: Sequence[Trial], skipped: int
 
 def _child() -> None:
     """One local trial, in a process of its own (its spec and trial as JSON on stdin)."""
-    from ..backends.local.plan import submit_local
+    from .. import backends
+    from ..job.ids import LOCAL
 
     data = json.load(sys.stdin)
     t = Trial(int(data["index"]), tuple((str(k), str(v)) for k, v in data["params"]), str(data["key"]))
@@ -192,8 +191,8 @@ def _child() -> None:
     def prepare(run_dir: str) -> None:
         made.append(_trial_file(Path(run_dir), name, t))
 
-    code = submit_local(spec, quiet=True, note=lambda line: print(line, file=sys.stderr, flush=True),
-                        prepare=prepare)
+    code = backends.get(LOCAL).run(spec, quiet=True, note=lambda line: print(line, file=sys.stderr, flush=True),
+                                   prepare=prepare)
     if made:
         ended(made[0], code, start)
     sys.exit(code)

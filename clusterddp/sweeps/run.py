@@ -5,7 +5,6 @@ States and metrics come from sweep_status.py. The record lives under $XDG_STATE_
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -16,16 +15,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import dirs
-from ..backends.slurm import commands as slurm
 from ..contract import PLACEHOLDERS
 from ..errors import PreflightError, SpecError
 from ..job.clusters import Cluster
+from ..job.code import code_files, code_hash
 from ..job.quoting import shown
 from ..job.spec import JobSpec
 from .grid import Axis, SweepJob, Trial, check_placeholders, check_sweep_name, trials
 
 LOCAL = ".local"             # the record directory of sweeps run with --local
-MAX_CODE_BYTES = 256 << 20   # a snapshot per code version: data belongs in .gitignore, not in every snapshot
 Note = Callable[[str], None]
 
 
@@ -81,45 +79,6 @@ class SweepRecord:
 
 def spec_fields(spec: JobSpec) -> Dict[str, Any]:
     return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "sweep"}
-
-
-# --- the code: which files, their hash, their snapshot ------------------------------------------------------
-def code_files(spec: JobSpec, cwd: Path) -> List[str]:
-    """The files of the directory submitted from that make the sweep's code: git's rules (as a remote copy
-    takes), never .git, __pycache__ or the output directory."""
-    from ..backends.ssh.copy import _output_top, _selected_names
-
-    names = _selected_names(spec, cwd)
-    if names is None:  # no git: every file, less the same exclusions
-        top = _output_top(spec)
-        names = []
-        for base, subdirs, files in os.walk(cwd):
-            rel = os.path.relpath(base, cwd)
-            subdirs[:] = [d for d in subdirs if d not in (".git", "__pycache__") and not (rel == "." and d == top)]
-            names += [os.path.normpath(os.path.join(rel, f)) for f in files]
-    return sorted(names)
-
-
-def code_hash(cwd: Path, names: Sequence[str]) -> str:
-    """One hash of the files' names and contents (links by their target): the code's identity in trial keys."""
-    h, total = hashlib.sha256(), 0
-    for name in names:
-        path = cwd / name
-        h.update(os.fsencode(name) + b"\0")
-        if path.is_symlink():
-            h.update(b"link:" + os.fsencode(os.readlink(path)))
-        elif path.is_file():
-            total += path.stat().st_size
-            if total > MAX_CODE_BYTES:
-                raise PreflightError(f"the directory you submit from, {cwd}, holds more than "
-                                     f"{MAX_CODE_BYTES >> 20} MiB of files that are not ignored (at {shown(name)}): "
-                                     "every code version of a sweep is kept as a snapshot; add data and checkpoints "
-                                     "to .gitignore, or submit from a smaller directory")
-            with open(path, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-        h.update(b"\0")
-    return h.hexdigest()[:16]
 
 
 def snapshot(cwd: Path, names: Sequence[str], target: Path) -> Path:
@@ -179,15 +138,11 @@ def plan(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cwd: Path) ->
     return Plan(name, spec, tuple(planned), code, tuple(names))
 
 
-def max_array_size() -> Optional[int]:
-    """Slurm's MaxArraySize (array task ids go up to it, exclusive), from scontrol show config; None unknown."""
-    proc = slurm.run(["scontrol", "show", "config"], check=False)
-    m = re.search(r"^MaxArraySize\s*=\s*([0-9]+)", proc.stdout or "", re.M)
-    return int(m.group(1)) if m else None
+def check_array_size(todo: Sequence[Trial], total: int, cluster: Cluster) -> None:
+    """Refuse an array whose task ids reach the cluster's MaxArraySize (sbatch's own refusal is terse)."""
+    from .. import backends
 
-
-def check_array_size(todo: Sequence[Trial], total: int) -> None:
-    limit = max_array_size()
+    limit = backends.get(cluster).max_array_size()
     if limit is not None and todo and max(t.index for t in todo) >= limit:
         raise PreflightError(f"the sweep has {total} trials (array task ids 0-{total - 1}), but this cluster's "
                              f"MaxArraySize is {limit} (task ids below {limit}): split the grid into sweeps of at "
@@ -212,8 +167,7 @@ def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord
             spec = spec.replace(script=str(code_dir / spec.script))
     spec = spec.replace(output_dir=record.sweep_dir, array=SweepJob(p.name, tuple(todo)).array(max_parallel),
                         sweep=SweepJob(p.name, tuple(todo)))
-    with slurm.on(cluster):
-        rec = backends.get(cluster).submit(spec, template_dirs, check=check, note=note)
+    rec = backends.get(cluster).submit(spec, template_dirs, check=check, note=note)
     if cluster.remote:  # where the outputs went there (under the project's copy): absolute from now on
         record.sweep_dir = os.path.dirname(rec.run_dir)
     for t in todo:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract
-from ..backends.slurm import commands as slurm
 from ..healing import attempts
+from ..job.ids import HERE
 from ..rollcall import printable, read_bounded, read_json
 from .run import LOCAL, SweepRecord
 
@@ -53,35 +53,23 @@ def _queue(record: SweepRecord) -> Dict[str, Tuple[str, str]]:
     """array task (1234_5) -> (state, elapsed), for this user's jobs of the sweep: one squeue call."""
     if record.cluster == LOCAL:
         return {}
-    ids = {s["job_id"] for s in record.submissions}
+    # Raises when the queue cannot be read: a queued trial must never look as if it never ran (and run again).
+    return _backend(record).queue(sorted({s["job_id"] for s in record.submissions}))
+
+
+def _backend(record: SweepRecord) -> Any:
+    from .. import backends
     from ..job.clusters import by_name
 
-    # check=True: without the queue, a queued trial would look as if it never ran (and be submitted again).
-    with slurm.on(by_name(record.cluster)):
-        proc = slurm.run(["squeue", "--me", "--noheader", "--array", "--format=%i|%T|%M"])
-    out = {}
-    for line in (proc.stdout or "").splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3 and parts[0].split("_")[0] in ids:
-            out[parts[0]] = (parts[1], parts[2])
-    return out
+    return backends.get(by_name(record.cluster))
 
 
 def _local_dir(record: SweepRecord) -> Path:
     """The sweep directory readable here (a remote one: its trial files copied back, only what changed)."""
-    if record.cluster in (LOCAL, "here"):
+    if record.cluster in (LOCAL, HERE):
         return Path(record.sweep_dir)
-    from ..backends.ssh.connection import _host_path, _rsync
-    from ..backends.ssh.mirror import _mirror
-    from ..job.clusters import by_name
-
-    cluster = by_name(record.cluster)
-    local = _mirror(cluster.name, f"sweep-{record.name}")
-    _rsync(cluster, ["-rt", "--no-links", "--prune-empty-dirs", "--include=/*/", f"--include=/*/{contract.TRIAL_FILE}",
-                     f"--include=/*/{contract.ATTEMPTS_FILE}", f"--include=/*/{contract.METRICS_FILE}",
-                     "--exclude=*", "--", _host_path(cluster, record.sweep_dir + "/"), f"{local}/"],
-           f"sweep {record.name}'s results")
-    return local
+    return _backend(record).readable_tree(record.sweep_dir, f"sweep-{record.name}",
+                                          (contract.TRIAL_FILE, contract.ATTEMPTS_FILE, contract.METRICS_FILE))
 
 
 def metrics(run_dir: Path) -> List[Tuple[Optional[int], Dict[str, float]]]:

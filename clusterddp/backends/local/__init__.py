@@ -1,2 +1,66 @@
 """The local backend: the same job spec on this machine with no Slurm (plan.py builds the processes each launcher
-would start, run.py starts and ends them)."""
+would start, run.py starts and ends them). Its jobs run in the foreground: ``run`` returns the job's exit code, so
+what needs a queue (status, cancel, sweeps' arrays) says it is not supported here."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+
+from ...job.clusters import Cluster
+from ...job.ids import LOCAL
+from .. import BackendBase
+from ..hosts import Here
+
+if TYPE_CHECKING:
+    from ...job.spec import JobSpec
+    from ..jobinfo import JobInfo
+    from ..record import JobRecord
+
+
+class LocalBackend(BackendBase):
+    name = LOCAL
+
+    def __init__(self, cluster: Optional[Cluster] = None) -> None:
+        self.cluster = cluster or Cluster(LOCAL, backend=LOCAL)
+        self.host = Here(self.cluster)
+
+    def script(self, spec: "JobSpec", template_dirs: Sequence[str] = ()) -> str:
+        """The processes a local run would start and their environment, as shell lines."""
+        from .submit import dry_run
+
+        return dry_run(spec)
+
+    def not_applied(self, spec: "JobSpec") -> List[str]:
+        from .plan import not_applied
+
+        return not_applied(spec)
+
+    def run(self, spec: "JobSpec", quiet: bool = False, echo: Callable[[str], None] = print,
+            note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None) -> int:
+        """Run ``spec`` here to its end (retries after an emulated node's fault included); its exit code."""
+        from .plan import not_applied_line
+        from .submit import submit_local
+
+        line = not_applied_line(spec)
+        if line:
+            note(line)
+        return submit_local(spec, quiet=quiet, echo=echo, note=note, prepare=prepare)
+
+    def submit(self, spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
+               note: Callable[[str], None] = lambda line: None) -> "JobRecord":
+        raise self.unsupported("submitting to a queue (a local run is in the foreground: clusterddp submit --local)")
+
+    def info(self, job_id: str) -> "JobInfo":
+        raise self.unsupported("asking about a job by id (a local run's files are in its run directory)")
+
+    def wait(self, job_id: str, on_change: Callable[["JobInfo"], None] = lambda info: None) -> "JobInfo":
+        raise self.unsupported("following a job by id")
+
+    def cancel(self, job_id: str) -> None:
+        raise self.unsupported("cancelling a job by id (Ctrl-C ends a local run)")
+
+    def readable(self, record: "JobRecord", reports_only: bool = False) -> "JobRecord":
+        return record
+
+    def readable_file(self, path: str, job_id: str) -> "Path":
+        return Path(path)

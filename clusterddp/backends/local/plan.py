@@ -1,4 +1,5 @@
-"""The local backend: the same job spec on this machine, no Slurm.
+"""A local run as data: the processes each launcher would start on this machine, their environment and logs
+(pure: the dry run prints it; run.py starts them, submit.py runs the attempts).
 
 Each launcher is emulated honestly, without a layer of our own on top:
 - torchrun: one torch.distributed.run agent per emulated node, meeting at a c10d rendezvous on 127.0.0.1;
@@ -14,13 +15,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ... import contract
-from ...contract import PORT_BASE, PORT_SPAN, default_port, fill_placeholders, port_candidates
+from ...contract import PORT_BASE, PORT_SPAN, fill_placeholders, port_candidates
 from ...errors import LocalRunError
 from ...job.quoting import shell_quote
 from ...job.spec import JobSpec
@@ -97,11 +97,31 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
         note = f"clusterddp: running {spec.world_size} ranks on GPUs {','.join(gpus_available[:spec.world_size])}"
     else:
         note = f"clusterddp: running {spec.world_size} ranks on CPU with gloo, {threads} thread(s) per rank"
-    python = sys.executable if spec.python == "python3" else spec.python
+
+    def devices(node: int) -> List[Tuple[str, str]]:
+        first = emulated[node] * per
+        return [("CUDA_VISIBLE_DEVICES", ",".join(gpus_available[first:first + per]))] if use_gpus else []
+
+    launch = {"torchrun": _torchrun_procs, "srun": _srun_procs, "spawn": _spawn_procs}[spec.launcher]
+    procs = launch(spec, Path(run_dir), port, job_id, devices)
+    gpus = [d for node in range(n) for _, ids in devices(node) for d in ids.split(",")] if use_gpus else None
+    return Plan(spec, run_dir, port, gpus, tuple(_common_env(spec, run_dir, port, threads, use_gpus)), tuple(procs),
+                note)
+
+
+Devices = Callable[[int], List[Tuple[str, str]]]
+
+
+def _python(spec: JobSpec) -> str:
+    return sys.executable if spec.python == "python3" else spec.python
+
+
+def _common_env(spec: JobSpec, run_dir: str, port: int, threads: int, use_gpus: bool) -> List[Tuple[str, str]]:
+    """The environment of every process: what the batch script promises the ranks (contract.py)."""
     common: List[Tuple[str, str]] = [
         ("PYTHONUNBUFFERED", "1"), (contract.LOCAL, "1"), (contract.LAUNCHER, spec.launcher),
-        (contract.NNODES, str(n)), (contract.GPUS_PER_NODE, str(spec.gpus_per_node)),
-        (contract.PROCS_PER_NODE, str(per)), (contract.WORLD_SIZE, str(spec.world_size)),
+        (contract.NNODES, str(spec.nodes)), (contract.GPUS_PER_NODE, str(spec.gpus_per_node)),
+        (contract.PROCS_PER_NODE, str(spec.tasks_per_node)), (contract.WORLD_SIZE, str(spec.world_size)),
         (contract.RUN_DIR, run_dir), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
         ("OMP_NUM_THREADS", str(threads)),
         (contract.STOP_FILE, str(Path(run_dir) / contract.STOP_FILE_NAME.format(restarts=0))),
@@ -115,56 +135,69 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
     common += list(spec.env)
     for trial in getattr(spec.sweep, "trials", ())[:1]:  # a sweep's trial: its parameters, as the batch script's
         common += [(contract.TRIAL, str(trial.index)), *trial.env()]
-    program = spec.program_argv()
-    nodelist = ",".join(["localhost"] * n)
-    # What srun sets in every task of a step (the node list names this machine once per emulated node).
+    return common
+
+
+def _slurm_env(spec: JobSpec, job_id: int) -> List[Tuple[str, str]]:
+    """What srun sets in every task of a step (the node list names this machine once per emulated node)."""
+    n, nodelist = spec.nodes, ",".join(["localhost"] * spec.nodes)
     slurm = [("SLURM_JOB_ID", str(job_id)), ("SLURM_JOB_NODELIST", nodelist), ("SLURM_STEP_NODELIST", nodelist),
              ("SLURM_JOB_NUM_NODES", str(n)), ("SLURM_NNODES", str(n)), ("SLURM_STEP_NUM_NODES", str(n)),
              ("SLURM_STEP_ID", "0"), ("SLURM_STEPID", "0")]
     if spec.cpus_per_task:
         slurm.append(("SLURM_CPUS_PER_TASK", str(spec.slurm_cpus_per_task)))
+    return slurm
 
-    def devices(node: int) -> List[Tuple[str, str]]:
-        first = emulated[node] * per
-        return [("CUDA_VISIBLE_DEVICES", ",".join(gpus_available[first:first + per]))] if use_gpus else []
 
-    procs: List[Proc] = []
-    run = Path(run_dir)
-    if spec.launcher == "torchrun":
-        for node in range(n):
-            argv = [python, "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={per}",
-                    "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=local-{job_id}",
-                    "--tee=3", f"--log-dir={run / 'torchrun' / f'node{node}'}", *program]
-            log = str(run / contract.NODE_LOG.format(node=node))
-            procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), log, node))
-    elif spec.launcher == "srun":
-        ntasks = str(spec.world_size)
-        for r in range(spec.world_size):
-            node, local = divmod(r, per)
-            env = slurm + [("SLURM_PROCID", str(r)), ("SLURM_LOCALID", str(local)), ("SLURM_NODEID", str(node)),
-                           ("SLURM_NTASKS", ntasks), ("SLURM_STEP_NUM_TASKS", ntasks),
-                           ("SLURM_NTASKS_PER_NODE", str(per)), ("SLURM_TASKS_PER_NODE", f"{per}(x{n})"),
-                           ("SLURM_STEP_TASKS_PER_NODE", f"{per}(x{n})"),
-                           # set per task by the srun template
-                           ("RANK", str(r)), ("LOCAL_RANK", str(local)), ("WORLD_SIZE", ntasks),
-                           ("LOCAL_WORLD_SIZE", str(per)), ("NODE_RANK", str(node))] + devices(node)
-            log = str(run / contract.RANK_LOG.format(rank=r))
-            procs.append(Proc(f"rank {r}", (python, *program), tuple(env), log, node, r))
-    else:  # spawn
-        values = {"master_addr": "127.0.0.1", "master_port": str(port), "nnodes": str(n), "gpus_per_node": str(per),
-                  "world_size": str(spec.world_size)}
-        for node in range(n):
-            filled = dict(values, node_rank=str(node))
-            # Placeholders are filled in the script's arguments only, never in the script path (as in spawn.sh.j2).
-            entry = program[:len(program) - len(spec.args)]
-            args = entry + [fill_placeholders(a, filled) for a in spec.args]
-            env = slurm + [("SLURM_PROCID", str(node)), ("SLURM_LOCALID", "0"), ("SLURM_NODEID", str(node)),
-                           ("SLURM_NTASKS", str(n)), ("SLURM_STEP_NUM_TASKS", str(n)), ("SLURM_NTASKS_PER_NODE", "1"),
-                           ("SLURM_TASKS_PER_NODE", f"1(x{n})"), ("NODE_RANK", str(node))] + devices(node)
-            log = str(run / contract.NODE_LOG.format(node=node))
-            procs.append(Proc(f"node {node}", (python, *args), tuple(env), log, node))
-    gpus = [d for node in range(n) for _, ids in devices(node) for d in ids.split(",")] if use_gpus else None
-    return Plan(spec, run_dir, port, gpus, tuple(common), tuple(procs), note)
+def _torchrun_procs(spec: JobSpec, run: Path, port: int, job_id: int, devices: Devices) -> List[Proc]:
+    """One torch.distributed.run agent per emulated node, meeting at a c10d rendezvous on 127.0.0.1."""
+    n, per = spec.nodes, spec.tasks_per_node
+    procs = []
+    for node in range(n):
+        argv = [_python(spec), "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={per}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=local-{job_id}",
+                "--tee=3", f"--log-dir={run / 'torchrun' / f'node{node}'}", *spec.program_argv()]
+        log = str(run / contract.NODE_LOG.format(node=node))
+        procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), log, node))
+    return procs
+
+
+def _srun_procs(spec: JobSpec, run: Path, port: int, job_id: int, devices: Devices) -> List[Proc]:
+    """One process per rank with the variables srun (and the srun template) would set."""
+    n, per, ntasks = spec.nodes, spec.tasks_per_node, str(spec.world_size)
+    procs = []
+    for r in range(spec.world_size):
+        node, local = divmod(r, per)
+        env = _slurm_env(spec, job_id) + [
+            ("SLURM_PROCID", str(r)), ("SLURM_LOCALID", str(local)), ("SLURM_NODEID", str(node)),
+            ("SLURM_NTASKS", ntasks), ("SLURM_STEP_NUM_TASKS", ntasks), ("SLURM_NTASKS_PER_NODE", str(per)),
+            ("SLURM_TASKS_PER_NODE", f"{per}(x{n})"), ("SLURM_STEP_TASKS_PER_NODE", f"{per}(x{n})"),
+            # set per task by the srun template
+            ("RANK", str(r)), ("LOCAL_RANK", str(local)), ("WORLD_SIZE", ntasks), ("LOCAL_WORLD_SIZE", str(per)),
+            ("NODE_RANK", str(node))] + devices(node)
+        log = str(run / contract.RANK_LOG.format(rank=r))
+        procs.append(Proc(f"rank {r}", (_python(spec), *spec.program_argv()), tuple(env), log, node, r))
+    return procs
+
+
+def _spawn_procs(spec: JobSpec, run: Path, port: int, job_id: int, devices: Devices) -> List[Proc]:
+    """One process per emulated node running the script, placeholders filled in."""
+    n, program = spec.nodes, spec.program_argv()
+    values = {"master_addr": "127.0.0.1", "master_port": str(port), "nnodes": str(n),
+              "gpus_per_node": str(spec.tasks_per_node), "world_size": str(spec.world_size)}
+    procs = []
+    for node in range(n):
+        filled = dict(values, node_rank=str(node))
+        # Placeholders are filled in the script's arguments only, never in the script path (as in spawn.sh.j2).
+        entry = program[:len(program) - len(spec.args)]
+        args = entry + [fill_placeholders(a, filled) for a in spec.args]
+        env = _slurm_env(spec, job_id) + [
+            ("SLURM_PROCID", str(node)), ("SLURM_LOCALID", "0"), ("SLURM_NODEID", str(node)),
+            ("SLURM_NTASKS", str(n)), ("SLURM_STEP_NUM_TASKS", str(n)), ("SLURM_NTASKS_PER_NODE", "1"),
+            ("SLURM_TASKS_PER_NODE", f"1(x{n})"), ("NODE_RANK", str(node))] + devices(node)
+        log = str(run / contract.NODE_LOG.format(node=node))
+        procs.append(Proc(f"node {node}", (_python(spec), *args), tuple(env), log, node))
+    return procs
 
 
 def describe(plan: Plan) -> str:
@@ -194,92 +227,10 @@ def not_applied(spec: JobSpec) -> List[str]:
     return [flag for name, flag in _SLURM_ONLY if getattr(spec, name)]
 
 
-def run(plan: Plan, quiet: bool = False, echo: Callable[[str], None] = print,
-        note: Callable[[str], None] = print, outcome: Optional[dict] = None) -> int:
-    """Run the plan to its end; returns the job's exit code (130 after Ctrl-C). See local_run.py."""
-    from .run import run_plan
-
-    return run_plan(plan, quiet, echo, note, outcome)
-
-
-def node_name(emulated: int) -> str:
-    return f"local{emulated}"
-
-
-def node_at_fault(plan: Plan, outcome: dict) -> Optional[int]:
-    """The attempt's node (index into the plan's nodes) at fault, as faults.py tells it on Slurm: the process that
-    failed first was ended by a signal (not our SIGTERM), or it is a torchrun agent whose earliest root cause is."""
-    import signal
-
-    from ...healing.faults import torchrun_roots
-
-    first, code = outcome.get("first"), outcome.get("returncode")
-    if first is None or code is None:
-        return None
-    proc = plan.procs[first]
-    if code < 0 and code != -signal.SIGTERM:
-        return proc.node
-    roots = torchrun_roots([Path(proc.log)]) if plan.spec.launcher == "torchrun" else []
-    exit_ = roots[0].get("exitcode", "").split()[0] if roots and roots[0].get("exitcode") else ""
-    if exit_.lstrip("-").isdigit() and int(exit_) < 0 and int(exit_) != -signal.SIGTERM:
-        return proc.node
-    return None
-
-
-def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
-                 echo: Callable[[str], None], note: Callable[[str], None]) -> int:
-    """The batch script's retry loop on this machine: after a node fault (an emulated node's ranks ended by a
-    signal), the job runs again from its last checkpoint on healthy emulated nodes, a spare first."""
-    from ...healing import attempts
-
-    healthy, attempt, used = list(range(spec.alloc_nodes)), 0, 0
-    while True:
-        chosen = healthy[:spec.nodes]
-        plan = make_plan(spec, run_dir, port, job_id, gpus, chosen)
-        if attempt:
-            note(f"clusterddp: attempt {attempt + 1} on {','.join(node_name(i) for i in chosen)} (MASTER_PORT {port})")
-        outcome: dict = {}
-        start = int(time.time())
-        code = run(plan, quiet=quiet, echo=echo, note=note, outcome=outcome)
-        bad = node_at_fault(plan, outcome) if code not in (0, contract.EXIT["INTERRUPTED"]) else None
-        names = tuple(node_name(i) for i in chosen)
-        record = attempts.Attempt(0, attempt, start, int(time.time()), names, code, "", (), "", contract.NEXT_END)
-        if bad is not None:
-            record = record._replace(fault="infrastructure", fault_nodes=(names[bad],),
-                                     why=f"{plan.procs[outcome['first']].label} ended by a signal, no Python traceback")
-        again = bad is not None and used < spec.retries and len(healthy) > spec.nodes
-        if spec.retries or spec.spare_nodes:
-            attempts.append(Path(run_dir), record._replace(next=contract.NEXT_RETRY if again else contract.NEXT_END))
-        if not again or bad is None:
-            if bad is not None:
-                why = (f"{used} of --retries {spec.retries} used" if used >= spec.retries
-                       else "no healthy emulated node left (--spare-nodes adds some)")
-                note(f"clusterddp: not retried: {why}")
-            return code
-        kept = attempts.set_aside(Path(run_dir), 0, attempt)
-        healthy.remove(chosen[bad])
-        used, attempt = used + 1, attempt + 1
-        port = pick_port(port + 1)
-        note(f"clusterddp: {record.line()}")
-        note(f"clusterddp: the failed attempt's logs: {kept}/; retrying without {names[bad]} (retry {used} of "
-             f"{spec.retries}), from the last checkpoint")
-
-
-def submit_local(spec: JobSpec, quiet: bool = False, dry_run: bool = False, echo: Callable[[str], None] = print,
-                 note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None) -> int:
-    """The local equivalent of sbatch + wait: returns the exit code (0 after a dry run)."""
+def not_applied_line(spec: JobSpec) -> Optional[str]:
+    """That line, or None when every option given applies."""
     skipped = not_applied(spec)
-    if skipped:
-        note(f"clusterddp: --local does not apply {', '.join(skipped)}: they ask Slurm for resources or a "
-             "container, and this run uses this machine as it is")
-    job_id = os.getpid()
-    run_dir = os.path.join(spec.output_dir, f"{spec.file_stem}-local-{time.strftime('%Y%m%d-%H%M%S')}-{job_id}")
-    if os.path.exists(run_dir):  # a second run within the second (a sweep's next trial)
-        run_dir += f"-{sum(1 for _ in Path(spec.output_dir).glob(os.path.basename(run_dir) + '*'))}"
-    port = spec.master_port or pick_port(default_port(job_id))
-    gpus = visible_gpus() if spec.gpus_per_node else []
-    if dry_run:
-        echo(describe(make_plan(spec, run_dir, port, job_id, gpus)).rstrip("\n"))
-        return 0
-    prepare(run_dir)  # (a sweep writes its trial's file there)
-    return run_attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note)
+    return (f"clusterddp: --local does not apply {', '.join(skipped)}: they ask Slurm for resources or a "
+            "container, and this run uses this machine as it is") if skipped else None
+
+

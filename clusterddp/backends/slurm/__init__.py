@@ -1,53 +1,88 @@
-"""The Slurm backend: this machine's Slurm, or a cluster's over SSH (the host is chosen from the cluster)."""
+"""The Slurm backend: this machine's Slurm, or a cluster's over SSH. The host (``Here`` or ``Ssh``) is a field,
+chosen once from the cluster; every Slurm command goes through ``Slurm(host)`` (commands.py)."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ...job.clusters import Cluster
-from . import commands as slurm
+from .. import BackendBase, host_for
+from .commands import Slurm
 
 if TYPE_CHECKING:
     from ...job.spec import JobSpec
+    from ..hosts import Host
     from ..jobinfo import JobInfo
     from ..record import JobRecord
 
 
-class SlurmBackend:
+class SlurmBackend(BackendBase):
     name = "slurm"
+    host: "Host"
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: Optional[Cluster] = None) -> None:
+        self.cluster = cluster or Cluster()
+        self.host = host_for(self.cluster)
+        self.slurm = Slurm(self.host)
+
+    def script(self, spec: "JobSpec", template_dirs: Sequence[str] = ()) -> str:
+        """The batch script of ``spec`` as it runs on this cluster (a remote one: with clusterddp's job modules)."""
+        from .script import render
+
+        return render(self.host.job_spec(spec), template_dirs=template_dirs)
+
+    def not_applied(self, spec: "JobSpec") -> List[str]:
+        return []  # Slurm applies every option of the spec
 
     def submit(self, spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
                note: Callable[[str], None] = lambda line: None) -> "JobRecord":
         from .submit import submit
 
-        with slurm.on(self.cluster):
-            return submit(spec, self.cluster, template_dirs, check=check, note=note)
+        return submit(spec, self.host, self.slurm, template_dirs, check=check, note=note)
 
     def info(self, job_id: str) -> "JobInfo":
-        with slurm.on(self.cluster):
-            return slurm.info(job_id)
+        return self.slurm.info(job_id)
 
-    def wait(self, job_id: str, on_change: Callable[["JobInfo"], None]) -> "JobInfo":
-        with slurm.on(self.cluster):
-            return slurm.wait(job_id, on_change=on_change)
+    def wait(self, job_id: str, on_change: Callable[["JobInfo"], None] = lambda info: None) -> "JobInfo":
+        return self.slurm.wait(job_id, on_change=on_change)
+
+    def queue(self, job_ids: Sequence[str]) -> Dict[str, Tuple[str, str]]:
+        return self.slurm.array_tasks(job_ids)
+
+    def max_array_size(self) -> Optional[int]:
+        return self.slurm.max_array_size()
 
     def cancel(self, job_id: str) -> None:
-        with slurm.on(self.cluster):
-            slurm.cancel(job_id)
+        self.slurm.cancel(job_id)
+
+    def run_on_nodes(self, job_id: str, nodes: int, argv: Sequence[str],
+                     timeout: float = 60) -> subprocess.CompletedProcess:
+        return self.slurm.run_in_job(job_id, nodes, argv, timeout=timeout)
+
+    def run_module(self, python: str, module: str, args: Sequence[str],
+                   timeout: float = 120) -> subprocess.CompletedProcess:
+        """``python -m module args`` where the jobs' files are (the login node), with this clusterddp's modules."""
+        return self.host.python_module(python, module, args, timeout=timeout)
 
     def readable(self, record: "JobRecord", reports_only: bool = False) -> "JobRecord":
-        if not self.cluster.remote:
+        if not self.host.remote:
             return record
         from ..ssh import mirror
 
         return mirror.fetch_reports(record) if reports_only else mirror.fetch(record)
 
     def readable_file(self, path: str, job_id: str) -> Path:
-        if not self.cluster.remote:
+        if not self.host.remote:
             return Path(path)
         from ..ssh import mirror
 
         return mirror.fetch_file(self.cluster, path, job_id)
+
+    def readable_tree(self, path: str, name: str, files: Sequence[str]) -> Path:
+        """The files named ``files`` in each directory under ``path``, readable here (a sweep's trial files)."""
+        if not self.host.remote:
+            return Path(path)
+        from ..ssh import mirror
+
+        return mirror.fetch_tree(self.cluster, path, name, files)

@@ -1,7 +1,7 @@
 """A submission, start to end: spec -> pre-flight -> script -> the host places it -> sbatch -> record.
 
 The middle layer between the CLI (and the Python API's callers) and Slurm: the same flow for this machine and a
-cluster over SSH, whose differences live in the host (hosts.py)."""
+cluster over SSH, whose differences live in the host (hosts.py, ssh/)."""
 from __future__ import annotations
 
 import os
@@ -11,20 +11,19 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ... import contract
 from ...errors import ClusterDDPError, PreflightError, SlurmError
 from ...job import sbatch_options
-from ...job.clusters import Cluster
-from ..hosts import host_for
 from ..record import JobRecord
-from . import commands as slurm
 from .preflight import check_cluster, check_local
 from .script import render
 
 if TYPE_CHECKING:
     from ...job.spec import JobSpec
+    from ..hosts import Host
+    from .commands import Slurm
 
 
-def submit(spec: "JobSpec", cluster: Cluster, template_dirs: Sequence[str] = (), check: bool = True,
+def submit(spec: "JobSpec", host: "Host", slurm: "Slurm", template_dirs: Sequence[str] = (), check: bool = True,
            note: Callable[[str], None] = lambda line: None) -> JobRecord:
-    """Submit ``spec`` to ``cluster`` (its Slurm commands run through ``slurm.on(cluster)``): pre-flight checks
+    """Submit ``spec`` through ``host`` (this machine or a login node) to its ``slurm``: pre-flight checks
     (local, then the partition offer from sinfo; skipped with ``check=False``), the script written under the output
     directory, ``sbatch --test-only``, ``sbatch``, the record.
 
@@ -32,11 +31,10 @@ def submit(spec: "JobSpec", cluster: Cluster, template_dirs: Sequence[str] = (),
     from its own snapshot of that copy. The script keeps the name sbatch saw (``scontrol show job`` reports it as
     the Command); when submission fails, the error says where the script was kept.
     """
-    host = host_for(cluster)
     spec = host.job_spec(spec)
     text = render(spec, template_dirs=template_dirs)
     if check:
-        check_local(spec, here=not host.cluster.remote)
+        check_local(spec, here=not host.remote)
     host.check_copy(spec)
     if check:
         for line in check_cluster(spec, slurm.partitions()):
@@ -75,7 +73,7 @@ def submit(spec: "JobSpec", cluster: Cluster, template_dirs: Sequence[str] = (),
     held_on_purpose = any(sbatch_options.resolve(arg)[0] == "hold" for arg in spec.sbatch_args)
     if check and not held_on_purpose:
         try:
-            slurm.run(["scontrol", "release", job_id])
+            slurm.release(job_id)
         except SlurmError as exc:
             raise SlurmError(f"job {job_id} was submitted held and could not be released: run "
                              f"scontrol release {job_id}", exc.argv, exc.returncode, exc.stderr) from None

@@ -188,7 +188,7 @@ def require_protect_args() -> None:
                                  "newer one (brew install rsync, apt install rsync)")
 
 
-def _rsync(cluster: Cluster, args: Sequence[str], what: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def rsync(cluster: Cluster, args: Sequence[str], what: str, timeout: float = 600) -> subprocess.CompletedProcess:
     require_protect_args()
     argv = ["rsync", "--protect-args", "-e", shlex.join(ssh_argv(cluster)), *args]
     try:
@@ -212,7 +212,7 @@ def _rsync(cluster: Cluster, args: Sequence[str], what: str, timeout: float = 60
     return proc
 
 
-def _host_path(cluster: Cluster, path: str) -> str:
+def host_path(cluster: Cluster, path: str) -> str:
     assert cluster.host is not None
     host = f"[{cluster.host}]" if ":" in cluster.host else cluster.host
     return f"{host}:{path}"
@@ -249,16 +249,16 @@ def job_spec(spec: "JobSpec", cluster: Cluster) -> "JobSpec":
     return spec.replace(setup=(line,) + tuple(spec.setup))
 
 
-def _push_lib(cluster: Cluster) -> None:
+def push_lib(cluster: Cluster) -> None:
     package = Path(__file__).resolve().parents[2]  # the clusterddp package
-    _rsync(cluster, ["-rlptz", "--prune-empty-dirs", "--include=*/", "--include=*.py", "--exclude=*", "--",
-                     f"{package}/", _host_path(cluster, f"{lib_dir(cluster)}/clusterddp/")], "clusterddp's modules")
+    rsync(cluster, ["-rlptz", "--prune-empty-dirs", "--include=*/", "--include=*.py", "--exclude=*", "--",
+                     f"{package}/", host_path(cluster, f"{lib_dir(cluster)}/clusterddp/")], "clusterddp's modules")
 
 
 def ensure_lib(cluster: Cluster) -> None:
     """This clusterddp's modules on the cluster (for tools run there, such as stacks): copied when missing."""
     sh(cluster, 'mkdir -p -- "$1"', [lib_dir(cluster) + "/clusterddp"])
-    _push_lib(cluster)
+    push_lib(cluster)
 
 
 def python_module(cluster: Cluster, python: str, module: str, args: Sequence[str],

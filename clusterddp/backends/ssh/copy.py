@@ -14,14 +14,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, List, Optional
 
 from ... import contract
 from ...errors import ClusterUnreachable, PreflightError
 from ...job.clusters import Cluster, human_size
+from ...job.code import output_top, selected_names
 from ...job.quoting import shown
 from ...rollcall import printable
-from .connection import _host_path, _push_lib, _rsync, lib_dir, require_protect_args, sh, where
+from .connection import host_path, lib_dir, push_lib, require_protect_args, rsync, sh, where
 
 if TYPE_CHECKING:
     from ...job.spec import JobSpec
@@ -87,45 +88,6 @@ def remote_code_dir(cluster: Cluster, local_dir: Path) -> str:
     return f"{cluster.remote_dir.rstrip('/')}/{local_dir.resolve().name or 'root'}"
 
 
-def _git_out(args: Sequence[str]) -> Optional[bytes]:
-    try:
-        proc = subprocess.run(["git", *args], capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
-def _git_files(local_dir: Path) -> Optional[List[str]]:
-    """The files of ``local_dir`` that git counts as a work tree's (tracked, or untracked and not ignored), relative
-    to it, by every rule git applies; None without git (or for a tree git will not read, such as another user's).
-
-    Outside a git work tree the same rules hold through a throwaway repository whose work tree is the directory
-    (rsync's own reading of .gitignore differs: trailing spaces, backslash escapes, negations). Submodules and
-    nested repositories go by their own rules, file by file, and never with their .git."""
-    listing = ["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."]
-    out = _git_out(["-C", str(local_dir), *listing])
-    stage = _git_out(["-C", str(local_dir), "ls-files", "-z", "--stage", "--", "."]) if out is not None else b""
-    if out is None:
-        if _git_out(["-C", str(local_dir), "rev-parse", "--git-dir"]) is not None:
-            return None  # inside a repository git refuses to read (another user's): not guessed here
-        with tempfile.TemporaryDirectory(prefix="clusterddp-git-") as tmp:
-            if _git_out(["init", "-q", tmp]) is None:
-                return None
-            out = _git_out(["-C", str(local_dir), f"--git-dir={tmp}/.git", f"--work-tree={local_dir}", *listing])
-        if out is None:
-            return None
-    gitlinks = {os.fsdecode(e.split(b"\t", 1)[1]) for e in (stage or b"").split(b"\0") if e.startswith(b"160000 ")}
-    names: List[str] = []
-    for name in dict.fromkeys(os.fsdecode(n) for n in out.split(b"\0") if n):
-        path = local_dir / name.rstrip("/")
-        if name.endswith("/") or name in gitlinks:  # a nested repository or a submodule: its own files and rules
-            inner = _git_files(path) if (path / ".git").exists() else []
-            names += [f"{name.rstrip('/')}/{n}" for n in inner or []]
-        elif path.is_symlink() or not path.is_dir():
-            names.append(name)
-    return names
-
-
 def _rsync_reads_differently(local_dir: Path) -> Optional[str]:
     """Without git, rsync reads the .gitignore files: the first pattern it reads otherwise than git, or None."""
     for top, subdirs, files in os.walk(local_dir):
@@ -143,22 +105,6 @@ def _rsync_reads_differently(local_dir: Path) -> Optional[str]:
     return None
 
 
-def _output_top(spec: "JobSpec") -> Optional[str]:
-    """The top directory of a relative --output-dir (the local runs' outputs, never copied), or None."""
-    out = Path(spec.output_dir)
-    return out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
-
-
-def _selected_names(spec: "JobSpec", local_dir: Path) -> Optional[List[str]]:
-    """What of ``local_dir`` is copied, as relative names (git's rules); None without git (rsync filters then)."""
-    out_top = _output_top(spec)
-    names = _git_files(local_dir)
-    if names is None:
-        return None
-    return [n for n in names if not {".git", "__pycache__"} & set(n.split("/")) and n.split("/")[0] != out_top
-            and os.path.lexists(local_dir / n)]  # (a tracked file deleted here is not asked for)
-
-
 def _filters(spec: "JobSpec", local_dir: Path) -> List[str]:
     """Without git: rsync reads the .gitignore files itself (refused where it reads a line otherwise than git)."""
     differs = _rsync_reads_differently(local_dir)
@@ -166,7 +112,7 @@ def _filters(spec: "JobSpec", local_dir: Path) -> List[str]:
         raise PreflightError(f"without git, rsync reads the .gitignore files, and it reads {differs} otherwise "
                              "than git (a trailing space, a backslash escape or a negation): install git, which "
                              "then decides what is copied, or rewrite that line")
-    out_top = _output_top(spec)
+    out_top = output_top(spec)
     return ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"] + \
         ([f"--exclude=/{out_top}/"] if out_top else [])
 
@@ -178,7 +124,7 @@ def code_selection(spec: "JobSpec", local_dir: Path,
     every rule git applies counts: .gitignore files up to the top of the repository, .git/info/exclude, the global
     excludes file), given as a --files-from list; elsewhere, the directory's .gitignore files, read by rsync.
     Never copied: .git, __pycache__, the local runs' output directory."""
-    keep = names if names is not None else _selected_names(spec, local_dir)
+    keep = names if names is not None else selected_names(spec, local_dir)
     if keep is None:
         yield _filters(spec, local_dir)
         return
@@ -257,11 +203,11 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
         raise PreflightError(f"{where(cluster)} has no {' and no '.join(shown(m) for m in missing)} on PATH "
                              f"(after its setup lines): the job needs the Python environment with torch there; "
                              f"{fix}{maybe}")
-    names = _selected_names(spec, local_dir)
+    names = selected_names(spec, local_dir)
     with code_selection(spec, local_dir, names) as chosen:
-        sent = _rsync(cluster, [*COPY_ARGS, "--stats", "--out-format=cddp> %n", *chosen,
-                                "--", f"{local_dir.resolve()}/", _host_path(cluster, path + "/")], "the code")
-    _push_lib(cluster)
+        sent = rsync(cluster, [*COPY_ARGS, "--stats", "--out-format=cddp> %n", *chosen,
+                                "--", f"{local_dir.resolve()}/", host_path(cluster, path + "/")], "the code")
+    push_lib(cluster)
     return CodeDir(path, _parse_transfer(sent.stdout), snapshot(cluster, spec, local_dir, path, names))
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ... import dirs
 from ...job.clusters import Cluster
-from .connection import _host_path, _rsync
+from .connection import host_path, rsync
 
 if TYPE_CHECKING:
     from ..record import JobRecord
@@ -47,8 +47,8 @@ def fetch(record: "JobRecord") -> "JobRecord":
     run_name = Path(record.run_dir).name
     # -rt, not -l: links in a remote run directory are not copied (one planted there could name any file of
     # yours once it is followed here: logs --rank printed ~/.ssh/id_ed25519 that way).
-    _rsync(cluster, [*PULL_ARGS, "--",
-                     _host_path(cluster, record.batch_log), _host_path(cluster, record.run_dir),
+    rsync(cluster, [*PULL_ARGS, "--",
+                     host_path(cluster, record.batch_log), host_path(cluster, record.run_dir),
                      f"{local}/"], f"job {record.job_id}'s logs")
     return replace(record, batch_log=str(local / Path(record.batch_log).name), run_dir=str(local / run_name),
                    script_path=record.script_path)
@@ -73,8 +73,8 @@ def fetch_reports(record: "JobRecord") -> "JobRecord":
     marker = local / _FINAL
     if not marker.exists():
         cluster = by_name(record.cluster)
-        _rsync(cluster, ["-rt", "--no-links", "--prune-empty-dirs", *REPORT_FILTER, "--",
-                         _host_path(cluster, record.run_dir), f"{local}/"], f"job {record.job_id}'s reports")
+        rsync(cluster, ["-rt", "--no-links", "--prune-empty-dirs", *REPORT_FILTER, "--",
+                         host_path(cluster, record.run_dir), f"{local}/"], f"job {record.job_id}'s reports")
         marker.write_text("")
     return replace(record, batch_log=str(local / Path(record.batch_log).name), run_dir=str(local / run_name))
 
@@ -82,5 +82,14 @@ def fetch_reports(record: "JobRecord") -> "JobRecord":
 def fetch_file(cluster: Cluster, path: str, job_id: str) -> Path:
     """One file from the cluster (a log Slurm names), copied here."""
     local = _mirror(cluster.name, f"{job_id}-log")
-    _rsync(cluster, ["-t", "--no-links", "--", _host_path(cluster, path), f"{local}/"], f"job {job_id}'s log")
+    rsync(cluster, ["-t", "--no-links", "--", host_path(cluster, path), f"{local}/"], f"job {job_id}'s log")
     return local / Path(path).name
+
+
+def fetch_tree(cluster: Cluster, path: str, name: str, files: Sequence[str]) -> Path:
+    """The files named ``files`` (names, not paths) of each directory under ``path`` on the cluster, copied here
+    (only what changed; no link followed) into a mirror directory named ``name``."""
+    local = _mirror(cluster.name, name)
+    rsync(cluster, ["-rt", "--no-links", "--prune-empty-dirs", "--include=/*/", *(f"--include=/*/{f}" for f in files),
+                    "--exclude=*", "--", host_path(cluster, path.rstrip("/") + "/"), f"{local}/"], f"{name}'s files")
+    return local
