@@ -12,7 +12,7 @@ from clusterddp.runtime import group  # noqa: E402
 
 seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 10.0
 runtime.init(allow_single=True, environ={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
-thread = group._STATE["control"].thread
+thread = group.STATE["control"].thread
 clock = time.pthread_getcpuclockid(thread.ident)
 cpu0, wall0 = time.clock_gettime(clock), time.monotonic()
 while time.monotonic() - wall0 < seconds:  # a busy "training" main thread, beating as the loader would

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -206,11 +205,9 @@ def _backend(backend: str) -> str:
         raise SpecError(f"unknown backend {backend!r}{suggest(backend, BACKENDS)}: expected one of "
                         f"{', '.join(BACKENDS)}")
     if backend == "auto":
-        # sbatch alone is not a cluster (a laptop may have slurm-client): it also needs a configuration. Configless
-        # sites (DNS SRV) pass backend="slurm".
-        configured = bool(os.environ.get("SLURM_CONF")) or any(
-            os.path.exists(p) for p in ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"))
-        kind = "slurm" if shutil.which("sbatch") and configured else "local"
+        from .backends.slurm.commands import configured_here
+
+        kind = "slurm" if configured_here() else "local"
         if kind == "local":
             print("clusterddp: no Slurm configuration here: running on this machine (submitit's local executor)")
         return kind

@@ -9,6 +9,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from .job.ids import HERE
 from .rollcall import printable
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def run_check(spec: "JobSpec", cluster: "Cluster", local: bool,
 
         backend = backends.get(cluster)
         record = backend.submit(spec, (), True, lambda line: note(f"clusterddp: {line}"))
-        where = f" on cluster {cluster.name}" if cluster.name != "here" else ""
+        where = f" on cluster {cluster.name}" if cluster.name != HERE else ""
         note(f"clusterddp: doctor job {record.job_id} submitted{where}; waiting")
         code = backend.wait(record.job_id, lambda info: None).return_code
         log = backend.readable(record).rank_log(0)[0]

@@ -103,7 +103,7 @@ def test_the_circle_finder_finds_a_circle():
 
 
 def test_function_level_and_relative_imports_are_edges(tmp_path):
-    tree = ast.parse("def f():\n    from .. import contract\n    from .state import _STATE\n")
+    tree = ast.parse("def f():\n    from .. import contract\n    from .state import STATE\n")
     known = {"clusterddp.contract": Path(), "clusterddp.runtime.state": Path(), "clusterddp.runtime.stop": Path()}
     got = [t for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
            for t in _targets("clusterddp.runtime.stop", node, False, known)]
@@ -133,3 +133,69 @@ def test_no_module_is_over_the_size_the_house_keeps():
     sizes = {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
     assert len(sizes) > 30
     assert not {name: n for name, n in sizes.items() if n > 350}, sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+
+
+def _functions():
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{path.relative_to(ROOT)}:{node.name}", node.end_lineno - node.lineno + 1
+
+
+def test_no_function_is_over_sixty_lines():
+    sizes = dict(_functions())
+    assert len(sizes) > 300
+    assert not {name: n for name, n in sizes.items() if n > 60}
+
+
+def test_the_top_of_the_package_is_wings_and_shared_leaves():
+    """Issue 38: at most 20 entries at the top of clusterddp/ (folders and leaf modules), and no family of modules
+    grouped by a name prefix there (cli_*, sweep_*): a family is a folder."""
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 20, entries
+    stems = [p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("__")]
+    families = {s.split("_")[0] for s in stems if "_" in s}
+    assert not {f: [s for s in stems if s == f or s.startswith(f + "_")] for f in families}
+    for folder in [p for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"]:
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and len(doc) > 40, f"{folder.name}/__init__.py says what the folder holds"
+
+
+def _argv_heads(path: Path) -> Set[str]:
+    """The first words of list literals in ``path`` (the argv lists it runs)."""
+    heads = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant) \
+                and isinstance(node.elts[0].value, str):
+            heads.add(node.elts[0].value)
+    return heads
+
+
+def test_slurm_and_ssh_commands_run_in_one_place_each():
+    """Slurm's commands only under backends/slurm/, ssh and rsync only under backends/ssh/; no ambient cluster
+    variable (a ContextVar) anywhere on the login side."""
+    slurm = {"sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo"}
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        heads = _argv_heads(path)
+        if heads & slurm and not rel.startswith("backends/slurm/"):
+            found[rel] = sorted(heads & slurm)
+        if heads & {"ssh", "rsync"} and not rel.startswith("backends/ssh/"):
+            found[rel] = sorted(heads & {"ssh", "rsync"})
+        if "ContextVar" in path.read_text(encoding="utf-8") and not rel.startswith("runtime/"):
+            found[rel] = ["ContextVar"]
+    assert not found
+    assert _argv_heads(PACKAGE / "backends" / "slurm" / "commands.py") >= {"sbatch", "squeue", "scancel"}
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = []
+    known = _modules()
+    for module, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{module}: {alias.name}")
+    assert not found

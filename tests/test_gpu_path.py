@@ -153,8 +153,8 @@ def test_cuda_random_state_is_this_ranks_own_device(monkeypatch):
 
     calls = []
     state = torch.arange(16, dtype=torch.uint8)
-    monkeypatch.setattr(runtime_state, "_STATE",
-                        {**runtime_state._STATE, "env": object(), "device": torch.device("cuda", 3)})
+    monkeypatch.setattr(runtime_state, "STATE",
+                        {**runtime_state.STATE, "env": object(), "device": torch.device("cuda", 3)})
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda dev: calls.append(("get", dev)) or state)
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, dev: calls.append(("set", dev, s.tolist())))
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every visible GPU's state"))
@@ -167,7 +167,7 @@ def test_cuda_random_state_is_this_ranks_own_device(monkeypatch):
     monkeypatch.setattr(checkpoint, "print0", notes.append)
     checkpoint._set_rng_state({**saved, "cuda": [state, state]})
     assert len(calls) == 2 and "CUDA random states not restored" in notes[0]
-    monkeypatch.setattr(runtime_state, "_STATE", {**runtime_state._STATE, "device": torch.device("cpu")})
+    monkeypatch.setattr(runtime_state, "STATE", {**runtime_state.STATE, "device": torch.device("cpu")})
     assert "cuda" not in checkpoint._rng_state()  # a CPU rank keeps none
 
 

@@ -403,7 +403,7 @@ import torch.distributed as dist
 from clusterddp import runtime
 from clusterddp.runtime import group
 env = runtime.init(timeout=60)
-channel = group._STATE["channel"]
+channel = group.STATE["channel"]
 assert channel is not None and channel != dist.group.WORLD
 assert dist.get_backend(channel) == "gloo" and dist.get_world_size(channel) == env.world_size
 answers = []
@@ -413,7 +413,7 @@ for call in range(6):
     answers.append(runtime.should_stop())
 runtime.shutdown()
 print("RESULT " + json.dumps({"rank": env.rank, "answers": answers, "initialized": dist.is_initialized(),
-      "state": sorted(group._STATE), "threads": [t.name for t in threading.enumerate()]}), flush=True)
+      "state": sorted(group.STATE), "threads": [t.name for t in threading.enumerate()]}), flush=True)
 ''')
     code, out, err = LocalJob(tmp_path, script, "--launcher", "srun", str(script)).finish(timeout=180)
     assert code == 0, err

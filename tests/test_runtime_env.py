@@ -90,13 +90,13 @@ def test_shutdown_leaves_no_state_behind():
     before = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
     env = runtime.init(allow_single=True, environ={}, timeout=30)
     assert env.world_size == 1 and runtime.should_stop() is False
-    assert group._STATE["stop"]["polled"] is True
+    assert group.STATE["stop"]["polled"] is True
     runtime.shutdown()
-    assert group._STATE == {}
+    assert group.STATE == {}
     assert {s: signal.getsignal(s) for s in before} == before
     with runtime.init(allow_single=True, environ={}, timeout=30) as again:
         assert again.rank == 0 and runtime.world_size() == 1
-    assert group._STATE == {}
+    assert group.STATE == {}
 
 
 def test_a_counter_that_fails_from_the_first_beat_starts_the_clock_not_a_hang(monkeypatch):

@@ -29,7 +29,7 @@ class JobRecord:
     launcher: str
     procs_per_node: int
     nodes: int
-    cluster: str = "here"    # clusters.py: "here" or a [clusters.NAME]; paths above are on that cluster
+    cluster: str = HERE      # clusters.py: HERE or a [clusters.NAME]; paths above are on that cluster
     python: str = "python3"  # the job's interpreter (stacks runs its py-spy helper with it)
 
     def save(self) -> Path:
@@ -50,11 +50,11 @@ class JobRecord:
         return path
 
     @classmethod
-    def load(cls, job_id: str, cluster: str = "here") -> Optional["JobRecord"]:
+    def load(cls, job_id: str, cluster: str = HERE) -> Optional["JobRecord"]:
         """The record of ``job_id`` on ``cluster`` (records from before clusters existed count as ``here``)."""
         job_id = check_job_id(job_id)
         candidates = [state_dir() / check_name(cluster) / f"{job_id}.json"]
-        if cluster == "here":
+        if cluster == HERE:
             candidates.append(state_dir() / f"{job_id}.json")
         for path in candidates:
             data = read_json(path, 1 << 16)  # a record is data: no link followed, bounded, typed below
@@ -90,7 +90,7 @@ def clusters_of(job_id: str) -> List[str]:
     base = state_dir()
     found = {d.name for d in (base.iterdir() if base.is_dir() else ()) for n in names if (d / n).is_file()}
     if any((base / n).is_file() for n in names):
-        found.add("here")
+        found.add(HERE)
     return sorted(found)
 
 
@@ -106,7 +106,7 @@ def recent(limit: int = 10) -> List[JobRecord]:
             paths.append((st.st_mtime, path))
     out = []
     for _, path in sorted(paths)[-limit:]:
-        cluster = path.parent.name if path.parent != state_dir() else "here"
+        cluster = path.parent.name if path.parent != state_dir() else HERE
         try:
             record = JobRecord.load(path.stem, cluster)
         except ValueError:  # a file that is not a record of ours

@@ -11,6 +11,7 @@ import click
 
 from ..contract import DRILL_SCENARIOS as SCENARIOS
 from ..contract import EXIT
+from ..job.ids import LOCAL
 from ..job.spec import JobSpec, field_default, parse_env
 from .base import CLUSTER_OPTION, Command
 from .options import build_spec, spec_options
@@ -80,7 +81,7 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
         from ..job.clusters import choose
 
         chosen = choose(opts["cluster"], opts.get("profile"))
-        if chosen.backend != "local":  # the drill stops and kills emulated nodes: only the local backend has them
+        if chosen.backend != LOCAL:  # the drill stops and kills emulated nodes: only the local backend has them
             raise backends.get(chosen).unsupported("the drill (it runs on this machine, the local backend: drop "
                                                    "--cluster)")
     spec = build_spec(script, args, template_dirs, local=True, **opts)[0]

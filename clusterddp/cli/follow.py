@@ -9,6 +9,7 @@ import click
 
 from ..contract import EXIT, LAUNCHERS
 from ..errors import SpecError
+from ..job.ids import HERE
 from .base import CLUSTER_OPTION, Command
 
 
@@ -36,7 +37,7 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
         targets = [(r.cluster, r.job_id) for r in recent(10)]
         if not targets:
             raise SpecError("no job ids given and no jobs submitted with clusterddp here yet")
-    several = len({c for c, _ in targets}) > 1 or any(c != "here" for c, _ in targets)
+    several = len({c for c, _ in targets}) > 1 or any(c != HERE for c, _ in targets)
     rows = [("CLUSTER",) * several + ("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
     failed = 0
     unreachable: dict = {}
@@ -150,7 +151,7 @@ def cancel_command(job_id: str, cluster: Optional[str]) -> None:
 
     chosen = for_job(job_id, cluster, note=_note)
     backends.get(chosen).cancel(job_id)
-    where = f" on cluster {chosen.name}" if chosen.name != "here" else ""
+    where = f" on cluster {chosen.name}" if chosen.name != HERE else ""
     click.echo(f"clusterddp: cancel requested for job {job_id}{where}", err=True)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 import click
 
 from ..errors import SpecError
+from ..job.ids import HERE, LOCAL
 from ..job.quoting import shown
 from ..job.spec import JobSpec
 from .base import Command
@@ -97,7 +98,6 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
     """
     spec, template_dirs, cluster = build_spec(script, args, template_dirs, local=local, **opts)
     from .. import backends
-    from ..job.ids import LOCAL
 
     if local:
         if cluster.remote:
@@ -128,7 +128,7 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
                             note=lambda line: click.echo(f"clusterddp: {line}", err=True))
     job_id = record.job_id
     click.echo(job_id)
-    where = f" on cluster {cluster.name}" if cluster.name != "here" else ""
+    where = f" on cluster {cluster.name}" if cluster.name != HERE else ""
     click.echo(f"clusterddp: submitted job {job_id}{where}: {_summary(spec)}\n"
                f"  script {record.script_path}\n  log    {record.batch_log}\n  ranks  {record.run_dir}/", err=True)
     if wait_:

@@ -11,6 +11,7 @@ from typing import Any, List, Optional, Sequence
 import click
 
 from ..errors import SpecError
+from ..job.ids import LOCAL
 from .base import Group
 from .options import build_spec, spec_options
 
@@ -54,10 +55,10 @@ def sweep_group() -> None:
 
 
 def _sweep_file(path: str) -> Any:
-    from ..job.config import _read_toml
+    from ..job.config import read_toml
     from ..sweeps.grid import parse_file
 
-    return parse_file(_read_toml(Path(path)), path)
+    return parse_file(read_toml(Path(path)), path)
 
 
 @sweep_group.command("run", epilog=EXAMPLES)
@@ -105,7 +106,7 @@ def sweep_run_command(script: str, args: Sequence[str], grids: Sequence[str], sw
             _dry_run(spec, axes, name, max_parallel, template_dirs)
             return
         out = sweep_flow.run(spec, axes, name, cluster, max_parallel, template_dirs, not no_check, local, note, echo)
-    if out.job_id and out.job_id != "local":
+    if out.job_id and out.job_id != LOCAL:
         click.echo(out.job_id)
         note(f"sweep {out.name}: {len(out.submitted)} trial(s) submitted as array job {out.job_id}; follow them "
              f"with: clusterddp sweep status {out.name}")
@@ -139,11 +140,11 @@ def sweep_status_command(name: str, sort: Optional[str], maximize: Sequence[str]
     """The trials of sweep NAME: parameters, state, the last and best value of each metric, elapsed time (one
     squeue call for the whole sweep)."""
     from ..sweeps import status as sweep_status
-    from ..sweeps.run import LOCAL, SweepRecord
+    from ..sweeps.run import LOCAL_RECORDS, SweepRecord
 
     if as_json and as_csv:
         raise SpecError("--json and --csv: choose one")
-    record = SweepRecord.load(name, LOCAL if local else cluster)
+    record = SweepRecord.load(name, LOCAL_RECORDS if local else cluster)
     rows = sweep_status.ordered(sweep_status.states(record, maximize, minimize), sort, maximize, minimize)
     if sort and not any(sort in r.best for r in rows):
         known = sweep_status.metric_names(rows)

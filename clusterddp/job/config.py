@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .. import contract
 from ..dirs import user_config as user_file
 from ..errors import SpecError
+from .ids import HERE
 from .parse import suggest
 from .spec import JobSpec, field_names
 from .trust import TRUST_VARIABLE, distrust, untrusted_note, why_not_trusted
@@ -56,7 +57,7 @@ _EXPECTED = {"env": 'a table of NAME = "value"', "list": "a list of strings", "i
              "bool": "true or false", "str": "a string"}
 
 
-def _read_toml(path: Path) -> Dict[str, Any]:
+def read_toml(path: Path) -> Dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
@@ -100,7 +101,7 @@ def project_file(start: Optional[Path] = None, skipped: Optional[List[Tuple[Path
                 if skipped is not None:
                     skipped.append((path, why))
                 continue
-            data = _read_toml(path)
+            data = read_toml(path)
             if name == "clusterddp.toml":
                 return path, data
             tool = data.get("tool", {})
@@ -172,7 +173,7 @@ def config_files(environ: Optional[Mapping[str, str]] = None, cwd: Optional[Path
         if why:
             skipped.append((user_file(), why))
         else:
-            files.append((user_file(), _read_toml(user_file())))
+            files.append((user_file(), read_toml(user_file())))
     path, data = project_file(cwd, skipped, environ)
     if path is not None:
         files.append((path, data))
@@ -258,7 +259,7 @@ def show(profile: Optional[str] = None) -> str:
         if key in merged:
             value, source = merged[key]
         else:
-            value, source = (defaults.get(key, "here" if key == "cluster" else ()), "built-in default")
+            value, source = (defaults.get(key, HERE if key == "cluster" else ()), "built-in default")
         lines.append(f"{key:<15} = {value!r:<32}  # {source}")
     lines += [f"# skipped {path}: {why} (trust it with {TRUST_VARIABLE}={path})" for path, why in skipped]
     return "\n".join(lines) + "\n"

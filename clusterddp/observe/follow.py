@@ -10,6 +10,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import click
 
 from ..contract import EXIT
+from ..job.ids import HERE
 
 #: The end states a fault class is looked for in (a cancelled job or one at its time limit had none).
 FAULT_STATES = ("FAILED", "NODE_FAIL")
@@ -73,7 +74,7 @@ class _AttemptFollower:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> "_AttemptFollower":
-        if self.record is not None and self.record.cluster in ("", "here"):
+        if self.record is not None and self.record.cluster in ("", HERE):
             self.thread.start()
         return self
 
@@ -115,7 +116,7 @@ class _AttemptFollower:
 def quarantine_note(nodes: Sequence[str], cluster: str) -> str:
     from ..healing.quarantine import DEFAULT_SECONDS
 
-    where = "" if cluster == "here" else f" --cluster {cluster}"
+    where = "" if cluster == HERE else f" --cluster {cluster}"
     return (f"clusterddp: quarantined {', '.join(nodes)}: later submissions leave it out for "
             f"{DEFAULT_SECONDS // 3600} h (clusterddp nodes{where}; clusterddp nodes --forget NODE{where})")
 
@@ -187,7 +188,7 @@ def attempt_lines(backend: Any, job_id: str, cluster: str, done: bool) -> List[s
     from ..healing.attempts import at_fault, read
 
     record = JobRecord.load(job_id, cluster)
-    if record is None or (not done and cluster not in ("", "here")):
+    if record is None or (not done and cluster not in ("", HERE)):
         return []
     found = read(Path(backend.readable(record, reports_only=True).run_dir))
     if len(found) < 2 and not any(a.fault for a in found):

@@ -16,7 +16,7 @@ from ..errors import RuntimeEnvError
 from . import drill
 from .control import heartbeat
 from .env import DistEnv
-from .state import _STATE, channel, device, distributed, is_main, rank, world_size
+from .state import STATE, channel, device, distributed, is_main, rank, world_size
 
 __all__ = ["init", "shutdown", "wrap", "unwrap", "barrier", "device", "channel", "rank", "world_size", "is_main",
            "distributed", "all_reduce_mean", "print0", "save_on_main", "spawn", "Joined", "ddp_arguments"]
@@ -99,8 +99,8 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     from . import stop
     from .control import Control
 
-    if dist.is_available() and dist.is_initialized() and "env" in _STATE:
-        return _STATE["env"]
+    if dist.is_available() and dist.is_initialized() and "env" in STATE:
+        return STATE["env"]
     environ = os.environ if environ is None else environ
     env = DistEnv.from_env(environ, allow_single=allow_single)
     seconds = timeout if timeout is not None else _seconds(environ.get(contract.TIMEOUT), DEFAULT_TIMEOUT_S)
@@ -134,7 +134,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
                               f" ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
     control.joined(dist.distributed_c10d._get_default_store())
     joined = Joined(**{f: getattr(env, f) for f in env.__dataclass_fields__})
-    _STATE.update(env=joined, device=device, backend=backend, wrapped=weakref.WeakSet(), control=control,
+    STATE.update(env=joined, device=device, backend=backend, wrapped=weakref.WeakSet(), control=control,
                   channel=channel)
     stop.install()
     if device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
@@ -149,23 +149,23 @@ def shutdown() -> None:
     from . import stop, writer
 
     failed = None
-    if "writer" in _STATE:  # background checkpoints were saved: the last one is written before the group goes
+    if "writer" in STATE:  # background checkpoints were saved: the last one is written before the group goes
         try:
             writer.settle(peers_may_be_gone=True)
         except RuntimeEnvError as exc:  # raised once everything below is released
             failed = exc
     # A DDP reducer that outlives its process group can abort the process at exit ("terminate called without
     # an active exception", seen with gloo under mp.spawn): release the reducers of wrapped models first.
-    for model in list(_STATE.get("wrapped", ())):
+    for model in list(STATE.get("wrapped", ())):
         if getattr(model, "reducer", None) is not None:
             model.reducer = None
     gc.collect()  # reference cycles (autograd hooks) holding reducer state go now, not at interpreter exit
     stop.uninstall()
-    if "control" in _STATE:
-        _STATE["control"].stop()
+    if "control" in STATE:
+        STATE["control"].stop()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    _STATE.clear()
+    STATE.clear()
     if failed is not None:
         raise failed
 
@@ -197,8 +197,8 @@ def barrier() -> None:
 
     heartbeat()
     if dist.is_available() and dist.is_initialized():
-        if _STATE.get("backend") == "nccl":
-            dist.barrier(device_ids=[_STATE["device"].index])
+        if STATE.get("backend") == "nccl":
+            dist.barrier(device_ids=[STATE["device"].index])
         else:
             dist.barrier()
 
@@ -225,7 +225,7 @@ def all_reduce_mean(value: Any) -> Any:
     is_tensor = isinstance(value, torch.Tensor)
     t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
     if distributed():
-        target = _STATE["device"] if _STATE.get("backend") == "nccl" else torch.device("cpu")
+        target = STATE["device"] if STATE.get("backend") == "nccl" else torch.device("cpu")
         moved = t.to(target)
         dist.all_reduce(moved, op=dist.ReduceOp.SUM)
         t = (moved / world_size()).to(t.device)
@@ -240,7 +240,7 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
     model = model.to(dev)
     ddp_kwargs = ddp_arguments(dev, ddp_kwargs)
     wrapped = DDP(model, **ddp_kwargs)
-    _STATE["wrapped"].add(wrapped)
+    STATE["wrapped"].add(wrapped)
     wrapped.register_forward_pre_hook(_beat_hook)  # every forward pass is progress for the hang watchdog
     if ddp_kwargs.get("find_unused_parameters") or ddp_kwargs.get("static_graph"):
         return wrapped

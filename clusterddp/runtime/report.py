@@ -26,7 +26,7 @@ def _number(name: str, value: Any) -> float:
 
 
 def _is_main(environ: Mapping[str, str]) -> bool:
-    if "env" in state._STATE:
+    if "env" in state.STATE:
         return state.is_main()
     return environ.get("RANK", "0") == "0"  # before init(): the launcher's variable
 

@@ -1,4 +1,4 @@
-"""The one home of runtime state: everything that survives between calls lives in ``_STATE`` (set by
+"""The one home of runtime state: everything that survives between calls lives in ``STATE`` (set by
 ``group.init()``, cleared by ``group.shutdown()``), with the accessors every runtime module reads it through."""
 from __future__ import annotations
 
@@ -10,35 +10,35 @@ from .env import DistEnv
 # env, device, backend, wrapped (DDP modules made by wrap(), released by shutdown), stop (see stop.py),
 # control (the control thread, control.py), channel (the CPU gloo group for control traffic), writer (the background
 # checkpoint write in flight, writer.py)
-_STATE: Dict[str, Any] = {}
+STATE: Dict[str, Any] = {}
 
 
 def _env() -> DistEnv:
-    if "env" not in _STATE:
+    if "env" not in STATE:
         raise RuntimeEnvError("clusterddp.runtime.init() has not been called in this process")
-    return _STATE["env"]
+    return STATE["env"]
 
 
 def device() -> Any:
     """This rank's torch.device (after init())."""
     _env()
-    return _STATE["device"]
+    return STATE["device"]
 
 
 def channel() -> Any:
     """The CPU (gloo) group beside the training group, for control traffic (after init())."""
     _env()
-    return _STATE["channel"]
+    return STATE["channel"]
 
 
 def rank() -> int:
     """This process's global rank (0 before init())."""
-    return _STATE["env"].rank if "env" in _STATE else 0
+    return STATE["env"].rank if "env" in STATE else 0
 
 
 def world_size() -> int:
     """The number of ranks (1 before init())."""
-    return _STATE["env"].world_size if "env" in _STATE else 1
+    return STATE["env"].world_size if "env" in STATE else 1
 
 
 def is_main() -> bool:

@@ -8,11 +8,11 @@ from typing import Any, Dict
 from .. import contract
 from . import drill, writer
 from .control import heartbeat
-from .state import _STATE, channel, distributed
+from .state import STATE, channel, distributed
 
 
 def _stop() -> Dict[str, Any]:
-    return _STATE.setdefault("stop", {"signal": None, "polled": False, "previous": {}})
+    return STATE.setdefault("stop", {"signal": None, "polled": False, "previous": {}})
 
 
 def install() -> None:
@@ -41,11 +41,11 @@ def uninstall() -> None:
     """Give the signals back their meaning from before init() (shutdown() leaves nothing behind)."""
     import threading
 
-    previous = _STATE.get("stop", {}).get("previous", {})
+    previous = STATE.get("stop", {}).get("previous", {})
     if threading.current_thread() is threading.main_thread():
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-    _STATE.pop("stop", None)
+    STATE.pop("stop", None)
 
 
 def should_stop() -> bool:
@@ -70,6 +70,6 @@ def should_stop() -> bool:
         flags = torch.tensor([1 if local else 0, 1 if write_failed else 0], dtype=torch.int32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=channel())
         local, write_failed = bool(flags[0].item()), bool(flags[1].item())
-    if write_failed or (local and "writer" in _STATE):
+    if write_failed or (local and "writer" in STATE):
         writer.settle()  # stopping: the checkpoint in flight is on disk before the script saves its last one
     return local

@@ -8,11 +8,11 @@ from typing import Any, Callable, Dict, Optional
 
 from ..errors import RuntimeEnvError
 from .collect import broadcast_json
-from .state import _STATE, distributed
+from .state import STATE, distributed
 
 
 def _writer() -> Dict[str, Any]:
-    return _STATE.setdefault("writer", {"thread": None, "path": None, "error": None})
+    return STATE.setdefault("writer", {"thread": None, "path": None, "error": None})
 
 
 def used() -> None:
@@ -38,7 +38,7 @@ def start(path: str, write: Callable[[], None]) -> None:
 
 def failed() -> bool:
     """The write in flight has already failed (rank 0, without waiting)."""
-    state = _STATE.get("writer", {})
+    state = STATE.get("writer", {})
     thread = state.get("thread")
     return thread is not None and not thread.is_alive() and state.get("error") is not None
 
@@ -47,7 +47,7 @@ def settle(peers_may_be_gone: bool = False) -> None:
     """Wait for the write in flight; raise on every rank if it failed (collective: call it on every rank).
     ``peers_may_be_gone`` (shutdown() on an error path): if the control channel is broken, what this rank knows
     is all there is."""
-    state = _STATE.get("writer")
+    state = STATE.get("writer")
     error: Optional[str] = None
     path = None
     if state is not None and state["thread"] is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Sequence, Tuple
 
 from .. import contract
+from ..job.ids import HERE, LOCAL
 from .grid import IDENTIFIER, Trial, check_sweep_name
 
 
@@ -68,15 +69,15 @@ class TrialCall:
 
 def record(name: str, spec: Any, trials: Sequence[Trial], job_ids: Sequence[str], local: bool) -> None:
     """The sweep's record, as `clusterddp sweep` writes it (its origin: map_array, which reruns by being called)."""
-    from .run import LOCAL, SweepRecord, spec_fields, sweep_dir_for
+    from .run import LOCAL_RECORDS, SweepRecord, spec_fields, sweep_dir_for
 
     check_sweep_name(name)
     array = job_ids[0].split("_")[0] if job_ids else ""
-    rec = SweepRecord(name, LOCAL if local else "here", sweep_dir_for(spec, name, False), spec_fields(spec),
+    rec = SweepRecord(name, LOCAL_RECORDS if local else HERE, sweep_dir_for(spec, name, False), spec_fields(spec),
                       submitted_from=os.getcwd(), origin="map_array")
     rec.trials = {t.key: {"index": t.index, "params": [list(p) for p in t.params], "code": ""} for t in trials}
     if local:
-        rec.submissions = [{"job_id": "local", "time": int(time.time()), "tasks": {}}]
+        rec.submissions = [{"job_id": LOCAL, "time": int(time.time()), "tasks": {}}]
     else:
         rec.submissions = [{"job_id": array, "time": int(time.time()), "tasks": {str(t.index): t.key for t in trials}}]
     rec.save()

@@ -16,9 +16,21 @@ from .. import contract
 from ..errors import SpecError
 from ..healing import attempts
 from ..job.clusters import Cluster
+from ..job.ids import HERE, LOCAL
 from ..job.spec import JobSpec
 from .grid import Axis, SweepJob, Trial, count
-from .run import LOCAL, Note, Plan, SweepRecord, check_array_size, new_record, plan, snapshot, spec_fields, submit
+from .run import (
+    LOCAL_RECORDS,
+    Note,
+    Plan,
+    SweepRecord,
+    check_array_size,
+    new_record,
+    plan,
+    snapshot,
+    spec_fields,
+    submit,
+)
 from .status import states
 
 RERUN_CHOICES = ("failed", "missing")
@@ -67,7 +79,7 @@ def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_paral
     bad = [w for w in which if w not in RERUN_CHOICES]
     if bad or not which:
         raise SpecError(f"--rerun takes {' or '.join(RERUN_CHOICES)}, got {', '.join(bad) or 'nothing'}")
-    record = SweepRecord.load(name, LOCAL if local else cluster.name if cluster else None)
+    record = SweepRecord.load(name, LOCAL_RECORDS if local else cluster.name if cluster else None)
     if record.origin != "sweep":
         raise SpecError(f"sweep {name} was submitted by clusterddp.map_array: rerun its configs by calling it again")
     wanted = {"failed": lambda s: s.state == "FAILED", "missing": lambda s: s.state == "MISSING"}
@@ -87,12 +99,12 @@ def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_paral
                         "relative paths are relative to that directory)")
     snap = Path(record.sweep_dir) / "code" / code
     todo = [record.trial(s.key) for s in rows]
-    if record.cluster == LOCAL or record.cluster == "here":
+    if record.cluster in (LOCAL_RECORDS, HERE):
         if not snap.is_dir():
             raise SpecError(f"the code snapshot of these trials, {snap}, is gone: submit the sweep again instead")
         names = [str(f.relative_to(snap)) for f in snap.rglob("*") if f.is_file() or f.is_symlink()]
         p = Plan(name, spec, tuple(todo), code, tuple(names))
-        if record.cluster == LOCAL:
+        if record.cluster == LOCAL_RECORDS:
             return _run_local(p, record, todo, 0, note, echo, snap, max_parallel or 1)
         return Outcome(name, submit(p, _cluster(record), todo, record, max_parallel, template_dirs, check, note,
                                     snap), todo, 0)
@@ -124,7 +136,7 @@ def _run_local(p: Plan, record: SweepRecord, todo: Sequence[Trial], skipped: int
     spec = p.spec if p.spec.module else p.spec.replace(script=str(code_dir / p.spec.script))
     for t in todo:
         record.trials[t.key] = {"index": t.index, "params": [list(kv) for kv in t.params], "code": p.code}
-    record.submissions.append({"job_id": "local", "time": int(time.time()), "tasks": {}})
+    record.submissions.append({"job_id": LOCAL, "time": int(time.time()), "tasks": {}})
     record.save()
     parallel = max(1, min(parallel, len(todo)))
     if parallel > 1 and spec.cpus_per_task is None:  # the machine's CPUs shared, not each trial's alone
@@ -140,22 +152,8 @@ def _run_local(p: Plan, record: SweepRecord, todo: Sequence[Trial], skipped: int
         while queue or running:
             while queue and slots:
                 (n, t), slot = queue.pop(0), slots.pop(0)
-                shown = " ".join(f"{k}={v}" for k, v in t.params)
-                trial_spec = spec.replace(output_dir=record.sweep_dir, args=tuple(t.args(spec.args)))
-                env = dict(os.environ)
-                if spec.gpus_per_node and parallel > 1:  # a slice of the GPUs per slot (too few: CPU)
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[slot * share:(slot + 1) * share])
-                log = logs / f"trial-{t.index}.log"
-                note(f"clusterddp sweep {p.name}: trial {t.index} ({n} of {len(todo)}): {shown}" +
-                     (f" (output: {log})" if parallel > 1 else ""))
-                out = open(log, "ab") if parallel > 1 else None
-                proc = subprocess.Popen([sys.executable, "-c", "from clusterddp.sweeps.flow import _child; _child()"],
-                                        env=env, stdin=subprocess.PIPE, stdout=out, stderr=out,
-                                        start_new_session=parallel > 1)
-                assert proc.stdin is not None
-                proc.stdin.write(json.dumps({"fields": spec_fields(trial_spec), "sweep": p.name, "index": t.index,
-                                             "params": t.params, "key": t.key}).encode())
-                proc.stdin.close()
+                slice_ = gpus[slot * share:(slot + 1) * share] if spec.gpus_per_node and parallel > 1 else None
+                proc, out = _start_trial(p, spec, record, t, f"{n} of {len(todo)}", slice_, parallel > 1, note)
                 running.append((proc, t, slot, time.monotonic(), out))
             time.sleep(0.2)
             for item in [r for r in running if r[0].poll() is not None]:
@@ -174,13 +172,33 @@ def _run_local(p: Plan, record: SweepRecord, todo: Sequence[Trial], skipped: int
             proc.wait()
         raise
     note(f"clusterddp sweep {p.name}: {len(todo)} trial(s) in {time.monotonic() - started:.0f} s, {failed} failed")
-    return Outcome(p.name, "local", list(todo), skipped, 1 if failed else 0)
+    return Outcome(p.name, LOCAL, list(todo), skipped, 1 if failed else 0)
+
+
+def _start_trial(p: Plan, spec: JobSpec, record: SweepRecord, t: Trial, which: str, gpus: Optional[List[str]],
+                 apart: bool, note: Note) -> tuple:
+    """One local trial in a process of its own (``gpus``: its slice; ``apart``: its output in its log, in a
+    session of its own); returns (process, its log file or None)."""
+    trial_spec = spec.replace(output_dir=record.sweep_dir, args=tuple(t.args(spec.args)))
+    env = dict(os.environ)
+    if gpus is not None:  # a slice of the GPUs per slot (too few: CPU)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    log = Path(record.sweep_dir) / "logs" / f"trial-{t.index}.log"
+    shown = " ".join(f"{k}={v}" for k, v in t.params)
+    note(f"clusterddp sweep {p.name}: trial {t.index} ({which}): {shown}" + (f" (output: {log})" if apart else ""))
+    out = open(log, "ab") if apart else None
+    proc = subprocess.Popen([sys.executable, "-c", "from clusterddp.sweeps.flow import _child; _child()"],
+                            env=env, stdin=subprocess.PIPE, stdout=out, stderr=out, start_new_session=apart)
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps({"fields": spec_fields(trial_spec), "sweep": p.name, "index": t.index,
+                                 "params": t.params, "key": t.key}).encode())
+    proc.stdin.close()
+    return proc, out
 
 
 def _child() -> None:
     """One local trial, in a process of its own (its spec and trial as JSON on stdin)."""
     from .. import backends
-    from ..job.ids import LOCAL
 
     data = json.load(sys.stdin)
     t = Trial(int(data["index"]), tuple((str(k), str(v)) for k, v in data["params"]), str(data["key"]))

@@ -23,7 +23,7 @@ from ..job.quoting import shown
 from ..job.spec import JobSpec
 from .grid import Axis, SweepJob, Trial, check_placeholders, check_sweep_name, trials
 
-LOCAL = ".local"             # the record directory of sweeps run with --local
+LOCAL_RECORDS = ".local"             # the record directory of sweeps run with --local
 Note = Callable[[str], None]
 
 
@@ -180,7 +180,7 @@ def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord
 
 
 def new_record(p: Plan, cluster: Cluster, local: bool) -> SweepRecord:
-    where = LOCAL if local else cluster.name
+    where = LOCAL_RECORDS if local else cluster.name
     try:
         old = SweepRecord.load(p.name, where)
     except SpecError:

@@ -15,7 +15,7 @@ from .. import contract
 from ..healing import attempts
 from ..job.ids import HERE
 from ..rollcall import printable, read_bounded, read_json
-from .run import LOCAL, SweepRecord
+from .run import LOCAL_RECORDS, SweepRecord
 
 #: Metrics whose best value is the largest (the rest: the smallest); --maximize/--minimize decide otherwise.
 MAXIMIZED = ("acc", "accuracy", "top1", "top5", "auc", "f1", "precision", "recall", "score", "reward", "iou", "map",
@@ -51,7 +51,7 @@ def maximized(metric: str, maximize: Sequence[str] = (), minimize: Sequence[str]
 
 def _queue(record: SweepRecord) -> Dict[str, Tuple[str, str]]:
     """array task (1234_5) -> (state, elapsed), for this user's jobs of the sweep: one squeue call."""
-    if record.cluster == LOCAL:
+    if record.cluster == LOCAL_RECORDS:
         return {}
     # Raises when the queue cannot be read: a queued trial must never look as if it never ran (and run again).
     return _backend(record).queue(sorted({s["job_id"] for s in record.submissions}))
@@ -66,7 +66,7 @@ def _backend(record: SweepRecord) -> Any:
 
 def _local_dir(record: SweepRecord) -> Path:
     """The sweep directory readable here (a remote one: its trial files copied back, only what changed)."""
-    if record.cluster in (LOCAL, HERE):
+    if record.cluster in (LOCAL_RECORDS, HERE):
         return Path(record.sweep_dir)
     return _backend(record).readable_tree(record.sweep_dir, f"sweep-{record.name}",
                                           (contract.TRIAL_FILE, contract.ATTEMPTS_FILE, contract.METRICS_FILE))
@@ -205,7 +205,7 @@ def table(record: SweepRecord, rows: Sequence[TrialState], maximize: Sequence[st
         tally[r.state] = tally.get(r.state, 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(tally.items()))
     arrays = ", ".join(s["job_id"] for s in record.submissions) or "none"
-    where = "run here (--local)" if record.cluster == LOCAL else f"array job(s) {arrays}"
+    where = "run here (--local)" if record.cluster == LOCAL_RECORDS else f"array job(s) {arrays}"
     notes = [f"  trial {r.index}: {printable(r.why)}" for r in rows if r.why]
     return "\n".join([f"sweep {record.name}: {len(rows)} trial(s): {summary}; {where}", *lines, *notes]) + "\n"
 

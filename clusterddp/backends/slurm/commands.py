@@ -38,6 +38,16 @@ WAYS_FORWARD = ("--local runs the job on this machine; SLURM_CONF=/path/to/slurm
                 "--dry-run prints the script without submitting")
 
 
+def configured_here() -> bool:
+    """Whether this machine has Slurm's commands and a configuration for them. sbatch alone is not a cluster (a
+    laptop may have slurm-client); configless sites (DNS SRV) are not seen here (the API's backend="slurm")."""
+    import shutil
+
+    configured = bool(os.environ.get("SLURM_CONF")) or any(
+        os.path.exists(p) for p in ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf"))
+    return bool(shutil.which("sbatch")) and configured
+
+
 def unreachable(command: str, said: str) -> SlurmUnreachable:
     first = next((line.strip() for line in said.splitlines() if _UNREACHABLE.search(line)), said.strip()[:200])
     conf = os.environ.get("SLURM_CONF")

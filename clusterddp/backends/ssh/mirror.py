@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ... import dirs
 from ...job.clusters import Cluster
+from ...job.ids import HERE
 from .connection import host_path, rsync
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def fetch(record: "JobRecord") -> "JobRecord":
     reports copied back (only what changed) and the paths pointing at the copies; a job of ``here`` as it is."""
     from ...job.clusters import by_name
 
-    if record.cluster in ("", "here"):
+    if record.cluster in ("", HERE):
         return record
     cluster = by_name(record.cluster)
     local = mirror_dir(record)
@@ -66,7 +67,7 @@ def fetch_reports(record: "JobRecord") -> "JobRecord":
     change; a listing of many finished jobs then costs no copy at all)."""
     from ...job.clusters import by_name
 
-    if record.cluster in ("", "here"):
+    if record.cluster in ("", HERE):
         return record
     local = mirror_dir(record)
     run_name = Path(record.run_dir).name
