@@ -21,6 +21,8 @@ def test_wheel_in_fresh_venv_renders(tmp_path):
 
     names = zipfile.ZipFile(wheel).namelist()
     assert {"clusterddp/templates/torchrun.sh.j2", "clusterddp/templates/base.sh.j2"} <= set(names)
+    packages = {p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "clusterddp").rglob("__init__.py")}
+    assert len(packages) > 10 and {f"{p}/__init__.py" for p in packages} <= set(names)  # every folder is shipped
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)

@@ -61,7 +61,7 @@ class JobSpec:
     stop_grace: int = 90
     hang_timeout: str = "15"
     flight_recorder: bool = True
-    sweep: Optional[object] = None  # a sweep.SweepJob: the trials, one per array task (set by sweep_run.py)
+    sweep: Optional[object] = None  # a sweep.SweepJob: the trials, one per array task (set by sweeps/run.py)
 
     def __post_init__(self) -> None:
         # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.
@@ -151,7 +151,7 @@ class JobSpec:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     def sbatch_directives(self) -> List[Tuple[str, Optional[str]]]:
-        """The ordered ``#SBATCH`` options as (name, value or None for a flag); render.py encodes them."""
+        """The ordered ``#SBATCH`` options as (name, value or None for a flag); backends/slurm/script.py encodes them."""
         # --ignore-pbs first: sbatch would otherwise turn #PBS/#BSUB lines near the top into options.
         d: List[Tuple[str, Optional[str]]] = [("ignore-pbs", None), ("job-name", self.job_name),
                                                ("nodes", str(self.alloc_nodes)),

@@ -1,5 +1,5 @@
 """Sweeps as data: parameter grids -> trials, each trial's identity (its parameters and the code it runs), and what
-a trial's batch script exports. Pure: nothing here runs, reads the cluster or writes (sweep_run.py does).
+a trial's batch script exports. Pure: nothing here runs, reads the cluster or writes (run.py does).
 
 A grid is one axis (``lr=0.1,0.01``); a zip is one axis of several parameters that vary together (from a sweep
 file). Trials are the Cartesian product of the axes, the first axis varying slowest; trial ``i`` is array task

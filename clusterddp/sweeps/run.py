@@ -1,6 +1,6 @@
 """A sweep, start to end: the grid -> the trials without a result -> a snapshot of the code -> **one** job array ->
 the sweep's record here; ``--rerun`` resubmits chosen trials from the record, with the code they were submitted with.
-States and metrics come from sweep_status.py. The record lives under $XDG_STATE_HOME/clusterddp/sweeps/<cluster>/.
+States and metrics come from status.py. The record lives under $XDG_STATE_HOME/clusterddp/sweeps/<cluster>/.
 """
 from __future__ import annotations
 

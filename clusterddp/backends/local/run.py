@@ -1,4 +1,4 @@
-"""Running a local plan (local.py makes it): start every process, copy their output to the logs and the terminal,
+"""Running a local plan (plan.py makes it): start every process, copy their output to the logs and the terminal,
 stop them together on a failure, Ctrl-C or SIGTERM; SIGUSR2 asks the ranks to checkpoint, as a Slurm time limit
 does."""
 from __future__ import annotations

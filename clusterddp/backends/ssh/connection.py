@@ -1,7 +1,7 @@
 """A cluster reached over SSH: the system's ``ssh`` (so ~/.ssh/config, ProxyJump, agents and two-factor prompts
 work as they do for you), one shared connection per cluster (ControlMaster: a second command costs a round trip,
-not a login), ``rsync`` for clusterddp's modules going out and logs coming back (the project's code: code_copy.py).
-Login side; slurm.py sends Slurm commands here.
+not a login), ``rsync`` for clusterddp's modules going out and logs coming back (the project's code: copy.py).
+Login side; the Ssh host (ssh/__init__.py) runs Slurm's commands here.
 
 No password is stored or passed on a command line: ssh asks on your terminal, once per shared connection.
 Remote command lines are built in one place (``remote_line``): the cluster's ``setup`` lines (your code, verbatim),
