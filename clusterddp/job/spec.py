@@ -151,7 +151,8 @@ class JobSpec:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     def sbatch_directives(self) -> List[Tuple[str, Optional[str]]]:
-        """The ordered ``#SBATCH`` options as (name, value or None for a flag); backends/slurm/script.py encodes them."""
+        """The ordered ``#SBATCH`` options as (name, value or None for a flag); backends/slurm/script.py encodes
+        them."""
         # --ignore-pbs first: sbatch would otherwise turn #PBS/#BSUB lines near the top into options.
         d: List[Tuple[str, Optional[str]]] = [("ignore-pbs", None), ("job-name", self.job_name),
                                                ("nodes", str(self.alloc_nodes)),
