@@ -24,7 +24,7 @@ def test_malformed_time_names_formats(text):
 def test_world_size_gpus_and_cpu_only():
     assert JobSpec("t.py", nodes=2, gpus_per_node=8).world_size == 16
     cpu = JobSpec("t.py", nodes=3, procs_per_node=4)
-    assert (cpu.world_size, cpu.backend, cpu.gpus_per_node) == (12, "gloo", 0)
+    assert (cpu.world_size, cpu.dist_backend, cpu.gpus_per_node) == (12, "gloo", 0)
     assert JobSpec("t.py").world_size == 1
 
 

@@ -23,55 +23,17 @@ def _note(line: str) -> None:
 def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     """State, elapsed time, nodes and exit code of JOBID... (default: the last 10 jobs submitted from here, on
     every cluster; a CLUSTER column then says where each ran)."""
-    from .. import backends
     from ..backends.record import for_job, recent
-    from ..backends.slurm import commands as slurm
-    from ..errors import SlurmUnreachable
-    from ..job.clusters import by_name
-    from ..observe.follow import FAULT_STATES, attempt_lines, fault_line, reason, why_it_ended
+    from ..job.ids import check_job_id
+    from ..observe.follow import status_rows
 
     if job_ids:
-        ids = [slurm.check_job_id(j) for j in job_ids]
-        targets = [(for_job(j, cluster, note=_note).name, j) for j in ids]
+        targets = [(for_job(j, cluster, note=_note).name, j) for j in (check_job_id(j) for j in job_ids)]
     else:
         targets = [(r.cluster, r.job_id) for r in recent(10)]
         if not targets:
             raise SpecError("no job ids given and no jobs submitted with clusterddp here yet")
-    several = len({c for c, _ in targets}) > 1 or any(c != HERE for c, _ in targets)
-    rows = [("CLUSTER",) * several + ("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
-    failed = 0
-    unreachable: dict = {}
-    faults: list = []
-    for name, job_id in targets:
-        where = (name,) * several
-        if name in unreachable:
-            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
-            failed += 1
-            continue
-        try:
-            backend = backends.get(by_name(name))
-            j = backend.info(job_id)
-            # A report file explains a failure; it never makes a job that ended well look failed.
-            why = reason(j) if not j.done else why_it_ended(backend, job_id, name) if j.return_code else ""
-        except slurm.JobNotFound as exc:
-            if len(targets) == 1:
-                raise
-            rows.append(where + (job_id, "UNKNOWN", "", "", "", "", str(exc).split(":")[0]))
-            failed += 1
-            continue
-        except (SlurmUnreachable, SpecError) as exc:
-            if len({c for c, _ in targets}) == 1:
-                raise  # one cluster: one line that says so (a listing of several goes on with the others)
-            unreachable[name] = str(exc).splitlines()[0]
-            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
-            failed += 1
-            continue
-        exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
-        rows.append(where + (j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, why))
-        if len(targets) == 1:
-            faults += attempt_lines(backend, job_id, name, j.done)
-        if len(targets) == 1 and j.done and j.return_code and j.state in FAULT_STATES:
-            faults.append(fault_line(backend, job_id, name, j.node_list, j.state))
+    rows, faults, failed = status_rows(targets)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

@@ -45,7 +45,7 @@ def _check_output_file(path: Path, spec: JobSpec) -> None:
 def _summary(spec: JobSpec) -> str:
     per = f"{spec.gpus_per_node} GPU(s)" if spec.gpus_per_node else f"{spec.tasks_per_node} CPU rank(s)"
     return (f"{spec.nodes} node(s) x {per} = world size {spec.world_size} "
-            f"({spec.launcher} launcher, {spec.backend})")
+            f"({spec.launcher} launcher, {spec.dist_backend})")
 
 
 @click.command("render", cls=Command, epilog=EXAMPLES.format(cmd="render"))

@@ -10,6 +10,7 @@ from typing import List, NamedTuple, Sequence, Tuple
 
 from .. import contract
 from ..rollcall import printable, read_bounded
+from .faults import FaultKind
 
 _MAX_LINES = 1000
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -22,7 +23,7 @@ class Attempt(NamedTuple):
     end: int
     nodes: Tuple[str, ...]
     exit: int
-    fault: str                 # "infrastructure", "program", "unknown", or "" (none: it ended well or was stopped)
+    fault: str                 # a FaultKind, or "" (none: it ended well or was stopped)
     fault_nodes: Tuple[str, ...]
     why: str
     next: str                  # contract.NEXT_RETRY, NEXT_REQUEUE or NEXT_END
@@ -61,7 +62,7 @@ def read(run_dir: Path) -> List[Attempt]:
         f = line.split("\t")
         if len(f) != len(contract.ATTEMPT_FIELDS):
             continue
-        fault = f[6] if f[6] in ("infrastructure", "program", "unknown") else ""
+        fault = f[6] if f[6] in tuple(FaultKind) else ""
         out.append(Attempt(_int(f[0]), _int(f[1]), _int(f[2]), _int(f[3]), _nodes(f[4]),
                            int(f[5]) if re.fullmatch(r"-?\d{1,4}", f[5]) else -1, fault, _nodes(f[7]),
                            printable(f[8])[:300], f[9] if f[9] in (contract.NEXT_RETRY, contract.NEXT_REQUEUE,
@@ -90,4 +91,4 @@ def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
 
 def at_fault(attempts: Sequence[Attempt]) -> List[Tuple[Tuple[str, ...], str]]:
     """(nodes, why) of every attempt that ended in a node fault with its node(s) known."""
-    return [(a.fault_nodes, a.why) for a in attempts if a.fault == "infrastructure" and a.fault_nodes]
+    return [(a.fault_nodes, a.why) for a in attempts if a.fault == FaultKind.INFRASTRUCTURE and a.fault_nodes]

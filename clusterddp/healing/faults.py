@@ -16,14 +16,28 @@ import os
 import re
 import stat
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..rollcall import hang_report, printable, read_hellos, read_json, rendezvous_failure
 from . import logscan
 
-INFRASTRUCTURE = "infrastructure"
-PROGRAM = "program"
+
+class FaultKind(str, Enum):
+    """Whose fault a failed attempt was, as the batch script and attempts.tsv write it."""
+
+    INFRASTRUCTURE = "infrastructure"  # a node or the network: retried without the node
+    PROGRAM = "program"                # the program itself: never retried
+    UNKNOWN = "unknown"                # nothing the job left tells one from the other
+
+    __str__ = str.__str__              # written as the word, not FaultKind.X
+    __format__ = str.__format__        # type: ignore[assignment]
+    __hash__ = str.__hash__          # in a set or dict, the same key as the word
+
+
+INFRASTRUCTURE = FaultKind.INFRASTRUCTURE
+PROGRAM = FaultKind.PROGRAM
 
 # srun: "srun: error: node2: tasks 2-3: Killed", "srun: error: node1: task 0: Exited with exit code 1",
 # "srun: error: Node failure on node2" (slurm/src/srun/.../step_launch.c and srun_job.c).
@@ -39,7 +53,7 @@ _MAX_LOG = 1 << 22  # a batch log read for srun lines: its last 4 MiB
 
 
 class Fault(NamedTuple):
-    kind: str                 # INFRASTRUCTURE or PROGRAM
+    kind: FaultKind
     nodes: Tuple[str, ...]    # the node(s) at fault, where known (infrastructure)
     why: str                  # one line for people
 
@@ -175,7 +189,7 @@ def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str]) -> Fault:
     logs = sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
     fault = classify(run_dir, logs, step_err, nodes)
     if fault is None:
-        return Fault("unknown", (), "nothing the job left tells a node fault from a program fault")
+        return Fault(FaultKind.UNKNOWN, (), "nothing the job left tells a node fault from a program fault")
     hang = hang_report(run_dir)
     if hang is not None and fault.kind == INFRASTRUCTURE:
         place = hang_place(read_json(Path(hang["dir"]) / "rollcall.json"))

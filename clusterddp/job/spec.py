@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Mapping, Optional, Sequence, Tuple
 
 from .. import contract
 from ..errors import SpecError
@@ -13,6 +13,9 @@ from . import sbatch_options, validate
 from .parse import parse_env, parse_time, slug
 from .quoting import path_word, sbatch_quote
 from .validate import GPU_REQUESTS, LAUNCHERS, MAX_RETRIES  # noqa: F401 (their home is validate.py)
+
+if TYPE_CHECKING:
+    from ..sweeps.grid import SweepJob
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class JobSpec:
     stop_grace: int = 90
     hang_timeout: str = "15"
     flight_recorder: bool = True
-    sweep: Optional[object] = None  # a sweep.SweepJob: the trials, one per array task (set by sweeps/run.py)
+    sweep: Optional["SweepJob"] = None  # the trials, one per array task (set by sweeps/run.py)
 
     def __post_init__(self) -> None:
         # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.
@@ -95,7 +98,8 @@ class JobSpec:
         return self.nodes + self.spare_nodes
 
     @property
-    def backend(self) -> str:
+    def dist_backend(self) -> str:
+        """torch.distributed's backend: nccl with GPUs, gloo without (a "backend" elsewhere is the scheduler)."""
         return "nccl" if self.gpus_per_node > 0 else "gloo"
 
     @property

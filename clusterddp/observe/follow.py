@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import click
 
+from ..backends.jobinfo import FAULT_STATES, JobState
 from ..contract import EXIT
 from ..job.ids import HERE
 
 #: The end states a fault class is looked for in (a cancelled job or one at its time limit had none).
-FAULT_STATES = ("FAILED", "NODE_FAIL")
 
 
 def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) -> int:
@@ -21,7 +21,7 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
     start = time.monotonic()
 
     def show(job: Any) -> None:
-        where = f" on {job.node_list}" if job.state == "RUNNING" and job.node_list else ""
+        where = f" on {job.node_list}" if job.state == JobState.RUNNING and job.node_list else ""
         why = f" ({job.reason})" if job.reason and job.reason not in ("None", "") and not job.done else ""
         click.echo(f"clusterddp: job {job_id} {job.state}{where}{why} [{time.monotonic() - start:.1f} s]", err=True)
 
@@ -133,7 +133,7 @@ def fault_of(record: Any, node_list: str, state: str) -> Optional[Any]:
     except ValueError:
         nodes = []
     fault = classify(Path(record.run_dir), [Path(p) for p in record.logs()], Path(record.batch_log), nodes,
-                     node_failed=state == "NODE_FAIL")
+                     node_failed=state == JobState.NODE_FAIL)
     if fault is not None and fault.kind == INFRASTRUCTURE and fault.nodes:
         quarantine.add(record.cluster, fault.nodes, fault.why, record.job_id)
     return fault
@@ -196,6 +196,48 @@ def attempt_lines(backend: Any, job_id: str, cluster: str, done: bool) -> List[s
     for nodes, why in at_fault(found):
         quarantine.add(record.cluster, nodes, why, record.job_id)
     return [a.line() for a in found]
+
+
+def status_rows(targets: Sequence[Tuple[str, str]]) -> Tuple[List[Tuple[str, ...]], List[str], int]:
+    """``status``'s table for (cluster, job id) pairs: its rows (a CLUSTER column when not all are here), the
+    lines after it (one job: its attempts and its fault) and how many jobs could not be asked. One job, or one
+    cluster that cannot be reached: the error itself (one line); of several, a row that says so."""
+    from .. import backends
+    from ..errors import JobNotFound, SlurmUnreachable, SpecError
+    from ..job.clusters import by_name
+
+    several = len({c for c, _ in targets}) > 1 or any(c != HERE for c, _ in targets)
+    rows = [("CLUSTER",) * several + ("JOBID", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON")]
+    failed, unreachable, faults = 0, {}, []  # type: ignore[var-annotated]
+    for name, job_id in targets:
+        where = (name,) * several
+        try:
+            if name in unreachable:
+                raise SlurmUnreachable(unreachable[name])
+            backend = backends.get(by_name(name))
+            j = backend.info(job_id)
+            # A report file explains a failure; it never makes a job that ended well look failed.
+            why = reason(j) if not j.done else why_it_ended(backend, job_id, name) if j.return_code else ""
+        except JobNotFound as exc:
+            if len(targets) == 1:
+                raise
+            rows.append(where + (job_id, "UNKNOWN", "", "", "", "", str(exc).split(":")[0]))
+            failed += 1
+            continue
+        except (SlurmUnreachable, SpecError) as exc:
+            if len({c for c, _ in targets}) == 1:
+                raise  # one cluster: one line that says so (a listing of several goes on with the others)
+            unreachable[name] = str(exc).splitlines()[0]
+            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
+            failed += 1
+            continue
+        exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
+        rows.append(where + (j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, why))
+        if len(targets) == 1:
+            faults += attempt_lines(backend, job_id, name, j.done)
+        if len(targets) == 1 and j.done and j.return_code and j.state in FAULT_STATES:
+            faults.append(fault_line(backend, job_id, name, j.node_list, j.state))
+    return rows, faults, failed
 
 
 def reason(job: Any) -> str:

@@ -148,6 +148,7 @@ def roll_call(job: str, cluster_option: Optional[str], timeout: float, fallback:
     """``clusterddp stacks JOB``: the roll call and its text, for a job id (its record gives the run directory;
     on a remote cluster it is collected on the login node) or the run directory of a --local run."""
     from .. import backends, hostlist
+    from ..backends.jobinfo import JobState
     from ..backends.record import JobRecord, for_job
     from ..errors import SpecError
     from ..job.ids import check_job_id
@@ -171,7 +172,7 @@ def roll_call(job: str, cluster_option: Optional[str], timeout: float, fallback:
     if backend.host is None:  # neither here nor on a login node of ours: nowhere to ask the ranks from
         raise backend.unsupported("asking a job's ranks for their stacks (clusterddp stacks)")
     info = backend.info(job_id)
-    if info.state != "RUNNING":
+    if info.state != JobState.RUNNING:
         raise ClusterDDPError(f"job {job_id} is {info.state}: only a running job has stacks to show"
                               + (f" (its logs: clusterddp logs {job_id})" if info.done else ""))
     target = Target(Path(record.run_dir), record.nodes * record.procs_per_node, record.launcher,

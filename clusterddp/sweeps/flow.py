@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from .. import contract
+from ..backends.jobinfo import JobState
 from ..errors import SpecError
 from ..healing import attempts
 from ..job.clusters import Cluster
@@ -82,7 +83,7 @@ def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_paral
     record = SweepRecord.load(name, LOCAL_RECORDS if local else cluster.name if cluster else None)
     if record.origin != "sweep":
         raise SpecError(f"sweep {name} was submitted by clusterddp.map_array: rerun its configs by calling it again")
-    wanted = {"failed": lambda s: s.state == "FAILED", "missing": lambda s: s.state == "MISSING"}
+    wanted = {"failed": lambda s: s.state == JobState.FAILED, "missing": lambda s: s.state == JobState.MISSING}
     rows = [s for s in states(record) if any(wanted[w](s) for w in which)]
     if not rows:
         note(f"nothing to rerun: no trial of sweep {name} is {' or '.join(which)} (clusterddp sweep status {name})")

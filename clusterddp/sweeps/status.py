@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract
+from ..backends.jobinfo import QUEUED_STATES, JobState
 from ..healing import attempts
 from ..job.ids import HERE
 from ..rollcall import printable, read_bounded, read_json
@@ -20,8 +21,7 @@ from .run import LOCAL_RECORDS, SweepRecord
 #: Metrics whose best value is the largest (the rest: the smallest); --maximize/--minimize decide otherwise.
 MAXIMIZED = ("acc", "accuracy", "top1", "top5", "auc", "f1", "precision", "recall", "score", "reward", "iou", "map",
              "bleu")
-QUEUED = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED", "REQUEUE_HOLD",
-          "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED")
+QUEUED = QUEUED_STATES
 _MAX_METRIC_LINES = 100_000
 
 
@@ -40,7 +40,7 @@ class TrialState:
 
     @property
     def has_result(self) -> bool:
-        return self.state != "MISSING"
+        return self.state != JobState.MISSING
 
 
 def maximized(metric: str, maximize: Sequence[str] = (), minimize: Sequence[str] = ()) -> bool:
@@ -115,7 +115,7 @@ def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence
     task_of = {key: f"{s['job_id']}_{index}" for s in record.submissions for index, key in s["tasks"].items()}
     out = []
     for key, t in sorted(record.trials.items(), key=lambda kv: (kv[1]["index"], kv[0])):
-        st = TrialState(key, int(t["index"]), [(str(k), str(v)) for k, v in t["params"]], "MISSING",
+        st = TrialState(key, int(t["index"]), [(str(k), str(v)) for k, v in t["params"]], JobState.MISSING,
                         job=task_of.get(key, ""))
         latest = max(runs.get(key, []), default=None)
         if latest is not None:
@@ -125,11 +125,11 @@ def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence
             if ended:
                 last = ended[-1]
                 st.elapsed = max(0, last.end - ended[0].start)
-                st.state = "COMPLETED" if last.exit == 0 and last.next == contract.NEXT_END else "FAILED"
-                st.why = "" if st.state == "COMPLETED" else f"exit {last.exit}" + (
+                st.state = JobState.COMPLETED if last.exit == 0 and last.next == contract.NEXT_END else JobState.FAILED
+                st.why = "" if st.state == JobState.COMPLETED else f"exit {last.exit}" + (
                     f": {last.fault}: {last.why}" if last.fault else f" ({last.why})" if last.why else "")
             else:
-                st.state, st.why = "FAILED", "ended without a result (cancelled, or killed before its end)"
+                st.state, st.why = JobState.FAILED, "ended without a result (cancelled, or killed before its end)"
             for _, values in metrics(latest[1]):
                 for name, v in values.items():
                     st.last[name] = v

@@ -9,6 +9,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ... import contract
 from ...contract import default_port
+from ...healing.faults import FaultKind
 from ...job.spec import JobSpec
 from .plan import Plan, describe, make_plan, pick_port, visible_gpus
 from .run import run_plan
@@ -57,7 +58,7 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
         names = tuple(node_name(i) for i in chosen)
         record = attempts.Attempt(0, attempt, start, int(time.time()), names, code, "", (), "", contract.NEXT_END)
         if bad is not None:
-            record = record._replace(fault="infrastructure", fault_nodes=(names[bad],),
+            record = record._replace(fault=FaultKind.INFRASTRUCTURE, fault_nodes=(names[bad],),
                                      why=f"{plan.procs[outcome['first']].label} ended by a signal, no Python traceback")
         again = bad is not None and used < spec.retries and len(healthy) > spec.nodes
         if spec.retries or spec.spare_nodes:
