@@ -97,8 +97,8 @@ def run_check(spec: "JobSpec", cluster: "Cluster", local: bool,
               note: Callable[[str], None] = lambda line: None) -> Tuple[int, Dict[str, Any]]:
     """Run the doctor job (``spec``) here (``local``) or on ``cluster``'s backend and wait for it; returns its exit
     code and its report. A job that ended without a report is a SlurmError carrying the end of its output."""
+    from .datafiles import read_bounded
     from .errors import SlurmError
-    from .rollcall import read_bounded
 
     if local:
         from .backends.local.plan import make_plan, pick_port, visible_gpus

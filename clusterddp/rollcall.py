@@ -1,7 +1,7 @@
 """The stack roll call: which rank waits where. Pure functions over per-rank stack dumps.
 
 Shared by the job side (the hang watchdog writes a roll call into the run directory) and the login side
-(``clusterddp stacks``); imports only clusterddp.contract. A dump is a JSON object::
+(``clusterddp stacks``); imports only clusterddp.contract and clusterddp.datafiles. A dump is a JSON object::
 
     {"rank": 1, "node": "c2", "pid": 4711, "time": 1764500000.0, "source": "runtime" | "py-spy",
      "threads": [{"name": "MainThread", "main": true,
@@ -14,48 +14,20 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from . import contract
+from . import contract, datafiles
 
 Dump = Mapping[str, Any]
 #: How many of a rank's own frames (innermost first) the roll call shows.
 USER_FRAMES = 3
-#: Bounds on what is read back from a run directory (which others may be able to write): a hello, a dump or a roll
-#: call is a few kB; ranks and world sizes beyond MAX_WORLD are not a job's.
-MAX_FILE = 1 << 20
+#: Bounds on what is read back from a run directory (which others may be able to write): a file as datafiles reads
+#: it (datafiles.MAX_FILE); ranks and world sizes beyond MAX_WORLD are not a job's.
 MAX_WORLD = 1 << 17
 _MAX_ITEMS = 2000   # threads of a dump, frames of a thread
 _MAX_TEXT = 1000    # characters of one string field
-
-
-def read_bounded(path: Path, limit: int = MAX_FILE) -> Optional[bytes]:
-    """The bytes of a regular file of at most ``limit`` bytes, never through a symlink; None otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data if len(data) <= limit else None
-
-
-def read_json(path: Path, limit: int = MAX_FILE) -> Any:
-    """JSON from a run-directory file, as data with bounds (read_bounded; nesting too deep to parse): or None."""
-    data = read_bounded(path, limit)
-    try:
-        return None if data is None else json.loads(data)
-    except (ValueError, RecursionError):
-        return None
 
 
 def is_rank(value: Any, world: int = MAX_WORLD) -> bool:
@@ -227,22 +199,15 @@ def parse_dump(data: Any) -> Optional[Dict[str, Any]]:
 
 
 # --- the files (contract.py names them) ------------------------------------------------------------------
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_dump(directory: Path, dump: Mapping[str, Any]) -> None:
-    write_atomic(directory / f"rank-{dump['rank']}.txt", format_dump(dump))
-    write_atomic(directory / f"rank-{dump['rank']}.json", json.dumps(dump))
+    datafiles.write_atomic(directory / f"rank-{dump['rank']}.txt", format_dump(dump))
+    datafiles.write_atomic(directory / f"rank-{dump['rank']}.json", json.dumps(dump))
 
 
 def read_dumps(directory: Path) -> List[Dict[str, Any]]:
     out: Dict[int, Dict[str, Any]] = {}
     for path in sorted(directory.glob("rank-*.json"))[:MAX_WORLD]:
-        dump = parse_dump(read_json(path))
+        dump = parse_dump(datafiles.read_json(path))
         if dump is not None and path.name == f"rank-{dump['rank']}.json":  # one per rank, filed under its own
             out[dump["rank"]] = dump
     return list(out.values())
@@ -252,7 +217,7 @@ def read_hellos(run_dir: Path, restart: Optional[int] = None) -> Dict[int, Dict[
     """The ranks that started (of this restart; the latest one when ``restart`` is None): rank -> hello."""
     found: Dict[int, Dict[str, Any]] = {}
     for path in sorted((run_dir / contract.HELLO_FILE).parent.glob("rank-*.json"))[:MAX_WORLD]:
-        hello = read_json(path, 1 << 16)
+        hello = datafiles.read_json(path, 1 << 16)
         if not isinstance(hello, dict) or not is_rank(hello.get("rank")) or not is_rank(hello.get("restart"), 1 << 20) \
                 or path.name != f"rank-{hello['rank']}.json":
             continue
@@ -279,11 +244,11 @@ def hang_report(run_dir: Path) -> Optional[Dict[str, Any]]:
     if not found:
         return None
     path = max(found)[1]
-    raw = read_bounded(path)
+    raw = datafiles.read_bounded(path)
     if raw is None:
         return None
     text = raw.decode("utf-8", "replace")
-    data = read_json(path.parent / "rollcall.json")
+    data = datafiles.read_json(path.parent / "rollcall.json")
     line = _text(data.get("summary"), "") if isinstance(data, dict) else ""
     line = printable(line).replace("\n", "?")
     return {"text": printable(text), "summary": line or "hung (see the roll call)", "dir": str(path.parent)}
@@ -292,7 +257,7 @@ def hang_report(run_dir: Path) -> Optional[Dict[str, Any]]:
 def rendezvous_failure(run_dir: Path) -> Optional[str]:
     """What the ranks reported when their rendezvous timed out (latest restart), or None."""
     found = sorted(Path(run_dir).glob(contract.RENDEZVOUS_REPORT.format(restarts="*")))
-    raw = read_bounded(found[-1], 1 << 16) if found else None
+    raw = datafiles.read_bounded(found[-1], 1 << 16) if found else None
     return None if raw is None else printable(raw.decode("utf-8", "replace").strip()).replace("\n", "?")
 
 

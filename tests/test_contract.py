@@ -102,13 +102,14 @@ def test_parent_job_variables_are_dropped_by_one_rule():
 
 
 def test_the_job_side_imports_only_the_shared_modules():
-    """clusterddp/runtime/ is the job side: its imports are torch, the standard library, itself, and four
-    shared modules (errors, hostlist, contract, rollcall); never click, jinja2, submitit or a login-side module."""
+    """clusterddp/runtime/ is the job side: its imports are torch, the standard library, itself, and five
+    shared modules (errors, hostlist, contract, rollcall, datafiles); never click, jinja2, submitit or a login-side
+    module."""
     import ast
     import subprocess
     import sys
 
-    allowed = {"errors", "hostlist", "contract", "rollcall"}
+    allowed = {"errors", "hostlist", "contract", "rollcall", "datafiles"}
     shared = RUNTIME.parent / "rollcall.py"  # shared by both sides: it may import only the contract
     assert {n.module for n in ast.walk(ast.parse(shared.read_text())) if isinstance(n, ast.ImportFrom)
             and n.level} == {None}, "rollcall.py imports more than clusterddp.contract"
@@ -128,6 +129,6 @@ def test_the_job_side_imports_only_the_shared_modules():
                               cwd=ROOT).stdout.split())
     ours = {m for m in mods if m.startswith("clusterddp")}
     assert ours <= {"clusterddp", "clusterddp.errors", "clusterddp.hostlist", "clusterddp.contract",
-                    "clusterddp.rollcall", "clusterddp.version"} | {
+                    "clusterddp.rollcall", "clusterddp.datafiles", "clusterddp.version"} | {
         m for m in ours if m.startswith("clusterddp.runtime")}, ours
     assert not {"click", "jinja2", "submitit", "torch"} & mods  # torch too: it loads on first use

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Callable, List, Mapping, Optional, Tuple
 
 from .. import contract, dirs
+from ..datafiles import read_json, write_atomic
 from ..errors import SpecError
 from ..job.clusters import HERE, Cluster, by_name, choose
 from ..job.ids import check_cluster_name as check_name
 from ..job.ids import check_job_id
-from ..rollcall import read_json
 
 
 def state_dir() -> Path:
@@ -44,9 +44,7 @@ class JobRecord:
             while (d / f"{self.job_id}.json.{n}").exists():
                 n += 1
             path.replace(d / f"{self.job_id}.json.{n}")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(asdict(self), indent=1))
         return path
 
     @classmethod

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import List, NamedTuple, Sequence, Tuple
 
 from .. import contract
-from ..rollcall import printable, read_bounded
+from ..datafiles import read_bounded
+from ..rollcall import printable
 from .faults import FaultKind
 
 _MAX_LINES = 1000

@@ -12,15 +12,14 @@ SIGTERM) are never the cause. Pure over text and the run directory; log text is 
 """
 from __future__ import annotations
 
-import os
 import re
-import stat
 import sys
 from enum import Enum
 from pathlib import Path
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..rollcall import hang_report, printable, read_hellos, read_json, rendezvous_failure
+from ..datafiles import read_json, read_tail
+from ..rollcall import hang_report, printable, read_hellos, rendezvous_failure
 from . import logscan
 
 
@@ -65,21 +64,8 @@ class Fault(NamedTuple):
 
 def _tail(path: Path, limit: int = _MAX_LOG) -> List[str]:
     """The last ``limit`` bytes of a log as lines: a regular file, never through a link (logs are data)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return []
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return []
-        os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
-        raw = os.read(fd, limit)
-    except OSError:
-        return []
-    finally:
-        os.close(fd)
-    return raw.decode("utf-8", "replace").splitlines()
+    raw = read_tail(path, limit)
+    return [] if raw is None else raw.decode("utf-8", "replace").splitlines()
 
 
 def _short(host: str, nodes: Sequence[str]) -> str:

@@ -1,11 +1,11 @@
 """Finding the failure in a job's logs: which rank raised first, and its traceback."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Iterable, Iterator, List, NamedTuple
 
+from ..datafiles import lines
 from ..rollcall import printable
 
 # Errors that ranks report when *another* rank died: listed after the root cause.
@@ -27,16 +27,7 @@ _LINE = 1 << 16      # characters of a line read at a time: a log with one huge 
 
 def _lines(path: Path) -> Iterator[str]:
     """The lines of a log as a stream (a log may be gigabytes; a link is not followed: logs are data)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return
-    with open(fd, encoding="utf-8", errors="replace") as fh:
-        while True:
-            line = fh.readline(_LINE)
-            if not line:
-                return
-            yield line.rstrip("\n")
+    return lines(path, _LINE)
 
 
 def tracebacks(paths: Iterable[Path]) -> List[Traceback]:

@@ -7,15 +7,15 @@ names checked: they reach an ``#SBATCH --exclude`` line); written atomically.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 from typing import Dict, Iterable, Mapping, Optional
 
 from .. import dirs
+from ..datafiles import read_json, write_atomic
 from ..job.ids import check_cluster_name as check_name
-from ..rollcall import printable, read_json
+from ..rollcall import printable
 
 #: How long a node stays excluded after a fault (seconds), unless forgotten.
 DEFAULT_SECONDS = 24 * 3600
@@ -40,11 +40,7 @@ def _read(cluster: str) -> Dict[str, dict]:
 
 
 def _write(cluster: str, entries: Mapping[str, dict]) -> None:
-    target = path(cluster)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dict(sorted(entries.items())), indent=1))
-    tmp.replace(target)
+    write_atomic(path(cluster), json.dumps(dict(sorted(entries.items())), indent=1))
 
 
 def active(cluster: str, seconds: float = DEFAULT_SECONDS, now: Optional[float] = None) -> Dict[str, dict]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional
 
 from .. import dirs
+from ..datafiles import write_atomic
 from ..errors import SpecError
 
 TRUST_VARIABLE = "CLUSTERDDP_TRUST"
@@ -80,7 +81,6 @@ def why_not_trusted(path: Path, environ: Optional[Mapping[str, str]] = None) -> 
 def trust(path: Path, revoke: bool = False) -> str:
     """Record (or with ``revoke`` remove) ``path`` in the trust file, written privately and atomically; returns
     the recorded hash ('' when revoked)."""
-    import tempfile
 
     path = Path(path).resolve()
     if not path.is_file():
@@ -92,10 +92,7 @@ def trust(path: Path, revoke: bool = False) -> str:
         entries[str(path)] = digest
     target = trust_file()
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(prefix=".trusted-", dir=target.parent)
-    with os.fdopen(fd, "w") as fh:  # mkstemp: mode 0600, a new file of our own
-        fh.write("".join(f"{d}  {p}\n" for p, d in sorted(entries.items())))
-    os.replace(tmp, target)
+    write_atomic(target, "".join(f"{d}  {p}\n" for p, d in sorted(entries.items())), mode=0o600)
     return digest
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract, rollcall
 from ..contract import EXIT
+from ..datafiles import write_atomic
 from ..errors import ClusterDDPError, SlurmError
 
 FALLBACK_MODULE = "clusterddp.runtime.pyspy"
@@ -81,7 +82,7 @@ def collect(target: Target, timeout: float = 10.0, note: Callable[[str], None] =
     started = time.monotonic()
     try:
         directory.mkdir(parents=True)
-        rollcall.write_atomic(run_dir / contract.REQUEST_FILE, name + "\n")
+        write_atomic(run_dir / contract.REQUEST_FILE, name + "\n")
     except OSError as exc:
         raise ClusterDDPError(f"cannot write the stack request into {run_dir}: {exc.strerror}") from None
     hellos = rollcall.read_hellos(run_dir)
@@ -119,8 +120,8 @@ def collect(target: Target, timeout: float = 10.0, note: Callable[[str], None] =
     call = rollcall.build(dumps, world, missing)
     call["dir"], call["fallback"] = str(directory), reason
     call["elapsed_s"] = round(time.monotonic() - started, 2)
-    rollcall.write_atomic(directory / "rollcall.json", json.dumps(call, indent=1))
-    rollcall.write_atomic(directory / "rollcall.txt", rollcall.format_text(call))
+    write_atomic(directory / "rollcall.json", json.dumps(call, indent=1))
+    write_atomic(directory / "rollcall.txt", rollcall.format_text(call))
     return call
 
 

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from .. import contract, rollcall
+from ..datafiles import write_atomic
 from ..errors import RuntimeEnvError
 from ..hostlist import HostlistError, expand
-from ..rollcall import read_dumps, read_hellos, write_atomic, write_dump
+from ..rollcall import read_dumps, read_hellos, write_dump
 from .env import DistEnv
 
 POLL_S = 1.0          # how often a rank looks for a stack request

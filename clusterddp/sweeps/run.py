@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import dirs
 from ..contract import PLACEHOLDERS
+from ..datafiles import write_atomic
 from ..errors import PreflightError, SpecError
 from ..job.clusters import Cluster
 from ..job.code import code_files, code_hash
@@ -46,11 +47,7 @@ class SweepRecord:
         return dirs.sweeps() / cluster / f"{check_sweep_name(name)}.json"
 
     def save(self) -> None:
-        path = self.path(self.cluster, self.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True))
-        tmp.replace(path)
+        write_atomic(self.path(self.cluster, self.name), json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True))
 
     @classmethod
     def load(cls, name: str, cluster: Optional[str] = None) -> "SweepRecord":

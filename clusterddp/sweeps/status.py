@@ -13,9 +13,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract
 from ..backends.jobinfo import QUEUED_STATES, JobState
+from ..datafiles import read_bounded, read_json
 from ..healing import attempts
 from ..job.ids import HERE
-from ..rollcall import printable, read_bounded, read_json
+from ..rollcall import printable
 from .run import LOCAL_RECORDS, SweepRecord
 
 #: Metrics whose best value is the largest (the rest: the smallest); --maximize/--minimize decide otherwise.

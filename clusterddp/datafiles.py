@@ -1,0 +1,115 @@
+"""Files as data, in one place: bounded reads that never follow a link nor block on a FIFO, a log's tail or its
+lines as a stream, and atomic writes through a new file whose name nobody can predict. Shared by both sides (the
+job side writes its dumps with it); standard library only.
+
+Run directories and shared output directories may be writable by others: what is read there is a regular file of
+bounded size, opened without following a link, and what is written replaces its target in one rename.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+#: A hello, a dump, a roll call or a record is a few kB: more is not a file of ours.
+MAX_FILE = 1 << 20
+_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # no link, no FIFO wait
+
+
+def open_data(path: Union[str, Path]) -> Optional[int]:
+    """A descriptor of ``path`` when it is a regular file reached without a link at its end, else None."""
+    try:
+        fd = os.open(path, _FLAGS)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def read_bounded(path: Union[str, Path], limit: int = MAX_FILE) -> Optional[bytes]:
+    """The bytes of a regular file of at most ``limit`` bytes, never through a symlink; None otherwise."""
+    fd = open_data(path)
+    if fd is None:
+        return None
+    try:
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
+
+
+def read_json(path: Union[str, Path], limit: int = MAX_FILE) -> Any:
+    """JSON from a file, as data with bounds (read_bounded; nesting too deep to parse): or None."""
+    data = read_bounded(path, limit)
+    try:
+        return None if data is None else json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def read_tail(path: Union[str, Path], limit: int) -> Optional[bytes]:
+    """The last ``limit`` bytes of a regular file (a log may be gigabytes), never through a link; None otherwise."""
+    fd = open_data(path)
+    if fd is None:
+        return None
+    try:
+        os.lseek(fd, max(0, os.fstat(fd).st_size - limit), os.SEEK_SET)
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def lines(path: Union[str, Path], max_line: int = 1 << 16) -> Iterator[str]:
+    """The lines of a log as a stream, a line longer than ``max_line`` characters in pieces; nothing for a link,
+    a FIFO or a file that is not there."""
+    fd = open_data(path)
+    if fd is None:
+        return
+    with open(fd, encoding="utf-8", errors="replace") as fh:
+        while True:
+            line = fh.readline(max_line)
+            if not line:
+                return
+            yield line.rstrip("\n")
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (os.umask would change it for every thread meanwhile)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def write_atomic(path: Union[str, Path], data: Union[str, bytes], mode: Optional[int] = None) -> None:
+    """Replace ``path`` with ``data`` in one rename: written to a new file beside it (a name nobody can predict,
+    created exclusively), then renamed over it. ``mode``: the file's permissions (default: what the umask leaves
+    of 0o666, as an ordinary write would); the directory is made when missing."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask() if mode is None else mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
