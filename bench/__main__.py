@@ -67,7 +67,7 @@ def item1_cli(rows: List[Row], work: Path) -> None:
     for name, (mean, std) in res.items():
         target = ""
         if name.startswith("clusterddp"):
-            target = "<= 1.3x floor"
+            target = "<= 1.2x floor"
         rows.append(("1", name, f"{fmt(mean, std)} = {mean / floor:.2f}x floor", target))
     if "torchx run --dryrun -s slurm dist.ddp -j 2x8" in res:
         tx = res["torchx run --dryrun -s slurm dist.ddp -j 2x8"][0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
@@ -101,6 +100,8 @@ def write_atomic(path: Union[str, Path], data: Union[str, bytes], mode: Optional
     """Replace ``path`` with ``data`` in one rename: written to a new file beside it (a name nobody can predict,
     created exclusively), then renamed over it. ``mode``: the file's permissions (default: what the umask leaves
     of 0o666, as an ordinary write would); the directory is made when missing."""
+    import tempfile  # (not at import: the CLI's start-up reads files, it does not write them)
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

@@ -15,12 +15,6 @@ from .base import Command
 from .options import EXAMPLES, build_spec, spec_options
 
 
-def _render(spec: JobSpec, template_dirs: Sequence[str]) -> str:
-    from ..backends.slurm.script import render  # jinja2 is only needed once a script is rendered
-
-    return render(spec, template_dirs=template_dirs)
-
-
 def _print_script(text: str) -> None:
     # color=True: click strips escape sequences when stdout is not a terminal, and the printed script must be
     # byte for byte the one that would be submitted (a --setup line may hold one).
@@ -54,8 +48,10 @@ def _summary(spec: JobSpec) -> str:
 def render_command(script: str, args: Sequence[str], output: Optional[str], template_dirs: Sequence[str],
                    **opts: Any) -> None:
     """Print the sbatch script for SCRIPT [-- ARGS...] (or write it with -o FILE)."""
-    spec, template_dirs, _ = build_spec(script, args, template_dirs, **opts)
-    text = _render(spec, template_dirs)
+    from .. import backends
+
+    spec, template_dirs, cluster = build_spec(script, args, template_dirs, **opts)
+    text = backends.get(cluster).script(spec, template_dirs)
     if output:
         _check_output_file(Path(output), spec)
     # sbatch cannot create the directory of --output: a job submitted by hand from this script would fail at

@@ -178,10 +178,6 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
         from ..backends.slurm.preflight import script_not_found
 
         raise SpecError(str(script_not_found(script)))
-    if cluster.remote:
-        from ..backends.ssh.connection import job_spec
-
-        spec = job_spec(spec, cluster)  # as it will run there (clusterddp's job modules come with the code)
     return spec, tuple(configured.get("template_dirs", [])) + tuple(template_dirs), cluster
 
 

@@ -103,7 +103,7 @@ def sweep_run_command(script: str, args: Sequence[str], grids: Sequence[str], sw
         if local and cluster.remote:
             raise SpecError(f"--local runs here; --cluster {cluster.name} is a remote cluster: choose one")
         if dry_run:
-            _dry_run(spec, axes, name, max_parallel, template_dirs)
+            _dry_run(spec, axes, name, max_parallel, template_dirs, cluster)
             return
         out = sweep_flow.run(spec, axes, name, cluster, max_parallel, template_dirs, not no_check, local, note, echo)
     if out.job_id and out.job_id != LOCAL:
@@ -113,15 +113,16 @@ def sweep_run_command(script: str, args: Sequence[str], grids: Sequence[str], sw
     sys.exit(out.exit_code)
 
 
-def _dry_run(spec: Any, axes: Any, name: Optional[str], max_parallel: Optional[int], template_dirs: Any) -> None:
-    from ..backends.slurm.script import render
+def _dry_run(spec: Any, axes: Any, name: Optional[str], max_parallel: Optional[int], template_dirs: Any,
+             cluster: Any) -> None:
+    from .. import backends
     from ..sweeps.grid import SweepJob
     from ..sweeps.run import plan, sweep_dir_for
 
     p = plan(spec, axes, name, Path.cwd())
     job = SweepJob(p.name, p.trials)
     spec = spec.replace(array=job.array(max_parallel), sweep=job, output_dir=sweep_dir_for(spec, p.name, True))
-    click.echo(render(spec, template_dirs=template_dirs), nl=False)
+    click.echo(backends.get(cluster).script(spec, template_dirs), nl=False)
     click.echo(f"clusterddp: dry run, nothing submitted: sweep {p.name}, {len(p.trials)} trial(s) as one array "
                f"({job.array(max_parallel)}); the job runs a snapshot of the code made at submit time", err=True)
 

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 
 from ...job.clusters import Cluster
 from .. import BackendBase, host_for
-from .commands import Slurm
 
 if TYPE_CHECKING:
     from ...job.spec import JobSpec
     from ..hosts import Host
     from ..jobinfo import JobInfo
     from ..record import JobRecord
+    from .commands import Slurm
 
 
 class SlurmBackend(BackendBase):
@@ -24,7 +24,16 @@ class SlurmBackend(BackendBase):
     def __init__(self, cluster: Optional[Cluster] = None) -> None:
         self.cluster = cluster or Cluster()
         self.host = host_for(self.cluster)
-        self.slurm = Slurm(self.host)
+        self._slurm: Optional["Slurm"] = None
+
+    @property
+    def slurm(self) -> "Slurm":
+        """Its Slurm commands (imported on first use: --dry-run never runs one)."""
+        if self._slurm is None:
+            from .commands import Slurm
+
+            self._slurm = Slurm(self.host)
+        return self._slurm
 
     def script(self, spec: "JobSpec", template_dirs: Sequence[str] = ()) -> str:
         """The batch script of ``spec`` as it runs on this cluster (a remote one: with clusterddp's job modules)."""
