@@ -121,6 +121,12 @@ def test_submit_wait_logs_over_ssh(laptop):
     assert re.fullmatch(rf"{re.escape(str(remote.parent))}/\.snapshots/proj/\d{{8}}-\d{{6}}-\w{{6}}", out[3]), out
     assert f"this job runs its own snapshot of the code (a later submit does not change it): {out[3]}" in probe.stderr
     assert re.fullmatch(rf"{re.escape(str(remote.parent))}/\.lib/[0-9a-f]{{12}}/clusterddp/__init__\.py", out[4])
+    # Issue 38: --dry-run prints exactly the script submit wrote there (outputs by their absolute path there).
+    dry = run_cli("submit", "--dry-run", "--cluster", "tc", "--launcher", "srun", "--nodes", "2", "--gpus", "0",
+                  "--procs-per-node", "2", "probe.py", cwd=proj, env=env, timeout=100)
+    assert dry.returncode == 0 and "warning" not in dry.stderr, dry.stderr
+    written = re.search(r"^  script (\S+)$", probe.stderr, re.M)
+    assert written and dry.stdout == Path(written.group(1)).read_text(), (dry.stdout, probe.stderr)
 
 
 def test_copies_only_what_changed(laptop):

@@ -46,6 +46,8 @@ class Host(Protocol):
 
     def job_spec(self, spec: "JobSpec") -> "JobSpec": ...           # the spec as it runs there
 
+    def script_spec(self, spec: "JobSpec") -> "JobSpec": ...        # ... and as submit renders it (--dry-run)
+
     def check_copy(self, spec: "JobSpec") -> None: ...              # before any connection
 
     def place(self, spec: "JobSpec", check: bool, note: Callable[[str], None]) -> Placement: ...
@@ -81,6 +83,9 @@ class Here:
 
     def job_spec(self, spec: "JobSpec") -> "JobSpec":
         return spec
+
+    def script_spec(self, spec: "JobSpec") -> "JobSpec":
+        return spec  # the job runs here, from where it is submitted: its paths as given
 
     def check_copy(self, spec: "JobSpec") -> None:
         return None

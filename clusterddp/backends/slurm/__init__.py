@@ -36,10 +36,11 @@ class SlurmBackend(BackendBase):
         return self._slurm
 
     def script(self, spec: "JobSpec", template_dirs: Sequence[str] = ()) -> str:
-        """The batch script of ``spec`` as it runs on this cluster (a remote one: with clusterddp's job modules)."""
+        """Exactly the batch script ``submit`` writes for ``spec`` (a remote cluster: with clusterddp's job modules
+        and the outputs' absolute place under the project's copy there, asked of the login node)."""
         from .script import render
 
-        return render(self.host.job_spec(spec), template_dirs=template_dirs)
+        return render(self.host.script_spec(spec), template_dirs=template_dirs)
 
     def not_applied(self, spec: "JobSpec") -> List[str]:
         return []  # Slurm applies every option of the spec

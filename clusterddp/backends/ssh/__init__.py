@@ -51,6 +51,26 @@ class Ssh:
 
         code_copy.check_copy(self.cluster, spec, Path.cwd())  # counted here, before any connection
 
+    def script_spec(self, spec: "JobSpec") -> "JobSpec":
+        """The spec as submit renders it there: its outputs under the project's copy, by absolute path (the
+        copy's place asked of the login node; nothing is copied or made)."""
+        import sys
+
+        from ...errors import ClusterUnreachable
+        from . import copy as code_copy
+
+        spec = self.job_spec(spec)
+        if spec.output_dir.startswith("/"):
+            return spec
+        try:
+            code = code_copy.code_dir(self.cluster, Path.cwd())
+        except ClusterUnreachable as exc:  # a dry run works offline too, and says what it could not know
+            print(f"clusterddp: warning: {str(exc).splitlines()[0]}; the script below names the outputs relative to "
+                  f"the project's copy there ({code_copy.remote_code_dir(self.cluster, Path.cwd())}), where submit "
+                  "writes its absolute path", file=sys.stderr)
+            return spec
+        return spec.replace(output_dir=os.path.normpath(f"{code}/{spec.output_dir}"))
+
     def place(self, spec: "JobSpec", check: bool, note: Callable[[str], None]) -> Placement:
         from . import copy as code_copy
 

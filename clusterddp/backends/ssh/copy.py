@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, List, Optional
+from typing import TYPE_CHECKING, Iterator, List, Optional, Tuple
 
 from ... import contract
 from ...errors import ClusterUnreachable, PreflightError
@@ -81,6 +81,35 @@ done
 shift 4
 for c in "$@"; do command -v -- "$c" >/dev/null 2>&1 || echo "missing $c"; done
 """
+
+
+# Where _PREPARE would put the code, changing nothing (for --dry-run): $1-$3 as _PREPARE's $1, $3, $4. A directory
+# not made yet is resolved through its deepest existing parent, as pwd -P resolves the made one.
+_WHERE = r"""
+code="$1"
+if [ -f "$code/.clusterddp-origin" ] && [ "$(cat -- "$code/.clusterddp-origin")" != "$2" ]; then code="$3"; fi
+case "$code" in /*) ;; *) code="$HOME/$code" ;; esac
+rest=""
+while [ ! -d "$code" ]; do rest="/$(basename -- "$code")$rest"; code="$(dirname -- "$code")"; done
+printf '%s%s\n' "$(cd -- "$code" && pwd -P)" "$rest"
+"""
+
+
+def _origin(cluster: Cluster, local_dir: Path) -> Tuple[str, str]:
+    """This directory's mark in its copy there, and the other copy's place when another directory has it."""
+    origin = f"{socket.gethostname()}:{local_dir.resolve()}"
+    return origin, f"{remote_code_dir(cluster, local_dir)}-{hashlib.sha256(origin.encode()).hexdigest()[:8]}"
+
+
+def code_dir(cluster: Cluster, local_dir: Path) -> str:
+    """The absolute directory the code of ``local_dir`` goes to there (``prepare``'s answer, nothing made)."""
+    origin, alternative = _origin(cluster, local_dir)
+    proc = sh(cluster, _WHERE, [remote_code_dir(cluster, local_dir), origin, alternative])
+    path = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else ""
+    if not path.startswith("/"):
+        raise ClusterUnreachable(f"cannot tell where the code of {local_dir} goes on {where(cluster)}: "
+                                 f"{proc.stderr.strip()[:300] or 'no answer'}")
+    return path
 
 
 def remote_code_dir(cluster: Cluster, local_dir: Path) -> str:
@@ -175,8 +204,7 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
     command = contract.LAUNCHERS[spec.launcher].login_command
     needed = [spec.python] + ([command] if command and not spec.apptainer
                               and not spec.container_image else [])
-    origin = f"{socket.gethostname()}:{local_dir.resolve()}"
-    alternative = f"{remote_code_dir(cluster, local_dir)}-{hashlib.sha256(origin.encode()).hexdigest()[:8]}"
+    origin, alternative = _origin(cluster, local_dir)
     proc = sh(cluster, _PREPARE, [remote_code_dir(cluster, local_dir), lib_dir(cluster) + "/clusterddp", origin,
                                   alternative, *(needed if check else []), "rsync"])
     lines = proc.stdout.splitlines()
