@@ -6,10 +6,9 @@ The job itself runs ``python -m clusterddp.runtime.doctor`` (clusterddp/runtime/
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from .job.ids import HERE
+from .job.ids import HERE, LOCAL
 from .rollcall import printable
 
 if TYPE_CHECKING:
@@ -97,23 +96,16 @@ def run_check(spec: "JobSpec", cluster: "Cluster", local: bool,
               note: Callable[[str], None] = lambda line: None) -> Tuple[int, Dict[str, Any]]:
     """Run the doctor job (``spec``) here (``local``) or on ``cluster``'s backend and wait for it; returns its exit
     code and its report. A job that ended without a report is a SlurmError carrying the end of its output."""
+    from . import backends
     from .datafiles import read_bounded
     from .errors import SlurmError
 
     if local:
-        from .backends.local.plan import make_plan, pick_port, visible_gpus
-        from .backends.local.run import run_plan as run
-        from .contract import default_port
-
         lines: List[str] = []
-        plan = make_plan(spec, os.path.join(spec.output_dir, f"clusterddp-doctor-local-{os.getpid()}"),
-                         pick_port(default_port(os.getpid())), os.getpid(),
-                         visible_gpus() if spec.gpus_per_node else [])
-        code = run(plan, quiet=True, echo=lines.append, note=note)
+        # (the doctor's time limit is Slurm's to enforce: a local check has none to ask for)
+        code = backends.get(LOCAL).run(spec.replace(time=None), quiet=True, echo=lines.append, note=note)
         text = "\n".join(lines)
     else:
-        from . import backends
-
         backend = backends.get(cluster)
         record = backend.submit(spec, (), True, lambda line: note(f"clusterddp: {line}"))
         where = f" on cluster {cluster.name}" if cluster.name != HERE else ""
