@@ -16,6 +16,12 @@ from .errors import HostlistError
 
 #: Slurm refuses a single range of more hosts than this (MAX_RANGE in hostlist.c).
 MAX_RANGE = 64 * 1024
+#: One node's name as clusterddp accepts it from files and Slurm's output (a host name: 63 characters at most).
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def is_node_name(text: str) -> bool:
+    return bool(NODE_NAME.fullmatch(text))
 
 _SEPARATORS = ", \t\n"
 

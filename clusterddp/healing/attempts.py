@@ -10,11 +10,11 @@ from typing import List, NamedTuple, Sequence, Tuple
 
 from .. import contract
 from ..datafiles import read_bounded
+from ..hostlist import is_node_name
 from ..rollcall import printable
 from .faults import FaultKind
 
 _MAX_LINES = 1000
-_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 class Attempt(NamedTuple):
@@ -46,7 +46,7 @@ class Attempt(NamedTuple):
 
 
 def _nodes(text: str) -> Tuple[str, ...]:
-    return tuple(n for n in text.split(",")[:4096] if _NODE.fullmatch(n))
+    return tuple(n for n in text.split(",")[:4096] if is_node_name(n))
 
 
 def _int(text: str) -> int:

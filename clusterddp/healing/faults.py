@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..datafiles import read_json, read_tail
+from ..hostlist import is_node_name
 from ..rollcall import hang_report, printable, read_hellos, rendezvous_failure
 from . import logscan
 
@@ -220,7 +221,7 @@ def _expand(ranges: str) -> List[int]:
 
 def _clean(nodes: Iterable[str]) -> Tuple[str, ...]:
     """Node names as data: only hostname characters (they may reach an #SBATCH --exclude line)."""
-    return tuple(sorted({n for n in nodes if n and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", n)}))
+    return tuple(sorted({n for n in nodes if n and is_node_name(n)}))
 
 
 if __name__ == "__main__":

@@ -7,19 +7,18 @@ names checked: they reach an ``#SBATCH --exclude`` line); written atomically.
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 from typing import Dict, Iterable, Mapping, Optional
 
 from .. import dirs
 from ..datafiles import read_json, write_atomic
+from ..hostlist import is_node_name
 from ..job.ids import check_cluster_name as check_name
 from ..rollcall import printable
 
 #: How long a node stays excluded after a fault (seconds), unless forgotten.
 DEFAULT_SECONDS = 24 * 3600
-_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 def path(cluster: str) -> Path:
@@ -32,7 +31,7 @@ def _read(cluster: str) -> Dict[str, dict]:
         return {}
     out = {}
     for node, entry in data.items():
-        if (isinstance(node, str) and _NODE.fullmatch(node) and isinstance(entry, dict)
+        if (isinstance(node, str) and is_node_name(node) and isinstance(entry, dict)
                 and isinstance(entry.get("since"), (int, float)) and isinstance(entry.get("reason"), str)):
             out[node] = {"reason": printable(entry["reason"])[:300], "job": str(entry.get("job", ""))[:40],
                          "since": float(entry["since"])}
@@ -52,7 +51,7 @@ def active(cluster: str, seconds: float = DEFAULT_SECONDS, now: Optional[float] 
 def add(cluster: str, nodes: Iterable[str], reason: str, job: str) -> list:
     """Quarantine ``nodes`` (a new fault restarts the clock); returns the nodes added."""
     entries = _read(cluster)
-    added = [n for n in nodes if _NODE.fullmatch(n)]
+    added = [n for n in nodes if is_node_name(n)]
     if not added:
         return []
     for node in added:
