@@ -118,6 +118,30 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 180
                           text=True, timeout=timeout)
 
 
+def _strict() -> bool:
+    """Under CI=true (.ci/run) a cluster or multi-rank test that skips is a failure, and so is a run that collected
+    nothing: a green CI means they ran."""
+    return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    marked = item.get_closest_marker("slurm") or item.get_closest_marker("ranks")
+    if _strict() and report.skipped and marked and not hasattr(report, "wasxfail"):
+        why = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        why = why[len("Skipped: "):] if why.startswith("Skipped: ") else why
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, where every cluster and multi-rank test must run: {why}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _strict() and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        print("\nCI=true: this run collected no test, which is a failure here", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.sh from the current code")
     parser.addoption("--slurm-release", default="", help="Slurm releases for the cluster tests, e.g. 24.11 or "

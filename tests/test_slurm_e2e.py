@@ -166,16 +166,13 @@ def test_two_jobs_at_once_share_nodes(work):
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_failing_rank_ends_the_job(work, launcher):
-    start = time.monotonic()
+    # The time limit is 10 minutes; ending within 3 (the process's bound) proves there was no hang.
     proc = submit(work, "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "10", "allreduce.py",
-                  "--wait", "--", "--fail-rank", "3")
-    elapsed = time.monotonic() - start
+                  "--wait", "--", "--fail-rank", "3", timeout=180)
     assert proc.returncode != 0
     assert "ended FAILED" in proc.stderr
     assert "deliberate failure on rank 3" in proc.stderr
     assert "first failure" in proc.stderr
-    # Not a timing assertion: the time limit is 10 minutes; ending within 3 proves there was no hang.
-    assert elapsed < 180
 
 
 def test_status_logs_cancel(work):

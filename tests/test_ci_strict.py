@@ -1,0 +1,43 @@
+"""Issue 40, point 3: under CI=true (what .ci/run sets) a cluster or multi-rank test that skips fails, and so does a
+run that collected nothing; elsewhere (a laptop without root) they skip as before."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+SAMPLE = """import pytest
+
+@pytest.mark.slurm
+def test_cluster():
+    pytest.skip("no cluster here")
+
+@pytest.mark.ranks
+def test_ranks():
+    pytest.skip("no torch here")
+
+def test_plain():
+    pytest.skip("a plain test may skip")
+"""
+
+
+def _pytest(path, ci, *extra):
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    if ci:
+        env["CI"] = "true"
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q",
+                           str(path), *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_skips_fail_under_ci_and_only_there(tmp_path):
+    (tmp_path / "test_sample.py").write_text(SAMPLE)
+    strict = _pytest(tmp_path, True)
+    assert strict.returncode == 1 and "2 failed, 1 skipped" in strict.stdout, strict.stdout + strict.stderr
+    assert "skipped under CI=true, where every cluster and multi-rank test must run: no cluster here" in strict.stdout
+    relaxed = _pytest(tmp_path, False)
+    assert relaxed.returncode == 0 and "3 skipped" in relaxed.stdout, relaxed.stdout + relaxed.stderr
+    empty = _pytest(tmp_path, True, "-k", "nothing_matches")
+    assert empty.returncode == 1 and "collected no test" in empty.stderr, empty.stdout + empty.stderr
+    assert _pytest(tmp_path, False, "-k", "nothing_matches").returncode == 5
