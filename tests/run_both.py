@@ -74,24 +74,27 @@ def main(argv: list) -> int:
         tmp.chmod(0o711)  # munged wants every directory above its socket (in a cluster directory here) searchable
         started = time.monotonic()
         procs = []
+        durations: dict = {}
         for i, (title, prefix) in enumerate(runs(tmp)):
             log = open(tmp / f"run-{i}.log", "w+b")
             argv_i = [*prefix, *argv]
             print(f"run_both: {title}: {' '.join(argv_i[argv_i.index('pytest'):])}", flush=True)
             procs.append((title, log, subprocess.Popen(argv_i, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                                        start_new_session=True)))
-        codes = {}
+        codes, ended = {}, {}
         try:
             while len(codes) < len(procs):
                 for title, log, proc in procs:
                     if title not in codes and proc.poll() is not None:
                         codes[title] = proc.returncode
+                        ended[title] = time.monotonic() - started
                         log.seek(0)
-                        sys.stdout.write(f"\n===== {title} (exit {proc.returncode}, "
-                                         f"{time.monotonic() - started:.0f} s) =====\n")
+                        text = log.read()
+                        sys.stdout.write(f"\n===== {title} (exit {proc.returncode}, {ended[title]:.0f} s) =====\n")
                         sys.stdout.flush()
-                        sys.stdout.buffer.write(log.read())
+                        sys.stdout.buffer.write(text)
                         sys.stdout.flush()
+                        durations[title] = text.decode("utf-8", "replace")
                 time.sleep(1)
         except KeyboardInterrupt:
             for _, _, proc in procs:  # pytest tears its cluster down on SIGINT
@@ -103,6 +106,7 @@ def main(argv: list) -> int:
         finally:
             for _, log, _ in procs:
                 log.close()
+    write_durations(durations, codes, ended, time.monotonic() - started)
     # 5: no test selected (every test of one kind deselected by the caller's -k/-m): not a failure of the others.
     failed = {t: c for t, c in codes.items() if c not in (0, 5)}
     print(f"\nrun_both: {len(procs)} runs in {time.monotonic() - started:.0f} s: "
@@ -110,6 +114,28 @@ def main(argv: list) -> int:
     if all(c == 5 for c in codes.values()):
         return 5
     return max(failed.values()) if failed else 0
+
+
+DURATIONS = ROOT / "tests" / "DURATIONS.md"
+
+
+def write_durations(logs: dict, codes: dict, ended: dict, total: float) -> None:
+    """Each run's summary line and slowest tests (pytest's --durations block) into tests/DURATIONS.md, which the
+    README links: where the suite's time goes, as measured by the last make test here."""
+    import datetime
+    import re
+
+    parts = [f"# Where `make test` spends its time\n\nWritten by `tests/run_both.py` at the end of `make test` "
+             f"({datetime.date.today().isoformat()}): {len(logs)} runs side by side, {total:.0f} s in all.\n"]
+    for title, text in logs.items():
+        summary = next((ln.strip("= ") for ln in reversed(text.splitlines()) if re.search(r" in [0-9.]+s", ln)), "")
+        block = re.search(r"=+ slowest (?:\d+ )?durations =+\n(.*?)(?:\n\n|\n=)", text, re.S)
+        parts.append(f"## {title}\n\nexit {codes[title]}, {ended[title]:.0f} s: {summary}\n\n```\n"
+                     f"{block.group(1).strip() if block else '(no --durations report)'}\n```\n")
+    try:
+        DURATIONS.write_text("\n".join(parts), encoding="utf-8")
+    except OSError as exc:
+        print(f"run_both: could not write {DURATIONS}: {exc}", flush=True)
 
 
 if __name__ == "__main__":
