@@ -1,6 +1,6 @@
 # Two commands for a fresh machine (Linux, Python 3.9+):
 #   make demo   install clusterddp with what the example needs, run a 2-node x 2-rank DDP job on this machine
-#   make test   install what the tests need (Slurm 22.05 + 24.11 and munge when root, torch CPU build, pytest) and
+#   make test   install what the tests need (Slurm 22.05 + 26.05 and munge when root, torch CPU build, pytest) and
 #               run them all
 #
 # Where it installs: the virtual environment that is active (VIRTUAL_ENV or CONDA_PREFIX), else .venv here, made
@@ -22,7 +22,7 @@ PIP = $(PYTHON) -m pip
 # torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test test-serial test-fast lint install install-test cluster-up cluster-down bench gpu-check
+.PHONY: demo test test-serial test-fast test-release lint install install-test cluster-up cluster-down bench gpu-check
 
 ifdef VENV
 $(VENV)/bin/python:
@@ -38,7 +38,7 @@ install: $(if $(VENV),$(VENV)/bin/python)
 install-test: install
 	$(PIP) install -q -e ".[torch,test]"
 	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then tests/slurm/cluster.sh install && \
-		CLUSTERDDP_SLURM_RELEASE=24.11 tests/slurm/cluster.sh install; \
+		CLUSTERDDP_SLURM_RELEASE=26.05 tests/slurm/cluster.sh install; \
 	else echo "not root on Linux: the Slurm tests will be skipped"; fi
 
 demo: install
@@ -57,6 +57,12 @@ test: install-test lint
 # Every test in one pytest run, one after the other (the releases' clusters one at a time): slower, one report.
 test-serial: install-test lint
 	$(PYTHON) -m pytest -ra --durations=25
+
+# The cluster tests on one Slurm release, e.g. Debian 13's, which make test no longer runs: make test-release RELEASE=24.11
+RELEASE ?= 24.11
+test-release: install-test lint
+	CLUSTERDDP_SLURM_RELEASE=$(RELEASE) tests/slurm/cluster.sh install
+	$(PYTHON) -m pytest -ra -m slurm --slurm-release $(RELEASE)
 
 # The edit loop: no cluster tests, none marked slow, none that starts a real job's ranks (make test runs them all).
 test-fast: install-test lint

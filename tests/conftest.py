@@ -27,12 +27,14 @@ def cluster_impossible() -> str:
     return ""
 
 
-#: The Slurm releases the end-to-end tests run on (tests/slurm/cluster.sh): Debian 12's and Debian 13's.
-RELEASES = ("22.05", "24.11")
+#: The Slurm releases the end-to-end tests run on by default (make test): the oldest still common (Debian 12's)
+#: and the newest (Debian testing's). 24.11 (Debian 13's) stays runnable: --slurm-release 24.11, make test-release.
+RELEASES = ("22.05", "26.05")
+KNOWN_RELEASES = ("22.05", "24.11", "26.05")
 
 
 def pytest_generate_tests(metafunc):
-    """Every test that needs the cluster runs once per release (ids ...[slurm-22.05], ...[slurm-24.11]);
+    """Every test that needs the cluster runs once per release (ids ...[slurm-22.05], ...[slurm-26.05]);
     ``@pytest.mark.slurm_releases("22.05")`` (on a test, a module or one parameter) narrows it, and
     ``--slurm-release`` / CLUSTERDDP_TEST_RELEASES choose."""
     if "slurm_release" in metafunc.fixturenames:
@@ -56,9 +58,9 @@ def pytest_collection_modifyitems(config, items):
 def selected_releases(config) -> tuple:
     given = config.getoption("--slurm-release") or os.environ.get("CLUSTERDDP_TEST_RELEASES", "")
     chosen = tuple(r for r in given.replace(",", " ").split() if r) or RELEASES
-    unknown = [r for r in chosen if r not in RELEASES]
+    unknown = [r for r in chosen if r not in KNOWN_RELEASES]
     if unknown:
-        raise pytest.UsageError(f"--slurm-release {unknown[0]}: expected one of {', '.join(RELEASES)}")
+        raise pytest.UsageError(f"--slurm-release {unknown[0]}: expected one of {', '.join(KNOWN_RELEASES)}")
     return chosen
 
 
@@ -69,20 +71,20 @@ def slurm_release(request) -> str:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(slurm_release):
-    """A running 2-node cluster of ``slurm_release``; yields the environment (SLURM_CONF, and for 24.11 the
-    release's clients first on PATH, also set for this process while it is up)."""
+    """A running 2-node cluster of ``slurm_release``; yields the environment (SLURM_CONF, and for a release in a
+    root of its own (24.11, 26.05) the release's clients first on PATH, also set for this process while it is up)."""
     why = cluster_impossible()
     if why:
         pytest.skip(why)
     base = os.path.realpath(sys.base_prefix)
     if slurm_release != "22.05" and (base == "/usr" or base.startswith("/usr/") and not base.startswith("/usr/local")):
-        # The 24.11 root keeps its own /usr (Debian 13's); a venv of the machine's /usr/bin/python3 has no interpreter
-        # there ("bad interpreter"), so every job would fail for a reason that is not clusterddp's.
-        pytest.skip(f"Slurm {slurm_release} runs in a Debian 13 root that keeps its own /usr, and the tests' Python "
+        # A release's root keeps its own /usr (Debian 13's, testing's); a venv of the machine's /usr/bin/python3 has no
+        # interpreter there ("bad interpreter"), so every job would fail for a reason that is not clusterddp's.
+        pytest.skip(f"Slurm {slurm_release} runs in a Debian root that keeps its own /usr, and the tests' Python "
                     f"is based on the machine's {base}: run them with a Python outside /usr (pyenv, /usr/local, "
                     "/opt), or choose --slurm-release 22.05")
     release = {**os.environ, "CLUSTERDDP_SLURM_RELEASE": slurm_release, "CLUSTERDDP_PYTHON": sys.executable}
-    root = os.environ.get("CLUSTERDDP_SLURM_ROOT", "/var/lib/clusterddp/slurm-24.11")
+    root = os.environ.get("CLUSTERDDP_SLURM_ROOT", f"/var/lib/clusterddp/slurm-{slurm_release}")
     if not shutil.which("slurmctld") or not shutil.which("sshd", path="/usr/sbin") or (
             slurm_release != "22.05" and not os.path.exists(f"{root}/.clusterddp-slurm-root")):
         subprocess.run([str(CLUSTER_SH), "install"], check=True, env=release)
@@ -144,8 +146,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.sh from the current code")
-    parser.addoption("--slurm-release", default="", help="Slurm releases for the cluster tests, e.g. 24.11 or "
-                     "22.05,24.11 (default: all; also CLUSTERDDP_TEST_RELEASES)")
+    parser.addoption("--slurm-release", default="", help="Slurm releases for the cluster tests, e.g. 26.05 or "
+                     "22.05,24.11 (default: 22.05 and 26.05; also CLUSTERDDP_TEST_RELEASES)")
 
 
 def _separate_stderr_on_old_click() -> None:

@@ -67,8 +67,8 @@ def runs(tmp: Path) -> List[Tuple[str, List[str]]]:
 
 
 def main(argv: list) -> int:
-    # Under /tmp whatever TMPDIR says: the Slurm 24.11 root sees the machine's /tmp (tests/slurm/cluster.sh), and
-    # the tests' jobs there read and write their base temp directories.
+    # Under /tmp whatever TMPDIR says: a release's root (24.11, 26.05) sees the machine's /tmp (tests/slurm/cluster.sh),
+    # and the tests' jobs there read and write their base temp directories.
     with tempfile.TemporaryDirectory(prefix="clusterddp-tests-", dir="/tmp") as tmp_name:
         tmp = Path(tmp_name)
         tmp.chmod(0o711)  # munged wants every directory above its socket (in a cluster directory here) searchable

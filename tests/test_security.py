@@ -182,9 +182,12 @@ def test_inherited_script_variables_do_not_steer_the_script(tmp_path):
     ("--parsable", "sets --parsable"), ("--wait", "sets --wait"), ("--w=x", "sets --wait"),
     ("--mail=x", "ambiguous"), ("--mail-type", "needs a value"), ("--hold=1", "takes no value"),
     ("--ignore-pbs", "clusterddp always sets it"),
-    # Slurm 24.11: --tres-per-task sets per-task GPUs and CPUs; --ext is --extra-node-info on 22.05 only.
+    # Slurm 24.11: --tres-per-task sets per-task GPUs and CPUs; --ext is --extra-node-info on 22.05 only (24.11
+    # adds --extra, 26.05 --external).
     ("--tres-per-task=gres/gpu:1", "sets --tres-per-task"), ("--tres-per=cpu:2", "sets --tres-per-task"),
-    ("--ext=2:4", "ambiguous to sbatch (could be --extra, --extra-node-info)"), ("--stepmgr=1", "takes no value"),
+    ("--ext=2:4", "ambiguous to sbatch (could be --external, --extra, --extra-node-info)"),
+    ("--stepmgr=1", "takes no value"), ("--spread", "ambiguous"), ("--external=1", "takes no value"),
+    ("--resources", "needs a value"),
 ])
 def test_sbatch_arg_read_as_sbatch_reads_it(arg, message):
     with pytest.raises(SpecError) as exc:

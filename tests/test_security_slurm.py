@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.job.sbatch_options import NO_VALUE, REQUIRED_VALUE, known_in
+from clusterddp.job.sbatch_options import REQUIRED_VALUE, known_in, no_value_in
 
 from .cases import CORPUS, has_control
 from .conftest import SCRIPTS, run_cli
@@ -141,7 +141,7 @@ def test_every_hostile_value_reaches_slurm_and_the_rank_exactly(work):
 
 
 def test_option_table_matches_the_installed_sbatch(slurm_env, slurm_release):
-    """sbatch_options.py was read off Slurm 22.05 and 24.11: each release's sbatch lists the names the table
+    """sbatch_options.py was read off Slurm 22.05, 24.11 and 26.05: each release's sbatch lists the names the table
     gives it (from getopt's 'ambiguous; possibilities' answers) and the same argument kinds."""
     def ask(arg: str) -> str:
         proc = subprocess.run(["sbatch", "--test-only", arg], capture_output=True, text=True, env=slurm_env,
@@ -159,7 +159,7 @@ def test_option_table_matches_the_installed_sbatch(slurm_env, slurm_release):
     for name in sorted(found):
         if name in REQUIRED_VALUE:
             assert "requires an argument" in ask("--" + name), name
-        if name in NO_VALUE:
+        if name in no_value_in(slurm_release):
             assert "allow an argument" in ask(f"--{name}=x"), name
 
 

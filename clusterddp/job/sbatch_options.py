@@ -3,10 +3,10 @@
 sbatch parses ``#SBATCH`` lines with getopt_long, which takes any unambiguous prefix of a long option
 (``--out=x`` is ``--output=x``) and has aliases (``--tasks-per-node`` is ``--ntasks-per-node``). So an option
 clusterddp computes can only be protected by resolving names as sbatch does. The table was read off the
-sbatch of Slurm 22.05 and 24.11 (their getopt "ambiguous; possibilities" messages and "requires an argument"
-answers); the tests check it against both releases on real clusters. Names are resolved against the union of
-both, so a prefix that either release finds ambiguous is refused (a script must mean the same on both); names
-newer still are passed through.
+sbatch of Slurm 22.05, 24.11 and 26.05 (their getopt "ambiguous; possibilities" messages and "requires an
+argument" answers); the tests check it against the releases on real clusters. Names are resolved against the
+union, so a prefix that any release finds ambiguous is refused (a script must mean the same on each); names newer
+still are passed through.
 """
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ OPTIONAL_VALUE: Tuple[str, ...] = ("exclusive", "get-user-env", "nice", "no-kill
 SINCE_24_11 = {"autocomplete": "required", "container-id": "required", "extra": "required",
                "oom-kill-step": "optional", "resv-ports": "optional", "segment": "required", "stepmgr": "none",
                "tres-bind": "required", "tres-per-task": "required"}
+# Slurm 26.05 added these (read off its sbatch, Debian forky's 26.05.5) and dropped none of 24.11's.
+SINCE_26_05 = {"consolidate-segments": "none", "container-type": "required", "external": "none",
+               "mem-update": "required", "resources": "required", "spread-segments": "none"}
+# ... and gave --requeue an optional value (--requeue=expedite, Slurm 25.11's expedited requeue).
+VALUE_SINCE_26_05 = ("requeue",)
 UNTIL_22_05 = ("power",)
 REQUIRED_VALUE: Tuple[str, ...] = (
     "account", "acctg-freq", "array", "batch", "begin", "bb", "bbf", "cluster-constraint", "chdir", "cluster",
@@ -36,17 +41,25 @@ REQUIRED_VALUE: Tuple[str, ...] = (
     "reservation", "signal", "sockets-per-node", "switches", "tasks-per-node", "thread-spec", "threads-per-core",
     "time", "time-min", "tmp", "uid", "wait-all-nodes", "wckey", "wrap", "job-name", "kill-on-invalid-dep",
     "licenses")
-NO_VALUE += tuple(n for n, kind in SINCE_24_11.items() if kind == "none")
-OPTIONAL_VALUE += tuple(n for n, kind in SINCE_24_11.items() if kind == "optional")
-REQUIRED_VALUE += tuple(n for n, kind in SINCE_24_11.items() if kind == "required")
-KNOWN = set(NO_VALUE) | set(OPTIONAL_VALUE) | set(REQUIRED_VALUE)  # both releases
+for _added in (SINCE_24_11, SINCE_26_05):
+    NO_VALUE += tuple(n for n, kind in _added.items() if kind == "none")
+    OPTIONAL_VALUE += tuple(n for n, kind in _added.items() if kind == "optional")
+    REQUIRED_VALUE += tuple(n for n, kind in _added.items() if kind == "required")
+KNOWN = set(NO_VALUE) | set(OPTIONAL_VALUE) | set(REQUIRED_VALUE)  # every release
 
 
 def known_in(release: str) -> set:
-    """The option names of one release's sbatch ("22.05", "24.11")."""
+    """The option names of one release's sbatch ("22.05", "24.11", "26.05")."""
     if release.startswith("22."):
-        return KNOWN - set(SINCE_24_11)
+        return KNOWN - set(SINCE_24_11) - set(SINCE_26_05)
+    if release.startswith("24."):
+        return KNOWN - set(UNTIL_22_05) - set(SINCE_26_05)
     return KNOWN - set(UNTIL_22_05)
+
+
+def no_value_in(release: str) -> set:
+    """The options of one release's sbatch that take no value."""
+    return set(NO_VALUE) & known_in(release) - (set(VALUE_SINCE_26_05) if release >= "26" else set())
 # Two names, one option (getopt sees the same option and does not call a shared prefix ambiguous).
 ALIASES = {"tasks-per-node": "ntasks-per-node", "cluster": "clusters"}
 
@@ -93,7 +106,7 @@ def resolve(arg: str) -> Tuple[str, Optional[str]]:
         raise SpecError(f"--sbatch-arg {shown(arg)}: --{name} is ambiguous to sbatch (could be "
                         f"{', '.join('--' + m for m in sorted(matches))}); write the option out in full")
     if not matches:
-        return name, (value if eq else None)  # unknown to 22.05 and 24.11: a newer option, or sbatch refuses it
+        return name, (value if eq else None)  # unknown to 22.05-26.05: a newer option, or sbatch refuses it
     full = matches.pop()
     if eq and full in NO_VALUE:
         raise SpecError(f"--sbatch-arg {shown(arg)}: --{full} takes no value; write --sbatch-arg=--{full}")

@@ -15,9 +15,10 @@
 # A second, independent cluster (its own controller, munge, job ids) comes from the same script with other
 # CLUSTERDDP_CLUSTER_* values (tests/test_remote.py does this); the defaults are the main test cluster.
 #
-# Two Slurm releases: CLUSTERDDP_SLURM_RELEASE=22.05 (default) runs Debian 12's packages from this machine;
-# CLUSTERDDP_SLURM_RELEASE=24.11 runs Debian 13's (trixie), installed by `install` into a root file system made
-# with debootstrap (CLUSTERDDP_SLURM_ROOT, default /var/lib/clusterddp/slurm-24.11). Its daemons and clients run
+# Three Slurm releases: CLUSTERDDP_SLURM_RELEASE=22.05 (default) runs Debian 12's packages from this machine;
+# CLUSTERDDP_SLURM_RELEASE=24.11 runs Debian 13's (trixie) and 26.05 Debian testing's (forky), each installed by
+# `install` into a root file system made with debootstrap (CLUSTERDDP_SLURM_ROOT, default
+# /var/lib/clusterddp/slurm-RELEASE). Its daemons and clients run
 # chrooted there, inside one private mount namespace (held by a sleeping process) in which /proc, /sys, /dev,
 # /tmp, /root, /home, /work, /opt, /usr/local, /srv, /var/tmp, /etc/hosts, this repository, the tests' Python and
 # CLUSTERDDP_CLUSTER_SHARE are the machine's own, so jobs see the same paths and Python environment; nothing of it
@@ -41,18 +42,21 @@ GPUS_PER_NODE=2
 HOSTS_TAG="# clusterddp-test-cluster${CLUSTERDDP_CLUSTER_TAG:-}"
 RELEASE="${CLUSTERDDP_SLURM_RELEASE:-22.05}"
 case "$RELEASE" in
-    22.05) ROOT="" ;;
-    24.11) ROOT="${CLUSTERDDP_SLURM_ROOT:-/var/lib/clusterddp/slurm-24.11}" ;;
-    *) echo "cluster.sh: error: CLUSTERDDP_SLURM_RELEASE=$RELEASE: expected 22.05 or 24.11" >&2; exit 2 ;;
+    22.05) ROOT="" ; SUITE="" ;;
+    24.11) ROOT="${CLUSTERDDP_SLURM_ROOT:-/var/lib/clusterddp/slurm-24.11}" ; SUITE=trixie ;;
+    26.05) ROOT="${CLUSTERDDP_SLURM_ROOT:-/var/lib/clusterddp/slurm-26.05}" ; SUITE="${CLUSTERDDP_SLURM_SUITE:-forky}" ;;
+    *) echo "cluster.sh: error: CLUSTERDDP_SLURM_RELEASE=$RELEASE: expected 22.05, 24.11 or 26.05" >&2; exit 2 ;;
 esac
 CLIENTS=(sbatch srun salloc squeue scontrol scancel sinfo sacct)
-# What jobs in the 24.11 root must see as on this machine (the Python environment, the tests' directories).
+# What jobs in a release's root must see as on this machine (the Python environment, the tests' directories).
 SHARED_DIRS=(/tmp /root /home /work /opt /usr/local /srv /var/tmp)
 # ... and, wherever they are, this repository (an editable install points into it; CI clones it anywhere),
 # the Python that runs the tests, and CLUSTERDDP_CLUSTER_SHARE (colon-separated directories).
 HERE_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)"
-# Libraries that a Python built on this machine (pyenv, venv) and torch need inside the trixie root.
+# Libraries that a Python built on this machine (pyenv, venv) and torch need inside the root (trixie, forky).
 ROOT_PACKAGES=slurmctld,slurmd,slurm-client,munge,util-linux,procps,libffi8,libssl3t64,libbz2-1.0,liblzma5,libsqlite3-0,libreadline8t64,libncursesw6,libuuid1,zlib1g,libstdc++6,libgomp1,libnsl2,libtirpc3t64,libcrypt1,libexpat1
+# (libnsl2, for Python's nis module only, is libnsl3 in forky.)
+[ "$SUITE" != forky ] || ROOT_PACKAGES="${ROOT_PACKAGES/libnsl2/libnsl3}"
 
 log() { echo "cluster.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -63,7 +67,7 @@ need_root() {
 }
 
 install_root() {
-    # Debian 13 "trixie" ships Slurm 24.11; its packages come from Debian's own mirror.
+    # Debian 13 "trixie" ships Slurm 24.11, testing ("forky") 26.05; their packages come from Debian's own mirror.
     if [ -x "$ROOT/usr/sbin/slurmctld" ] && [ -e "$ROOT/.clusterddp-slurm-root" ]; then
         log "Slurm $RELEASE root already at $ROOT (slurm-client $(chroot "$ROOT" dpkg-query -W -f="\${Version}" slurm-client))"
         return 0
@@ -74,12 +78,16 @@ install_root() {
         apt-get update -qq
         apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
     fi
-    log "making a Debian trixie root with Slurm $RELEASE at $ROOT (debootstrap, about a minute)"
+    log "making a Debian $SUITE root with Slurm $RELEASE at $ROOT (debootstrap, about a minute)"
     local tmp="$ROOT.partial"
     rm -rf --one-file-system "$tmp"
     mkdir -p "$(dirname "$ROOT")"
-    debootstrap --variant=minbase --include="$ROOT_PACKAGES" trixie "$tmp" \
-        "${CLUSTERDDP_DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$ROOT.log" 2>&1 \
+    # A suite newer than this machine's debootstrap (forky on Debian 12) is made with the script of sid, which
+    # every Debian suite after it shares.
+    local script=()
+    [ -e "/usr/share/debootstrap/scripts/$SUITE" ] || script=(/usr/share/debootstrap/scripts/sid)
+    debootstrap --variant=minbase --include="$ROOT_PACKAGES" "$SUITE" "$tmp" \
+        "${CLUSTERDDP_DEBIAN_MIRROR:-http://deb.debian.org/debian}" "${script[@]}" >"$ROOT.log" 2>&1 \
         || { tail -n 30 "$ROOT.log" >&2; die "debootstrap failed (log: $ROOT.log)"; }
     touch "$tmp/.clusterddp-slurm-root"
     mv "$tmp" "$ROOT"
@@ -183,7 +191,7 @@ EOF
     fi
 }
 
-# --- the 24.11 root: one private mount namespace; daemons and clients chrooted in it ------------------------
+# --- a release's root: one private mount namespace; daemons and clients chrooted in it ------------------------
 extra_shared_dirs() {
     echo "$HERE_REPO"
     local py
@@ -217,7 +225,7 @@ start_holder() {
         d="$(realpath -e -- "$d" 2>/dev/null)" || continue
         [ -d "$d" ] && shared_already "$d" "${binds[@]}" || binds+=("$d")
     done < <(extra_shared_dirs)
-    log "24.11 root sees the machine's ${binds[*]}"
+    log "the $RELEASE root sees the machine's ${binds[*]}"
     # The mounts exist only in this namespace (private propagation): the machine's own tree is never touched,
     # and they vanish with the last process in it.
     # (setsid, and no inherited output: it outlives this script, which must not hold a caller's pipe open.)
@@ -253,7 +261,7 @@ EOF
     done
 }
 
-# "$@" chrooted in the 24.11 root (in the holder's namespace), or as it is for 22.05.
+# "$@" chrooted in the release's root (in the holder's namespace), or as it is for 22.05.
 in_root() {
     if [ -n "$ROOT" ]; then
         nsenter --mount="/proc/$(cat "$DIR/run/holder.pid")/ns/mnt" -- chroot "$ROOT" "$@"
@@ -380,7 +388,7 @@ stop_all() {
     done
     kill_pidfile "$DIR/run/slurmctld.pid"
     kill_pidfile "$DIR/munge/munged.pid"
-    kill_pidfile "$DIR/run/holder.pid"  # the 24.11 root's mount namespace ends with it
+    kill_pidfile "$DIR/run/holder.pid"  # the root's mount namespace ends with it
     local i=1
     for n in "${NODES[@]}" $LOGIN; do
         ip link del "${IFPREFIX}h$i" 2>/dev/null || true
