@@ -208,3 +208,59 @@ def test_gpu_check_uses_only_the_gpus_it_was_given(monkeypatch):
     assert gpu_desk.visible(4) == ["4", "5", "6", "7"] and gpu_desk.visible(2) == ["4", "5"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert gpu_desk.visible(3) == ["0", "1", "2"]
+
+
+def test_device_selection_follows_what_the_task_sees(monkeypatch):
+    """README "Device selection": cuda:LOCAL_RANK when a task sees its node's GPUs, cuda:0 when it sees one, an
+    out-of-range local rank an error naming CUDA_VISIBLE_DEVICES, the CPU without CUDA (torch's CUDA calls faked:
+    the logic, on the CPU; make gpu-check runs it on GPUs)."""
+    import torch
+
+    from clusterddp.errors import RuntimeEnvError
+    from clusterddp.runtime.env import DistEnv
+    from clusterddp.runtime.group import select_device
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+
+    def env(local_rank: int) -> DistEnv:
+        return DistEnv(4 + local_rank, local_rank, 8, 4, 1, 2, "node1", 20000, "srun")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert select_device(env(3)) == torch.device("cpu") and chosen == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert select_device(env(3)) == torch.device("cuda", 3) and chosen == [3]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # --gpus-per-task: each task sees its own as 0
+    assert select_device(env(3)) == torch.device("cuda", 0) and chosen == [3, 0]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(RuntimeEnvError, match=r"local rank 3 has no GPU: this task sees 2 GPUs "
+                                              r"\(CUDA_VISIBLE_DEVICES='4,5'\) for 4 ranks per node"):
+        select_device(env(3))
+
+
+def test_a_job_that_asked_for_gpus_where_torch_sees_none_says_so_once(monkeypatch, capsys):
+    """README "--gpus 0" paragraph: rank 0 of a job that asked for GPUs, where torch sees none, says so in one line
+    and trains on the CPU; the other ranks and a --local run say nothing; --gpus 0 never asks CUDA."""
+    import torch
+
+    from clusterddp.runtime.env import DistEnv
+    from clusterddp.runtime.group import _job_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rank0, rank1 = (DistEnv(r, r, 2, 2, 0, 1, "node1", 20000, "srun") for r in (0, 1))
+    asked = {contract.GPUS_PER_NODE: "2"}
+    assert _job_device(rank0, asked) == torch.device("cpu")
+    said = capsys.readouterr().out
+    assert said.count("\n") == 1
+    assert "this job asked for 2 GPU(s) per node, but torch sees no usable CUDA device" in said
+    assert "training on the CPU with gloo" in said
+    assert _job_device(rank1, asked) == torch.device("cpu") and capsys.readouterr().out == ""
+    assert _job_device(rank0, {**asked, contract.LOCAL: "1"}) == torch.device("cpu") and not capsys.readouterr().out
+
+    def no_cuda_please() -> bool:
+        raise AssertionError("a --gpus 0 job asked CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no_cuda_please)
+    assert _job_device(rank0, {contract.GPUS_PER_NODE: "0"}) == torch.device("cpu")
