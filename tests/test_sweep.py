@@ -282,3 +282,31 @@ def test_status_without_the_queue_is_an_error_not_missing_trials(project, tmp_pa
     proc = run_cli("sweep", "status", "q", cwd=project, env=env)
     assert proc.returncode == 1 and "MISSING" not in proc.stdout, proc.stdout
     assert "Unable to contact slurm controller" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_status_asks_slurm_once_for_every_trial_of_every_array(project, tmp_path):
+    """README "its status is one squeue": two arrays, four trials (one queued, the others never ran) -> one squeue
+    call and no other Slurm command (a recording stand-in squeue; the others fail if asked)."""
+    from clusterddp.sweeps.run import SweepRecord
+
+    sweep_dir = project / "clusterddp-runs" / "sweep-q"
+    trials = {f"k{i}": {"index": i, "params": [["lr", str(i)]], "code": "c"} for i in range(4)}
+    rec = SweepRecord("q", "here", str(sweep_dir), {"script": "trial.py"}, trials=trials,
+                      submissions=[{"job_id": "77", "time": 0, "tasks": {"0": "k0", "1": "k1"}},
+                                   {"job_id": "78", "time": 1, "tasks": {"2": "k2", "3": "k3"}}],
+                      submitted_from=str(project))
+    rec.save()
+    log = tmp_path / "slurm.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "sacct", "scontrol", "scancel", "sinfo", "srun"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\nexit 1\n')
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> "{log}"\necho "78_3|PENDING|0:00"\n'
+                                    'echo "99_0|RUNNING|1:00"\n')  # (another job of this user's: not the sweep's)
+    (bin_dir / "squeue").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    rows = json.loads(run_cli("sweep", "status", "q", "--json", cwd=project, env=env).stdout)
+    assert [(r["trial"], r["job"], r["state"]) for r in rows] == [
+        (0, "77_0", "MISSING"), (1, "77_1", "MISSING"), (2, "78_2", "MISSING"), (3, "78_3", "PENDING")]
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["squeue"]
