@@ -80,3 +80,36 @@ def test_a_planted_checkpoint_runs_nothing(tmp_path):
     assert "ckpt-0000000009.pt holds more than tensors and plain data, so it was not loaded" in line
     assert "load_latest(..., weights_only=False)" in line and "Traceback" not in loaded.stderr
 
+
+
+KEEP = r'''
+import os, sys, torch
+from clusterddp import runtime
+runtime.init(allow_single=True)
+try:
+    runtime.Checkpointer(sys.argv[1], keep=0)
+except ValueError as exc:
+    print("refused:", exc)
+ck = runtime.Checkpointer(sys.argv[1], keep=2)
+model = torch.nn.Linear(2, 2)
+for step in (1, 2, 3, 4, 5):
+    ck.save(step, model)
+    print(step, sorted(os.listdir(sys.argv[1])))
+print("latest", ck.load_latest(model)["step"])
+runtime.shutdown()
+'''
+
+
+@pytest.mark.ranks
+def test_save_keeps_the_last_keep_checkpoints(tmp_path):
+    """README: save keeps the last ``keep`` checkpoints (older ones are deleted after a new one is in place)."""
+    script = tmp_path / "keep.py"
+    script.write_text(KEEP)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "ck")], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "refused: keep must be at least 1, got 0"
+    assert lines[1:6] == [f"{step} {[f'ckpt-{s:010d}.pt' for s in range(max(1, step - 1), step + 1)]}"
+                          for step in (1, 2, 3, 4, 5)]  # after step 5: steps 4 and 5 only
+    assert lines[6] == "latest 5"
