@@ -281,7 +281,7 @@ def test_stacks_lists_a_rank_that_never_started_as_missing(tmp_path, local_jobs)
     deadline = time.monotonic() + 90
     while len(rollcall.read_hellos(run_dir)) < 3 and time.monotonic() < deadline:
         time.sleep(0.3)
-    proc, _ = stacks(str(run_dir), "--timeout", "3", "--no-py-spy", cwd=tmp_path)
+    proc = stacks(str(run_dir), "--timeout", "3", "--no-py-spy", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     missing = [line for line in proc.stdout.splitlines() if line.startswith("missing:")]
     assert missing and re.fullmatch(r"missing: rank 3 \(\S+: never started, or does not use clusterddp.runtime\)",
