@@ -11,7 +11,6 @@ registered names only.
 from __future__ import annotations
 
 import importlib
-import subprocess
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from ..errors import BackendUnsupported
@@ -19,6 +18,7 @@ from ..job.ids import LOCAL
 from .registry import REGISTRY, check_name, names, register  # noqa: F401 (the registry's names, here too)
 
 if TYPE_CHECKING:
+    import subprocess  # (annotations only: the CLI's start-up never runs a command here)
     from pathlib import Path
 
     from ..job.clusters import Cluster

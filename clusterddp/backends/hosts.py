@@ -5,10 +5,8 @@ both."""
 from __future__ import annotations
 
 import os
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional, Protocol, Sequence, Tuple
 
 from ..contract import without_parent_job
 from ..errors import SpecError
@@ -16,11 +14,12 @@ from ..job.clusters import Cluster
 from ..job.quoting import shown
 
 if TYPE_CHECKING:
+    import subprocess  # (imported where a command runs: --dry-run runs none)
+
     from ..job.spec import JobSpec
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """Where a submission's job runs (``cwd``: None = here, as submitted) and its outputs go (absolute)."""
 
     cwd: Optional[str]
@@ -70,6 +69,8 @@ class Here:
     def run(self, argv: Sequence[str], cwd: Optional[str] = None,
             timeout: float = 60) -> subprocess.CompletedProcess:
         """``argv`` here, without a surrounding job's Slurm variables (FileNotFoundError: no such command)."""
+        import subprocess
+
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=clean_env(), cwd=cwd)
 
     def where(self) -> str:

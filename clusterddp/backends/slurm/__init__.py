@@ -2,7 +2,6 @@
 chosen once from the cluster; every Slurm command goes through ``Slurm(host)`` (commands.py)."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -10,6 +9,8 @@ from ...job.clusters import Cluster
 from .. import BackendBase, host_for
 
 if TYPE_CHECKING:
+    import subprocess  # (annotations only)
+
     from ...job.spec import JobSpec
     from ..hosts import Host
     from ..jobinfo import JobInfo
