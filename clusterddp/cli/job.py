@@ -95,11 +95,10 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
     spec, template_dirs, cluster = build_spec(script, args, template_dirs, local=local, **opts)
     from .. import backends
 
-    if local:
-        if cluster.remote:
-            raise SpecError(f"--local runs on this machine; --cluster {cluster.name} submits to a remote cluster: "
-                            "choose one")
-    backend = backends.get(LOCAL if local else cluster)
+    if local and cluster.remote:
+        raise SpecError(f"--local runs on this machine; --cluster {cluster.name} submits to a remote cluster: "
+                        "choose one")
+    backend = backends.get(LOCAL if local else cluster)  # --local is sugar for the local backend
     if quiet and not local:
         raise SpecError("--quiet only applies to --local runs (Slurm jobs write their output to logs)")
     if wait_ and spec.array:
