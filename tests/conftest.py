@@ -114,6 +114,43 @@ def slurm_env(slurm_cluster, monkeypatch, tmp_path):
     return slurm_cluster
 
 
+#: Where runs side by side (tests/run_both.py) share what one of them computed once (the reference run below).
+CACHE = "CLUSTERDDP_TEST_CACHE"
+
+
+def reference_run(tmp_path_factory, nodes: int = 2, per_node: int = 2) -> Path:
+    """resumable.py on ``nodes`` x ``per_node`` ranks (emulated nodes), never interrupted (local backend; the same
+    gloo arithmetic as the cluster's ranks on this machine): its final parameters (``ref.pt``) and beside them each
+    rank's steps and losses (``ref.log.rankN``). Made once per ``make test`` and shape: the first run that needs it
+    makes it under a lock in $CLUSTERDDP_TEST_CACHE, the others wait and read it (without that variable: once per
+    session)."""
+    import fcntl
+
+    from .test_requeue import job_args, steps, total_steps
+
+    shared = os.environ.get(CACHE)
+    name = f"reference-{nodes}x{per_node}"
+    root = Path(shared) if shared else tmp_path_factory.getbasetemp()
+    d = root / name
+    d.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other runs wait here while one makes it
+        if not (d / "done").exists():
+            shutil.copy(SCRIPTS / "resumable.py", d)
+            proc = run_cli("submit", "--local", "--launcher", "srun", "--nodes", str(nodes), "--procs-per-node",
+                           str(per_node), *job_args(d, "ref", 0), cwd=d)
+            assert proc.returncode == 0, proc.stderr
+            assert [s for _, s in steps(d / "ref.log")] == list(range(1, total_steps(nodes * per_node) + 1))
+            (d / "done").touch()
+    return d / "ref.pt"
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> Path:
+    """The 4-rank reference run on 2 emulated nodes (reference_run)."""
+    return reference_run(tmp_path_factory)
+
+
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     """The real console entry point in a subprocess (as a user types it)."""
     return subprocess.run([sys.executable, "-m", "clusterddp", *args], cwd=cwd, env=env, capture_output=True,

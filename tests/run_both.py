@@ -27,7 +27,7 @@ from typing import List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.conftest import RELEASES  # noqa: E402  (the releases the cluster tests run on)
+from tests.conftest import CACHE, RELEASES  # noqa: E402  (the releases the cluster tests run on)
 
 # The sandbox, as a shell line run by `unshare --mount --net --propagation private` ($1: its directory; the rest:
 # the command). A tmpfs on /run/netns hides the machine's network namespace names (ip netns adds its own there);
@@ -72,6 +72,9 @@ def main(argv: list) -> int:
     with tempfile.TemporaryDirectory(prefix="clusterddp-tests-", dir="/tmp") as tmp_name:
         tmp = Path(tmp_name)
         tmp.chmod(0o711)  # munged wants every directory above its socket (in a cluster directory here) searchable
+        # What one run computes once for all of them (tests/conftest.py: the reference run), under a lock.
+        (tmp / "cache").mkdir()
+        os.environ[CACHE] = str(tmp / "cache")
         started = time.monotonic()
         procs = []
         durations: dict = {}

@@ -119,3 +119,46 @@ def test_the_example_passes_the_drill_with_small_arguments(tmp_path):
                            "--ckpt-every", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1] == "clusterddp drill: every scenario bit-identical: the script resumes exactly"
+
+
+def test_the_part_of_the_last_checkpoint_that_differs_is_named(tmp_path):
+    """README: the drill names which part of the last checkpoint differs (model, optimizer, loader position, an
+    ``extra=`` entry), and a random generator only where asked (it explains an earlier difference)."""
+    import random
+
+    import torch
+
+    from clusterddp.drill import component
+
+    def payload(**change) -> dict:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        random.seed(1)
+        out = {"step": 12, "model": model.state_dict(), "optimizer": opt.state_dict(),
+               "loader": {"epoch": 1, "batches_done": 3}, "world_size": 1, "extra": {"best": torch.tensor(0.5)},
+               "rng": [{"python": list(random.getstate()[1]), "torch": torch.get_rng_state()}]}
+        for key, value in change.items():
+            out[key] = value(out[key])
+        return out
+
+    def path(name: str, **change) -> str:
+        p = tmp_path / f"{name}.pt"
+        torch.save(payload(**change), p)
+        return str(p)
+
+    same = path("same")
+    assert component(same, path("again")) is None
+    weights = {k: v.clone() for k, v in payload()["model"].items()}
+    weights["bias"][0] += 1e-7
+    assert component(same, path("model", model=lambda _: weights)) == "model"
+    momentum = payload()["optimizer"]
+    momentum["state"][0]["momentum_buffer"] = momentum["state"][0]["momentum_buffer"] * 2
+    assert component(same, path("opt", optimizer=lambda _: momentum)) == "optimizer"
+    assert component(same, path("loader", loader=lambda d: {**d, "batches_done": 4})) == "loader position"
+    assert component(same, path("extra", extra=lambda _: {"best": torch.tensor(0.25)})) == "extra entry 'best'"
+    unseeded = path("rng", rng=lambda r: [{**r[0], "torch": torch.Generator().manual_seed(7).get_state()}])
+    assert component(same, unseeded) is None  # a generator alone is not a difference of the run
+    assert component(same, unseeded, generators=True) == "torch's CPU generator"

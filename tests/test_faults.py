@@ -82,12 +82,14 @@ def test_a_killed_node_is_an_infrastructure_fault_and_quarantined(work, launcher
     assert "--exclude" not in run_cli("submit", "--dry-run", "--nodes", "1", "resumable.py", cwd=work).stdout
 
 
-@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
-@pytest.mark.slurm_releases("22.05")
+@pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=pytest.mark.slurm_releases("22.05"))])
 def test_a_python_exception_is_a_program_fault_and_quarantines_nothing(work, launcher):
-    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "--wait",
+    """One rank raises: the job ends (the others are not left waiting in their collective until the time limit:
+    the process's bound is 4 of the job's 10 minutes), FAILED, with the traceback as the first failure."""
+    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "10", "--wait",
                    "allreduce.py", "--", "--fail-rank", "3", cwd=work, timeout=240)
     assert proc.returncode != 0
+    assert "ended FAILED" in proc.stderr and "first failure" in proc.stderr, proc.stderr
     assert "deliberate failure on rank 3" in proc.stderr  # the traceback, as before
     fault = [line for line in proc.stderr.splitlines() if line.startswith("clusterddp: fault: ")]
     assert len(fault) == 1 and fault[0].startswith("clusterddp: fault: program: "), proc.stderr

@@ -217,7 +217,7 @@ def stacks(target: str, *options: str, cwd: Path) -> subprocess.CompletedProcess
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
+@pytest.mark.parametrize("launcher", ["srun"])  # every launcher's stacks: the loader test below
 def test_stacks_names_the_rank_that_never_reaches_the_collective(tmp_path, local_jobs, launcher):
     job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0", str(HANG), "--",
                    "--where", "before-allreduce", "--rank", "3")
@@ -236,40 +236,36 @@ def test_stacks_names_the_rank_that_never_reaches_the_collective(tmp_path, local
     assert f'hang.py", line {SLEEP_BEFORE_ALLREDUCE}, in main' in (dumps / "rank-3.txt").read_text()
     as_json = json.loads(run_cli("stacks", "--json", str(run_dir), cwd=tmp_path).stdout)
     assert [g["ranks"] for g in as_json["groups"]] == [[0, 1, 2], [3]] and as_json["missing"] == []
-    if launcher == "srun":  # NCCL flight-recorder dumps, when a job left some, are pointed to
-        (run_dir / "nccl-trace").mkdir()
-        for r in range(4):
-            (run_dir / "nccl-trace" / f"rank_{r}").write_bytes(b"\x80")
-        out = run_cli("stacks", str(run_dir), cwd=tmp_path).stdout
-        assert f"NCCL flight recorder: 4 dump(s) in {run_dir / 'nccl-trace'}/ (read them with: torchfrtrace" in out
+    # NCCL flight-recorder dumps, when a job left some, are pointed to
+    (run_dir / "nccl-trace").mkdir()
+    for r in range(4):
+        (run_dir / "nccl-trace" / f"rank_{r}").write_bytes(b"\x80")
+    out = run_cli("stacks", str(run_dir), cwd=tmp_path).stdout
+    assert f"NCCL flight recorder: 4 dump(s) in {run_dir / 'nccl-trace'}/ (read them with: torchfrtrace" in out
 
 
-@pytest.mark.ranks
-@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
-def test_stacks_names_a_rank_blocked_in_its_data_loader(tmp_path, local_jobs, launcher):
-    job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0", str(HANG), "--",
-                   "--where", "loader", "--rank", "1")
-    local_jobs.append(job)
-    run_dir = job.wait_joined({0, 1, 2, 3})
-    # Rank 1's dataset blocks after 40 items and leaves a marker. Even then the others may still be on their way
-    # (on a loaded 2-core machine one rank spent >15 s importing torch._dynamo inside DDP's constructor): ask
-    # again, a few times, until rank 1 is in its loader; what is asserted is that settled roll call.
+def settled_stacks(target: str, cwd: Path, run_dir: Path, stuck_rank: int) -> list:
+    """``stacks`` of a job whose ``stuck_rank`` blocks in its loader (hang.py --where loader), asked until the roll
+    call settles; its lines. Rank 1's dataset blocks after 40 items and leaves a marker. Even then the others may
+    still be on their way (on a loaded 2-core machine one rank spent >15 s importing torch._dynamo inside DDP's
+    constructor): ask again, a few times, until the rank is in its loader; what is asserted is that settled roll
+    call."""
     deadline = time.monotonic() + 90
-    while not (run_dir / "stuck-rank-1").exists() and time.monotonic() < deadline:
+    marker = run_dir / f"stuck-rank-{stuck_rank}"
+    while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert (run_dir / "stuck-rank-1").exists(), "rank 1 never reached its blocking __getitem__"
+    assert marker.exists(), f"rank {stuck_rank} never reached its blocking __getitem__"
     time.sleep(2)
     for _ in range(10):
-        proc = stacks(str(run_dir), cwd=tmp_path)
+        proc = stacks(target, cwd=cwd)
         if proc.stdout.startswith("3 of 4 ranks wait at the same place: ") and "__getitem__" in proc.stdout:
             break
         time.sleep(3)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("3 of 4 ranks wait at the same place: "), proc.stdout
-    assert re.match(rf"rank 1 \(\S+\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__  <- hang.py:\d+ main",
-                    lines[1]), lines
-    assert lines[2] == "missing: none"
+    assert lines[2] == "missing: none", lines
+    return lines
 
 
 @pytest.mark.ranks
@@ -344,17 +340,24 @@ def test_stacks_without_py_spy_says_why_in_one_line(tmp_path, local_jobs):
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
-def test_the_watchdog_ends_a_hung_job_with_the_roll_call(tmp_path, launcher):
-    # (15 s: a busy 2-core machine can starve a healthy rank for several seconds while its peers import torch
-    # and build DDP; a shorter timeout would then end the job before rank 2 reaches its stuck loader)
-    job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0:15", str(HANG), "--",
-                   "--where", "loader", "--rank", "2")
+def test_a_rank_blocked_in_its_loader_is_named_by_stacks_then_the_watchdog_ends_the_job(tmp_path, local_jobs,
+                                                                                        launcher):
+    """One hung job per launcher: `stacks` names the rank blocked in its data loader while the job hangs, then the
+    watchdog ends the job with the same roll call. (45 s: the watchdog must not end the job while stacks is still
+    asking; and a busy 2-core machine can starve a healthy rank for several seconds while its peers import torch
+    and build DDP.)"""
+    job = LocalJob(tmp_path, HANG, "--launcher", launcher, "--hang-timeout", "0:45", str(HANG), "--",
+                   "--where", "loader", "--rank", "1")
+    local_jobs.append(job)
+    run_dir = job.wait_joined({0, 1, 2, 3})
+    lines = settled_stacks(str(run_dir), tmp_path, run_dir, 1)
+    assert re.match(rf"rank 1 \(\S+\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__  <- hang.py:\d+ main",
+                    lines[1]), lines
     code, out, err = job.finish(timeout=240)
     assert code == contract.HANG_EXIT, err
     assert "the hang watchdog ended the job (hung since " in err
-    assert re.search(rf"rank 2 \(\S+\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__", err), err
+    assert re.search(rf"rank 1 \(\S+\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__", err), err
     assert "3 of 4 ranks wait at the same place" in err and "Traceback" not in err
-    run_dir = job.run_dir()
     assert (run_dir / "stacks" / "hang-0" / "rollcall.txt").exists()
     assert sorted(p.name for p in (run_dir / "stacks" / "hang-0").glob("rank-*.json")) == [
         f"rank-{r}.json" for r in range(4)]
@@ -444,36 +447,6 @@ def wait_for_hellos(run_dir: Path, n: int, timeout: float = 120) -> None:
     raise AssertionError(f"not all ranks joined in {run_dir}: {rollcall.read_hellos(run_dir)}")
 
 
-@pytest.mark.slurm
-@pytest.mark.slurm_releases("22.05")  # files in the run directory only: the same on every release
-@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
-def test_stacks_on_the_cluster(work, launcher):
-    d, env = work
-    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5",
-                   "--hang-timeout", "0", "hang.py", "--", "--where", "before-allreduce", "--rank", "3", cwd=d,
-                   env=env)
-    assert proc.returncode == 0, proc.stderr
-    job_id = proc.stdout.split()[0]
-    run_dir = d / "clusterddp-runs" / f"hang-{job_id}"
-    try:
-        deadline = time.monotonic() + 120
-        while not run_dir.is_dir() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        wait_for_hellos(run_dir, 4)
-        time.sleep(2)
-        out = stacks(job_id, cwd=d)
-        assert out.returncode == 0, out.stderr
-        lines = out.stdout.splitlines()
-        assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang.py:"), out.stdout
-        assert "(ranks 0-2 on 2 nodes)" in lines[0]
-        node = node_of(launcher, 3, job_id)
-        assert re.match(rf"rank 3 \({node}\) is elsewhere:  hang.py:{SLEEP_BEFORE_ALLREDUCE} main",
-                        lines[1]), lines
-        assert lines[2] == "missing: none"
-    finally:
-        run_cli("cancel", job_id, cwd=d, env=env)
-
-
 ONCE = pytest.mark.slurm_releases("22.05")  # this launcher on 22.05 only; srun on every release (Slurm's part)
 
 
@@ -511,21 +484,38 @@ def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE), pytest.param("spawn", marks=ONCE)])
-def test_the_watchdog_ends_a_hung_job_on_the_cluster(work, launcher):
-    # A 20-s watchdog: with 10 s, healthy ranks still building DDP (its torch._dynamo import) on a loaded 2-core
-    # machine looked hung (seen once under each of srun and spawn).
+def test_stacks_names_the_hung_rank_then_the_watchdog_ends_the_job_on_the_cluster(work, launcher):
+    """One hung job per launcher on the cluster: `stacks JOBID` names the rank blocked in its loader, with its node,
+    while `submit --wait` follows the job; then the watchdog ends it with the roll call. (A 45-s watchdog: it must
+    not end the job while stacks still asks; with 10 s, healthy ranks still building DDP on a loaded 2-core
+    machine looked hung.)"""
     d, env = work
-    proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5", "--hang-timeout",
-                   "0:20", "--retries", "0", "--wait", "hang.py", "--", "--where", "loader", "--rank", "1", cwd=d,
-                   env=env, timeout=300)
-    assert proc.returncode == contract.HANG_EXIT, proc.stderr
-    job_id = proc.stdout.split()[0]
-    assert f"job {job_id} ended FAILED, exit code {contract.HANG_EXIT}" in proc.stderr
-    assert "the hang watchdog ended the job (hung since " in proc.stderr
-    assert re.search(rf"rank 1 \({node_of(launcher, 1, job_id)}\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__",
-                     proc.stderr), proc.stderr
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "clusterddp", "submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2",
+         "--time", "5", "--hang-timeout", "0:45", "--retries", "0", "--wait", "hang.py", "--", "--where", "loader",
+         "--rank", "1"], cwd=d, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = cli.stdout.readline().strip()
+        assert job_id.isdigit(), job_id + cli.stderr.read()
+        run_dir = d / "clusterddp-runs" / f"hang-{job_id}"
+        deadline = time.monotonic() + 120
+        while not run_dir.is_dir() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        wait_for_hellos(run_dir, 4)
+        lines = settled_stacks(job_id, d, run_dir, 1)
+        node = node_of(launcher, 1, job_id)
+        assert re.match(rf"rank 1 \({node}\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__", lines[1]), lines
+        out, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+    assert cli.returncode == contract.HANG_EXIT, err
+    assert f"job {job_id} ended FAILED, exit code {contract.HANG_EXIT}" in err
+    assert "the hang watchdog ended the job (hung since " in err
+    assert re.search(rf"rank 1 \({node}\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__", err), err
     batch_log = (d / "clusterddp-runs" / f"hang-{job_id}.out").read_text()
-    assert "clusterddp: the hang watchdog ended the job: no rank advanced for 20 s. Roll call:" in batch_log
+    assert "clusterddp: the hang watchdog ended the job: no rank advanced for 45 s. Roll call:" in batch_log
     assert "3 of 4 ranks wait at the same place" in batch_log
     status = run_cli("status", job_id, cwd=d, env=env)
     assert re.search(rf"hung since \d\d:\d\d:\d\d: rank 1 at hang.py:{SLEEP_IN_LOADER} __getitem__", status.stdout)

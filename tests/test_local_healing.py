@@ -18,7 +18,7 @@ from clusterddp.healing import attempts
 
 from .conftest import SCRIPTS
 from .procs import children
-from .test_requeue import LOCAL_SHAPE, job_args, reference, steps  # noqa: F401 (a fixture)
+from .test_requeue import LOCAL_SHAPE, job_args, steps  # noqa: F401
 from .test_self_healing import EVERY, same_as_reference
 
 pytestmark = pytest.mark.ranks
@@ -59,7 +59,7 @@ def run_and_kill(work: Path, launcher: str, *extra: str) -> tuple:
 
 
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
-def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, launcher):  # noqa: F811
+def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, launcher):
     shutil.copy(SCRIPTS / "resumable.py", tmp_path)
     code, out, err, run_dir = run_and_kill(tmp_path, launcher, "--spare-nodes", "1")
     assert code == 0, err

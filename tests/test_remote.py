@@ -19,8 +19,8 @@ import pytest
 from . import login_node
 from .conftest import CLUSTER_DIR, CLUSTER_SH, ROOT, SCRIPTS, run_cli
 
-# SSH, rsync and records are the same on every Slurm release: one test runs on each, the rest on 22.05.
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.slurm_releases("22.05")]
+# SSH, rsync and records are the same on every Slurm release: one test runs on each, the rest on the newest.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.slurm_releases("24.11", "26.05")]
 
 SECOND = {"CLUSTERDDP_CLUSTER_DIR": f"{CLUSTER_DIR}-second", "CLUSTERDDP_CLUSTER_NAME": "second",
           "CLUSTERDDP_CLUSTER_NODES": "node9", "CLUSTERDDP_CLUSTER_SUBNET": "10.201.0",

@@ -93,3 +93,55 @@ def test_template_with_undefined_value_is_an_error(tmp_path):
 def test_missing_template_dir(tmp_path):
     with pytest.raises(TemplateError, match="does not exist"):
         render(CASES["torchrun"], template_dirs=[str(tmp_path / "nope")])
+
+
+RANK_THAT_STOPS = r'''
+import os, pathlib, signal, sys, time
+# scontrol answered MASTER_ADDR's hostnames; now it is gone from where the batch script runs (the README's "a
+# container?"). The batch shell is this rank's parent (stand-in srun and the launcher line exec).
+os.unlink(sys.argv[1])
+os.kill(os.getppid(), signal.SIGUSR2)  # the time-limit warning, as Slurm sends it to the batch shell
+stop = pathlib.Path(os.environ["CLUSTERDDP_STOP_FILE"])
+deadline = time.monotonic() + 30
+while not stop.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print("checkpointed and stopped" if stop.exists() else "never asked to stop", flush=True)
+'''
+
+
+def test_a_requeue_without_scontrol_says_so_and_exits_76(tmp_path):
+    """README, "Time limits": if scontrol is missing where the batch script runs when the job should requeue, it
+    says so and exits 76 (NO_SCONTROL) instead of pretending to requeue. The rendered script under bash, with the
+    stand-in srun and a stand-in scontrol that the rank removes before the time-limit signal."""
+    import os
+    import shutil
+    import sys
+
+    from clusterddp.contract import EXIT
+
+    from .cases import STANDINS
+
+    own = tmp_path / "bin"  # this test's own scontrol, so that removing it touches nothing shared
+    own.mkdir()
+    shutil.copy(STANDINS / "scontrol", own / "scontrol")
+    (tmp_path / "rank.py").write_text(RANK_THAT_STOPS)
+    script = tmp_path / "job.sh"
+    script.write_text(render(JobSpec("rank.py", launcher="srun", time="10", stop_grace=5, python=sys.executable,
+                                     args=(str(own / "scontrol"),))))
+    shutil.copy(STANDINS / "srun", own / "srun")
+    tools = tmp_path / "tools"  # the system's commands, less a real scontrol (this machine may have Slurm)
+    tools.mkdir()
+    for d in reversed(os.environ["PATH"].split(os.pathsep)):
+        for tool in (Path(d).iterdir() if d and Path(d).is_dir() else ()):
+            if tool.name not in ("scontrol", "srun"):
+                (tools / tool.name).unlink(missing_ok=True)
+                (tools / tool.name).symlink_to(tool)
+    env = dict(os.environ, PATH=f"{own}:{tools}", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node[1-2]",
+               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert not (own / "scontrol").exists()
+    assert proc.returncode == EXIT["NO_SCONTROL"] == 76, proc.stdout + proc.stderr
+    rank_log = tmp_path / "clusterddp-runs" / "rank-4242" / "rank-0.out"
+    assert rank_log.read_text().strip() == "checkpointed and stopped", rank_log.read_text()
+    assert ("clusterddp: scontrol is not available where this job runs (a container?): cannot requeue; the last "
+            "checkpoint is kept") in proc.stderr, proc.stderr

@@ -30,27 +30,33 @@ def reference_params(steps: int, world: int):
 @pytest.mark.ranks
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
 def test_ddp_matches_one_process_and_sampler_covers_all(tmp_path, launcher):
+    """4 ranks on 2 emulated nodes (with 2 ranks a sum is commutative: an order bug would hide): DDP's parameters
+    equal one process's on the concatenated batch; the sampler, the all-reduce helpers, save_on_main, print0."""
     out = tmp_path / "res"
-    proc = run_cli("submit", "--local", "--launcher", launcher, "--procs-per-node", "2", "--output-dir",
-                   str(tmp_path / "runs"), str(SCRIPTS / "runtime_checks.py"), "--", "--out", str(out), cwd=tmp_path)
+    proc = run_cli("submit", "--local", "--launcher", launcher, "--nodes", "2", "--procs-per-node", "2",
+                   "--output-dir", str(tmp_path / "runs"), str(SCRIPTS / "runtime_checks.py"), "--", "--out", str(out),
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    res = [json.loads((tmp_path / f"res-{r}.json").read_text()) for r in range(2)]
-    ref = reference_params(5, 2)
+    res = [json.loads((tmp_path / f"res-{r}.json").read_text()) for r in range(4)]
+    assert [(r["env"]["rank"], r["env"]["node_rank"], r["env"]["local_rank"]) for r in res] == [
+        (0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert all(r["env"]["world_size"] == 4 and r["env"]["num_nodes"] == 2 for r in res)
+    ref = reference_params(5, 4)
     for r in res:
         for got, want in zip(r["params"], ref):
             assert torch.allclose(torch.tensor(got), want, atol=1e-6), (got, want)
-    # DistributedSampler: each epoch, every index exactly once across ranks (10 samples / 2 ranks)
+    # DistributedSampler: each epoch, every index at least once across ranks, the same share each (10 samples on
+    # 4 ranks: 3 each, 2 repeated to even them out)
     for epoch in range(2):
-        seen = sorted(res[0]["epochs"][epoch] + res[1]["epochs"][epoch])
-        assert seen == list(range(10))
+        shares = [r["epochs"][epoch] for r in res]
+        assert sorted(set(sum(shares, []))) == list(range(10)) and [len(x) for x in shares] == [3] * 4, shares
     # ... and the epoch advanced by itself: a different order in epoch 2
     assert res[0]["epochs"][0] != res[0]["epochs"][1]
-    assert [r["mean_f"] for r in res] == [0.5, 0.5] and res[0]["mean_t"] == [0.5, 1.0]
-    assert [r["is_main"] for r in res] == [True, False]
+    assert [r["mean_f"] for r in res] == [1.5] * 4 and res[0]["mean_t"] == [1.5, 3.0]
+    assert [r["is_main"] for r in res] == [True, False, False, False]
     assert all(r["leftovers"] == [] for r in res) and (tmp_path / "ckpt.pt").exists()
     assert torch.load(tmp_path / "ckpt.pt")["rank"] == 0
-    assert proc.stdout.count("PRINT0 from 0") == 1 and "PRINT0 from 1" not in proc.stdout
-    assert res[1]["env"]["rank"] == 1 and res[1]["env"]["world_size"] == 2
+    assert proc.stdout.count("PRINT0 from 0") == 1 and not re.search(r"PRINT0 from [1-3]", proc.stdout)
 
 
 @pytest.mark.ranks

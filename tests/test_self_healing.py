@@ -22,7 +22,7 @@ from clusterddp.healing import attempts
 from .conftest import SCRIPTS, run_cli
 from .test_faults import _rank_pids
 from .test_hangs import SLEEP_IN_LOADER
-from .test_requeue import RANKS, TOTAL_STEPS, identical, job_args, rank_steps, reference, steps  # noqa: F401
+from .test_requeue import RANKS, TOTAL_STEPS, identical, job_args, rank_steps, steps  # noqa: F401
 
 pytestmark = pytest.mark.slurm
 slurm = Slurm.here()
@@ -64,7 +64,7 @@ def same_as_reference(work: Path, ref_pt: Path) -> None:
 
 
 @pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE)])
-def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work, reference, launcher):  # noqa: F811
+def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work, reference, launcher):
     job = subprocess.Popen(
         [sys.executable, "-m", "clusterddp", "submit", "--launcher", launcher, "--nodes", "2", "--spare-nodes", "1",
          "--gpus", "2", "--time", "10", "--wait", *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
@@ -102,7 +102,7 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert "#SBATCH --exclude=node2" in dry.stdout.splitlines(), dry.stdout
 
 
-def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work, reference):  # noqa: F811
+def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work, reference):
     proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "10",
                    *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY), cwd=work)
     assert proc.returncode == 0, proc.stderr
@@ -146,7 +146,7 @@ def test_a_hang_is_retried_once_without_its_node_and_the_same_hang_again_is_the_
 
 
 @ONCE
-def test_a_node_that_fails_the_health_hook_gets_no_rank_and_a_spare_is_used(work, reference):  # noqa: F811
+def test_a_node_that_fails_the_health_hook_gets_no_rank_and_a_spare_is_used(work, reference):
     proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2", "--time", "5",
                    "--health-check", 'test "$(hostname)" != node2 || { echo "node2: ECC errors"; exit 3; }', "--wait",
                    *job_args(work, "run", 0), cwd=work, timeout=300)

@@ -13,7 +13,7 @@ import pytest
 from .conftest import SCRIPTS, run_cli
 from .test_remote import laptop, login  # noqa: F401  (fixtures)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.slurm_releases("22.05")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.slurm_releases("24.11", "26.05")]
 SWEEP = ["sweep", "--cluster", "tc", "--name", "far", "--grid", "lr=0.1,0.2", "--grid", "seed=0", "--nodes", "1",
          "--gpus", "0", "--procs-per-node", "2", "--launcher", "srun", "--time", "5",
          "trial.py", "--", "--lr", "{lr}", "--seed", "{seed}", "--fail-when", "0.2,0"]
