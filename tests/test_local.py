@@ -55,10 +55,10 @@ def test_four_ranks_each_launcher(tmp_path, launcher):
 @pytest.mark.ranks
 def test_quiet_shows_rank_zero_only(tmp_path):
     proc = run_cli("submit", "--local", "--quiet", "--launcher", "srun", "--procs-per-node", "3",
-                   "--output-dir", str(tmp_path), str(SCRIPTS / "allreduce.py"), cwd=tmp_path)
+                   "--output-dir", str(tmp_path), str(SCRIPTS / "plumbing.py"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert [r["rank"] for r in results(proc.stdout)] == [0]
-    run_dir = next(tmp_path.glob("allreduce-local-*"))
+    run_dir = next(tmp_path.glob("plumbing-local-*"))
     assert len(results("".join(p.read_text() for p in run_dir.glob("rank-*.out")))) == 3
 
 
@@ -66,8 +66,10 @@ def test_quiet_shows_rank_zero_only(tmp_path):
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
 def test_failing_rank_ends_everything_fast(tmp_path, launcher):
     # timeout=60: a job that waited for gloo's own 60-s timeout instead of ending its ranks would not end in it
+    # (srun: the torch-free plumbing.py, whose other ranks wait on a socket as torch's would in a collective)
+    script = "allreduce.py" if launcher == "torchrun" else "plumbing.py"
     proc = run_cli("submit", "--local", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--output-dir",
-                   str(tmp_path), str(SCRIPTS / "allreduce.py"), "--", "--fail-rank", "3", cwd=tmp_path, timeout=60)
+                   str(tmp_path), str(SCRIPTS / script), "--", "--fail-rank", "3", cwd=tmp_path, timeout=60)
     assert proc.returncode == 1
     assert "deliberate failure on rank 3" in proc.stderr and "first failure" in proc.stderr
     assert ("rank 3 exited with code 1" if launcher == "srun" else "node 1 exited with code 1") in proc.stderr

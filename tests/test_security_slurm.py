@@ -65,7 +65,7 @@ def submitted(proc) -> dict:
 def test_output_dir_like_an_option_never_becomes_one(work, source):
     d, env = work
     value = "--wrap=touch PWNED;echo "
-    args = ["submit", "--wait", "--nodes", "2", "--gpus", "1", "allreduce.py"]
+    args = ["submit", "--wait", "--launcher", "srun", "--nodes", "2", "--gpus", "1", "plumbing.py"]
     if source == "cli":
         args[1:1] = ["--output-dir", value]
     elif source == "env":
@@ -170,15 +170,15 @@ def test_a_reused_job_id_never_mixes_with_an_earlier_jobs_files(work, check):
     pre-flight checks the job is submitted held until then; with --no-check the files move right after sbatch."""
     d, env = work
     flags = [] if check else ["--no-check"]
-    first = submitted(run_cli("submit", *flags, "--wait", "--launcher", "srun", "allreduce.py", cwd=d, env=env))
+    first = submitted(run_cli("submit", *flags, "--wait", "--launcher", "srun", "plumbing.py", cwd=d, env=env))
     # The test cluster hands out ids in order, and sbatch --test-only takes one too.
     nxt = str(int(first["job_id"]) + (2 if check else 1))
-    old_log = d / "clusterddp-runs" / f"allreduce-{nxt}.out"
-    old_run = d / "clusterddp-runs" / f"allreduce-{nxt}"
+    old_log = d / "clusterddp-runs" / f"plumbing-{nxt}.out"
+    old_run = d / "clusterddp-runs" / f"plumbing-{nxt}"
     old_log.write_text("an earlier job's log\n")
     old_run.mkdir()
     (old_run / "rank-0.out").write_text("an earlier job's rank log\n")
-    proc = run_cli("submit", *flags, "--wait", "--launcher", "srun", "allreduce.py", cwd=d, env=env)
+    proc = run_cli("submit", *flags, "--wait", "--launcher", "srun", "plumbing.py", cwd=d, env=env)
     job = submitted(proc)
     assert job["job_id"] == nxt, "the test expects consecutive ids"
     assert f"kept as {old_log}.1" in proc.stderr and f"kept as {old_run}.1" in proc.stderr
@@ -190,7 +190,7 @@ def test_a_reused_job_id_never_mixes_with_an_earlier_jobs_files(work, check):
 
 def test_a_job_held_on_purpose_stays_held(work):
     d, env = work
-    job = submitted(run_cli("submit", "--sbatch-arg=--hold", "allreduce.py", cwd=d, env=env))
+    job = submitted(run_cli("submit", "--sbatch-arg=--hold", "plumbing.py", cwd=d, env=env))
     fields = subprocess.run(["scontrol", "show", "job", job["job_id"]], capture_output=True, text=True,
                             env=env).stdout
     assert "JobState=PENDING" in fields and "Reason=JobHeldUser" in fields

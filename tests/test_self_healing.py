@@ -127,6 +127,17 @@ def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work,
     assert (first.restart, first.fault_nodes, first.next) == (0, ("node2",), "requeue")
     assert (second.restart, second.nodes, second.exit, second.next) == (1, ("node1", "node3"), 0, "end")
     assert {r for r, _ in steps(work / "run.log")} == {0, 1}
+    # Not followed with --wait: status shows the fault and writes nothing (a read); nodes --from-job quarantines
+    status = run_cli("status", job_id, cwd=work)
+    assert "fault: infrastructure on node2" in status.stdout, status.stdout
+    assert (f"clusterddp: node2 at fault in job {job_id} but not quarantined (status only reads): clusterddp nodes "
+            f"--from-job {job_id} leaves it out of later submissions") in status.stdout, status.stdout
+    assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined")
+    held = run_cli("nodes", "--from-job", job_id, cwd=work)
+    assert held.returncode == 0 and "clusterddp: quarantined node2: later submissions leave it out" in held.stderr
+    listed = run_cli("nodes", cwd=work).stdout.splitlines()
+    assert listed[1].startswith("node2 ") and f"  {job_id}  " in listed[1], listed
+    assert "not quarantined" not in run_cli("status", job_id, cwd=work).stdout
 
 
 @ONCE

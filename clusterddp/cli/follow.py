@@ -46,8 +46,11 @@ def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
 
 @click.command("nodes", cls=Command)
 @click.option("--forget", metavar="NODE", multiple=True, help="Drop NODE from the list (repeatable).")
+@click.option("--from-job", "from_job", metavar="JOBID",
+              help="Quarantine the nodes JOBID's faults blame (for a job not followed with submit --wait, which does "
+                   "it as the job ends; status only reads).")
 @CLUSTER_OPTION
-def nodes_command(forget: Sequence[str], cluster: Optional[str]) -> None:
+def nodes_command(forget: Sequence[str], from_job: Optional[str], cluster: Optional[str]) -> None:
     """The nodes quarantined after a fault (a node killed, a hang, a rendezvous that missed it), which
     submissions leave out for 24 h (submit --no-quarantine uses them anyway): node, since, job, reason."""
     import datetime
@@ -55,6 +58,16 @@ def nodes_command(forget: Sequence[str], cluster: Optional[str]) -> None:
     from ..healing import quarantine
     from ..job.clusters import choose
 
+    if from_job is not None:
+        from ..backends.record import for_job
+        from ..job.ids import check_job_id
+        from ..observe.follow import quarantine_job, quarantine_note
+
+        chosen = for_job(check_job_id(from_job), cluster, note=_note)
+        added = quarantine_job(from_job, chosen)
+        click.echo(quarantine_note(added, chosen.name) if added else
+                   f"clusterddp: job {from_job} blames no node (nothing quarantined)", err=True)
+        return
     name = choose(cluster, None).name
     for node in forget:
         if not quarantine.forget(name, node):

@@ -57,6 +57,9 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
             from ..healing.faults import INFRASTRUCTURE
 
             if fault.kind == INFRASTRUCTURE and fault.nodes:
+                from ..healing import quarantine
+
+                quarantine.add(record.cluster, fault.nodes, fault.why, record.job_id)
                 click.echo(quarantine_note(fault.nodes, record.cluster), err=True)
     return code
 
@@ -122,21 +125,16 @@ def quarantine_note(nodes: Sequence[str], cluster: str) -> str:
 
 
 def fault_of(record: Any, node_list: str, state: str) -> Optional[Any]:
-    """The fault class of a failed job (faults.classify) from its files as readable here; a node at fault is
-    quarantined on the job's cluster."""
-    from ..healing import quarantine
-    from ..healing.faults import INFRASTRUCTURE, classify
+    """The fault class of a failed job (faults.classify) from its files as readable here (reads only)."""
+    from ..healing.faults import classify
     from ..hostlist import expand
 
     try:
         nodes = expand(node_list) if node_list and node_list not in ("(null)", "None") else []
     except ValueError:
         nodes = []
-    fault = classify(Path(record.run_dir), [Path(p) for p in record.logs()], Path(record.batch_log), nodes,
-                     node_failed=state == JobState.NODE_FAIL)
-    if fault is not None and fault.kind == INFRASTRUCTURE and fault.nodes:
-        quarantine.add(record.cluster, fault.nodes, fault.why, record.job_id)
-    return fault
+    return classify(Path(record.run_dir), [Path(p) for p in record.logs()], Path(record.batch_log), nodes,
+                    node_failed=state == JobState.NODE_FAIL)
 
 
 def show_failure(record: Any) -> None:
@@ -169,33 +167,58 @@ def why_it_ended(backend: Any, job_id: str, cluster: str) -> str:
     return rendezvous_failure(Path(record.run_dir)) or ""
 
 
-def fault_line(backend: Any, job_id: str, cluster: str, node_list: str, state: str) -> str:
-    """``status JOBID``'s fault line for a job that failed ('' when nothing tells)."""
+def job_faults(backend: Any, job_id: str, cluster: str, job: Any) -> Tuple[List[str], List[Tuple[Any, str]]]:
+    """One job's history for ``status``: the attempt lines (once there is more than one or a fault), its fault line,
+    and the (nodes, why) it blames on nodes. Reads only: ``status`` never quarantines (``nodes --from-job`` and
+    ``submit --wait`` do)."""
     from ..backends.record import JobRecord
-
-    record = JobRecord.load(job_id, cluster)
-    if record is None:
-        return ""
-    fault = fault_of(backend.readable(record), node_list, state)
-    return "" if fault is None else fault.line()
-
-
-def attempt_lines(backend: Any, job_id: str, cluster: str, done: bool) -> List[str]:
-    """``status JOBID``'s history: one line per attempt once there is more than one or a fault (the nodes at fault
-    are quarantined, as --wait does)."""
-    from ..backends.record import JobRecord
-    from ..healing import quarantine
     from ..healing.attempts import at_fault, read
+    from ..healing.faults import INFRASTRUCTURE
 
     record = JobRecord.load(job_id, cluster)
-    if record is None or (not done and cluster not in ("", HERE)):
-        return []
-    found = read(Path(backend.readable(record, reports_only=True).run_dir))
-    if len(found) < 2 and not any(a.fault for a in found):
-        return []
-    for nodes, why in at_fault(found):
-        quarantine.add(record.cluster, nodes, why, record.job_id)
-    return [a.line() for a in found]
+    lines: List[str] = []
+    blamed: List[Tuple[Any, str]] = []
+    if record is None:
+        return lines, blamed
+    if job.done or cluster in ("", HERE):
+        found = read(Path(backend.readable(record, reports_only=True).run_dir))
+        if len(found) > 1 or any(a.fault for a in found):
+            lines += [a.line() for a in found]
+        blamed += at_fault(found)
+    if job.done and job.return_code and job.state in FAULT_STATES:
+        fault = fault_of(backend.readable(record), job.node_list, job.state)
+        if fault is not None:
+            lines.append(fault.line())
+            if fault.kind == INFRASTRUCTURE and fault.nodes:
+                blamed.append((tuple(fault.nodes), fault.why))
+    return lines, blamed
+
+
+def not_quarantined(cluster: str, job_id: str, blamed: Sequence[Tuple[Any, str]]) -> str:
+    """``status``'s hint when nodes a job blames are not (or no longer) quarantined ('' when they all are)."""
+    from ..healing import quarantine
+
+    held = quarantine.active(cluster)
+    loose = sorted({n for nodes, _ in blamed for n in nodes if n not in held})
+    if not loose:
+        return ""
+    where = "" if cluster == HERE else f" --cluster {cluster}"
+    return (f"clusterddp: {', '.join(loose)} at fault in job {job_id} but not quarantined (status only reads): "
+            f"clusterddp nodes --from-job {job_id}{where} leaves it out of later submissions")
+
+
+def quarantine_job(job_id: str, chosen: Any) -> List[str]:
+    """``nodes --from-job``: quarantine the nodes job ``job_id`` of cluster ``chosen`` blames (its attempts' node
+    faults, its own fault class); returns them."""
+    from .. import backends
+    from ..healing import quarantine
+
+    backend = backends.get(chosen)
+    _, blamed = job_faults(backend, job_id, chosen.name, backend.info(job_id))
+    held: List[str] = []
+    for nodes, why in blamed:
+        held += quarantine.add(chosen.name, nodes, why, job_id)
+    return sorted(set(held))
 
 
 def status_rows(targets: Sequence[Tuple[str, str]]) -> Tuple[List[Tuple[str, ...]], List[str], int]:
@@ -234,9 +257,8 @@ def status_rows(targets: Sequence[Tuple[str, str]]) -> Tuple[List[Tuple[str, ...
         exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))
         rows.append(where + (j.job_id, j.state, j.elapsed, j.nodes, j.node_list, exit_, why))
         if len(targets) == 1:
-            faults += attempt_lines(backend, job_id, name, j.done)
-        if len(targets) == 1 and j.done and j.return_code and j.state in FAULT_STATES:
-            faults.append(fault_line(backend, job_id, name, j.node_list, j.state))
+            lines, blamed = job_faults(backend, job_id, name, j)
+            faults += lines + [not_quarantined(name, job_id, blamed)]
     return rows, faults, failed
 
 
