@@ -170,8 +170,8 @@ def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, tmp_path_factory,
                         *job_args(tmp_path, "run", 0), "--epochs", "4", "--static-graph", cwd=tmp_path)
         assert other.returncode == 0, other.stderr
         said = other.stdout + other.stderr
-        assert re.search(r"clusterddp: checkpoint \S+ckpt-0*72\S* was written by 2 ranks, this job has 3: random "
-                         r"number states not restored", said), said
+        assert re.search(rf"clusterddp: checkpoint \S+/ckpt-0*{stopped_at}\.pt was written by 2 ranks, this job has 3: "
+                         r"random number states not restored", said), said  # (the last: where it stopped)
         assert said.count("wrapped with static_graph=True, so DDP lays out its gradient buckets again") == 1, said
 
 
