@@ -6,8 +6,7 @@ them equal to the names here. Imports nothing from clusterddp: both sides may us
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 # --- variables the script exports to every rank -------------------------------------------------------------
 LAUNCHER = "CLUSTERDDP_LAUNCHER"                # torchrun | srun | spawn
@@ -62,8 +61,7 @@ def flight_recorder(trace: str, user_env: Sequence[Tuple[str, str]]) -> List[Tup
     return [(name, value.format(trace=trace)) for name, value in FLIGHT_RECORDER if name not in given]
 
 # --- exit codes: of the CLI, of a job that the runtime or the batch script ended ----------------------------
-@dataclass(frozen=True)
-class ExitCode:
+class ExitCode(NamedTuple):  # (NamedTuples: a frozen dataclass costs the CLI's start-up ~0.7 ms each)
     name: str
     code: int
     meaning: str
@@ -163,8 +161,7 @@ TORCHRUN_PREFIX = "[default{local_rank}]:"
 
 
 # --- the launchers: what differs between them, once ---------------------------------------------------------
-@dataclass(frozen=True)
-class Launcher:
+class Launcher(NamedTuple):
     name: str
     task_per_rank: bool            # Slurm starts every rank (srun); else one task per node starts its node's ranks
     line_prefix: Optional[str]     # how a rank's lines are marked in its node's log (None: a log of its own)

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from ..errors import SpecError
 from .ids import HERE, LOCAL
@@ -39,8 +38,7 @@ _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _SHELL = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9_./+=-]*( [A-Za-z0-9_./+=-]+)*")
 
 
-@dataclass(frozen=True)
-class Cluster:
+class Cluster(NamedTuple):  # (not a frozen dataclass: 1 ms less start-up for every command)
     """One cluster reached over SSH (``host`` None: this machine's own Slurm)."""
 
     name: str = HERE
