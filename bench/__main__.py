@@ -32,11 +32,13 @@ Row = Tuple[str, str, str, str]  # item, what, result, target
 
 
 def hyperfine(commands: Dict[str, str], runs: int, warmup: int = 1, cwd: Optional[Path] = None,
-              env: Optional[dict] = None, prepare: Optional[str] = None) -> Dict[str, Tuple[float, float]]:
-    """name -> (mean s, stddev s), measured by hyperfine."""
+              env: Optional[dict] = None, prepare: Optional[str] = None,
+              no_shell: bool = False) -> Dict[str, Tuple[float, float]]:
+    """name -> (mean s, stddev s), measured by hyperfine (``no_shell``: commands started without a shell, -N;
+    the shell's own start-up otherwise adds its noise to each)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         argv = ["hyperfine", "--style", "none", "--warmup", str(warmup), "--runs", str(runs), "--export-json",
-                out.name] + (["--prepare", prepare] if prepare else [])
+                out.name] + (["--prepare", prepare] if prepare else []) + (["-N"] if no_shell else [])
         for name, cmd in commands.items():
             argv += ["--command-name", name, cmd]
         subprocess.run(argv, check=True, cwd=cwd, env=env, stdout=subprocess.DEVNULL)
@@ -61,7 +63,7 @@ def item1_cli(rows: List[Row], work: Path) -> None:
     if TORCHX.exists():
         cmds["torchx run --dryrun -s slurm dist.ddp -j 2x8"] = \
             f"{TORCHX} run --dryrun -s slurm dist.ddp -j 2x8 --script train.py"
-    res = hyperfine(cmds, runs=20, warmup=3, cwd=work)
+    res = hyperfine(cmds, runs=100, warmup=5, cwd=work, no_shell=True)
     floor = res["floor: python -c 'import click, jinja2'"][0]
     dry = res["clusterddp submit --dry-run"][0]
     for name, (mean, std) in res.items():
