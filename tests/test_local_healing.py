@@ -16,7 +16,7 @@ import pytest
 
 from clusterddp.healing import attempts
 
-from .conftest import SCRIPTS
+from .conftest import SCRIPTS, run_cli
 from .procs import children
 from .test_requeue import LOCAL_SHAPE, job_args, steps  # noqa: F401
 from .test_self_healing import EVERY, same_as_reference
@@ -79,3 +79,16 @@ def test_without_a_spare_a_killed_emulated_node_ends_the_job(tmp_path):
     (only,) = attempts.read(run_dir)
     assert only.fault_nodes == ("local1",) and only.next == "end", only
     assert "clusterddp: not retried: no healthy emulated node left (--spare-nodes adds some)" in err, err
+
+
+def test_a_native_abort_after_the_work_is_the_program_and_never_moves_the_job(tmp_path):
+    """Issue 39's first case, on emulated nodes with a spare: a rank that ends in std::terminate (libstdc++'s line,
+    then SIGABRT) is the program's fault: not retried on the spare, no node blamed, one attempt."""
+    proc = run_cli("submit", "--local", "--launcher", "srun", *LOCAL_SHAPE, "--spare-nodes", "1",
+                   str(SCRIPTS / "native_abort.py"), "--", "--rank", "3", cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "fault: program: rank-3.out: terminate called without an active exception" in proc.stderr, proc.stderr
+    assert "retrying" not in proc.stderr and "quarantined" not in proc.stderr, proc.stderr
+    run_dir = next((tmp_path / "clusterddp-runs").glob("native_abort-local-*"))
+    (only,) = attempts.read(run_dir)
+    assert (only.fault, only.fault_nodes, only.next) == ("program", (), "end"), only

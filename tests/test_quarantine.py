@@ -105,6 +105,36 @@ def test_srun_s_node_failure_and_slurm_s_node_fail(tmp_path):
     assert fault.kind == INFRASTRUCTURE and fault.nodes == ()
 
 
+def test_a_native_abort_of_the_program_is_the_program_not_the_node(tmp_path):
+    """Issue 39: libstdc++'s "terminate called ..." then SIGABRT (an uncaught C++ exception, or native threads left
+    at exit as in a script that never destroys its process group) is the program's: it would end the same way on
+    any node. The same abort from torch's distributed watchdog after a peer died is collateral, and a SIGABRT
+    with nothing said stays what it was."""
+    exiting = "DONE at step 36\nterminate called without an active exception\n"
+    run, logs, batch = job(tmp_path, "srun: error: node2: task 3: Aborted (core dumped)\n"
+                                     "srun: error: node1: tasks 0-1: Terminated\n",
+                           {"rank-0.out": "", "rank-3.out": exiting})
+    fault = classify(run, logs, batch, ["node1", "node2"])
+    assert fault.kind == PROGRAM and fault.nodes == (), fault
+    assert fault.why == ("rank-3.out: terminate called without an active exception: the program's native code "
+                         "ended it (abort), as it would on any node"), fault
+    thrown = "terminate called after throwing an instance of 'std::runtime_error'\n  what():  bad shape\n"
+    (run / "rank-3.out").write_text(thrown)
+    assert classify(run, logs, batch, ["node1", "node2"]).kind == PROGRAM
+    (run / "rank-3.out").write_text("terminate called after throwing an instance of 'c10::DistBackendError'\n")
+    assert classify(run, logs, batch, ["node1", "node2"]).kind == INFRASTRUCTURE  # torch's watchdog: collateral
+    (run / "rank-3.out").write_text("")
+    assert classify(run, logs, batch, ["node1", "node2"]).kind == INFRASTRUCTURE  # nothing said: as before
+    # torchrun: the root cause's exit code -6 (SIGABRT) and the same words in that node's log
+    aborted = TORCHRUN_ROOT.format(time="2026-12-01_10:00:05", host="node2", rank=3, code=-6,
+                                   why="Signal 6 (SIGABRT) received by PID 4711") + "[default1]:" + exiting
+    (tmp_path / "t").mkdir()
+    run2, logs2, batch2 = job(tmp_path / "t", "", {"node-node2.out": aborted})
+    assert classify(run2, logs2, batch2, ["node1", "node2"]).kind == PROGRAM
+    (run2 / "node-node2.out").write_text(aborted.replace("terminate called", "terminated"))
+    assert classify(run2, logs2, batch2, ["node1", "node2"]).kind == INFRASTRUCTURE
+
+
 def test_nothing_to_tell_is_none_and_names_are_data(tmp_path):
     run, logs, batch = job(tmp_path, "srun: error: node1: task 0: Exited with exit code 3\n", {"rank-0.out": "x\n"})
     assert classify(run, logs, batch) is None

@@ -50,6 +50,13 @@ _SIGNAL_WORDS = ("Killed", "Segmentation fault", "Bus error", "Aborted", "Illega
 # torchrun's "Root Cause (first observed failure)" block (torch/distributed/elastic/multiprocessing/errors).
 _ROOT = re.compile(r"^\s*(time|host|rank|exitcode|traceback)\s*: (.*)$")
 _MAX_LOG = 1 << 22  # a batch log read for srun lines: its last 4 MiB
+# libstdc++'s last words before abort(): a C++ exception nothing caught, or std::terminate (native threads left
+# running at exit, as in a script that never destroys its process group). The program's own native code: it would
+# end the same way on any node. Not when the exception is torch's distributed error: a watchdog thread that lost a
+# peer (collateral of another rank's fault).
+_TERMINATE = re.compile(r"terminate called (after throwing an instance of '[^']{1,200}'|without an active "
+                        r"exception|recursively)")
+_COLLATERAL_TERMINATE = re.compile(r"DistBackendError|DistNetworkError|c10d|NCCL|Gloo", re.IGNORECASE)
 
 
 class Fault(NamedTuple):
@@ -104,6 +111,22 @@ def torchrun_roots(paths: Iterable[Path]) -> List[dict]:
     return sorted(found, key=lambda r: r.get("time", ""))
 
 
+def terminated(log: Path) -> Optional[str]:
+    """libstdc++'s "terminate called ..." line in a rank's (or node's) log, when it is not collateral."""
+    for line in _tail(log, 1 << 20):
+        m = _TERMINATE.search(line)
+        if m and not _COLLATERAL_TERMINATE.search(line):
+            return printable(m.group(0))[:200]
+    return None
+
+
+def native_abort(log: Optional[Path]) -> Optional[Fault]:
+    """A program fault when ``log`` (of the rank, or node, that failed first) ends in libstdc++'s abort."""
+    said = terminated(log) if log is not None else None
+    return None if said is None else Fault(PROGRAM, (), printable(
+        f"{log.name if log else ''}: {said}: the program's native code ended it (abort), as it would on any node"))
+
+
 def _exitcode(root: dict) -> Optional[int]:
     m = re.match(r"-?\d+", root.get("exitcode", ""))
     return int(m.group()) if m else None
@@ -139,12 +162,22 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         signalled = [r for r in tied if (_exitcode(r) or 0) < 0 and _exitcode(r) != -15]
         if signalled:
             root = signalled[0]
+            by_name = {path.name: path for path in logs}
+            native = native_abort(by_name.get(root.get("log", ""))) if _exitcode(root) == -6 else None
+            if native is not None:
+                return native
             hosts = [_short(r.get("host", ""), nodes) for r in signalled]
             return Fault(INFRASTRUCTURE, _clean(hosts), printable(
                 f"rank {root.get('rank', '?').split()[0]} on {hosts[0]} ended by {root.get('traceback', 'a signal')}, "
                 "no Python traceback"))
     if first is not None and first[2] != "node failure" and any(first[2].startswith(w) for w in _SIGNAL_WORDS):
         node, tasks, what = first
+        if what.startswith("Aborted"):
+            by_name = {path.name: path for path in logs}
+            for task in _expand(tasks):
+                native = native_abort(by_name.get(f"rank-{task}.out"))
+                if native is not None:
+                    return native
         if not primary or srun_is_first_for(primary, tasks):
             return Fault(INFRASTRUCTURE, _clean([node]),
                          printable(f"rank(s) {tasks} on {node}: {what.lower()} (a signal, no Python traceback)"))

@@ -9,7 +9,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ... import contract
 from ...contract import default_port
-from ...healing.faults import FaultKind
+from ...healing.faults import FaultKind, native_abort
 from ...job.spec import JobSpec
 from .plan import Plan, describe, make_plan, pick_port, visible_gpus
 from .run import run_plan
@@ -57,6 +57,10 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
         bad = node_at_fault(plan, outcome) if code not in (0, contract.EXIT["INTERRUPTED"]) else None
         names = tuple(node_name(i) for i in chosen)
         record = attempts.Attempt(0, attempt, start, int(time.time()), names, code, "", (), "", contract.NEXT_END)
+        native = native_abort(Path(plan.procs[outcome["first"]].log)) if bad is not None else None
+        if native is not None:  # std::terminate in the program's own native code: not the node (faults.py)
+            bad, record = None, record._replace(fault=native.kind, why=native.why)
+            note(f"clusterddp: {native.line()}")
         if bad is not None:
             record = record._replace(fault=FaultKind.INFRASTRUCTURE, fault_nodes=(names[bad],),
                                      why=f"{plan.procs[outcome['first']].label} ended by a signal, no Python traceback")
