@@ -1,8 +1,8 @@
-"""``make test``: the whole suite as pytest runs side by side: the tests without a cluster, and one run per Slurm
-release with that release's test cluster (marker ``slurm``). The suite mostly waits (on Slurm, on job start-up,
-on watchdogs), so the runs overlap well even on 2 cores.
+"""``make test``: the whole suite as pytest runs side by side: the tests without a cluster (in two runs), and one
+run per Slurm release with that release's test cluster (marker ``slurm``). The suite mostly waits (on Slurm, on job
+start-up, on watchdogs), so the runs overlap well even on 2 cores.
 
-    python tests/run_both.py [pytest options]      # every run gets the options; exit status: the worst of them
+    python tests/run_both.py [pytest options]      # every run gets the options (not test paths); exit: the worst
 
 Two clusters at once would collide: both are nodes node1-node3 at 10.200.0.x on a bridge cddpbr0 with network
 namespaces cddp-node1..., lines in /etc/hosts and /tmp/clusterddp-cluster. So each release's run has a sandbox of
@@ -43,6 +43,10 @@ exec "$@"
 """
 
 
+#: The files of the first of the two runs without a cluster (about half of that time: tests/DURATIONS.md).
+SPLIT = ("tests/test_drill.py", "tests/test_hangs.py")
+
+
 def sandboxable() -> bool:
     return sys.platform.startswith("linux") and os.geteuid() == 0
 
@@ -50,8 +54,13 @@ def sandboxable() -> bool:
 def runs(tmp: Path) -> List[Tuple[str, List[str]]]:
     """(title, argv prefix) per run; each has its own --basetemp (pytest prunes old numbered ones, which might be
     another run's)."""
-    out = [("the tests without a cluster", [sys.executable, "-m", "pytest", "-m", "not slurm",
-                                            "--basetemp", str(tmp / "base-local")])]
+    # The tests without a cluster in two runs (the longest files apart), so that none of the runs is much longer than
+    # the others: they mostly wait (on watchdogs, on ranks starting), and a lone long run leaves a core idle.
+    local = [sys.executable, "-m", "pytest", "-m", "not slurm"]
+    out = [("the tests without a cluster: the drill and the hangs",
+            [*local, *SPLIT, "--basetemp", str(tmp / "base-a")]),
+           ("the tests without a cluster: the rest", [*local, *(f"--ignore={f}" for f in SPLIT),
+                                                     "--basetemp", str(tmp / "base-b")])]
     for release in RELEASES:
         pytest = [sys.executable, "-m", "pytest", "-m", "slurm", "--slurm-release", release]
         title = f"the tests on the Slurm {release} test cluster"
