@@ -77,7 +77,13 @@ def test_a_sweep_file_has_lists_ranges_and_zips():
     assert dict(trials[2].params)["tag"] == "true"
     for bad, message in [({"zip": {"a": [1, 2], "b": [1]}}, "need one length"), ({"grids": {}}, "unknown table"),
                          ({"grid": {"a": {"stop": 2.5}}}, "whole numbers"), ({"grid": {"a": [[1]]}}, "not a string"),
-                         ({"grid": {"a": [1, 1]}}, "duplicate value")]:
+                         ({"grid": {"a": [1, 1]}}, "duplicate value"),
+                         # issue 41: sized before expansion (no MemoryError), and a grid that is not a table
+                         ({"grid": {"a": {"stop": 2 ** 63 - 1}}}, r"has 9223372036854775807 values, more than "
+                                                                  r"clusterddp's limit of 100000 trials"),
+                         ({"grid": {"a": {"start": -2 ** 70, "stop": 2 ** 70}}}, "has too many values"),
+                         ({"grid": 5}, r"\[grid\] is a table of NAME = \[values\]"),
+                         ({"zip": [1, 2]}, r"\[zip\] is a table")]:
         with pytest.raises(SpecError, match=message):
             sweep.parse_file(bad, "f.toml")
 

@@ -128,7 +128,16 @@ def _values(name: str, value: Any, where: str) -> List[str]:
         bounds = [value.get("start", 0), value["stop"], value.get("step", 1)]
         if not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) or bounds[2] == 0:
             raise SpecError(f"{where}.{name}: a range takes whole numbers start, stop and a step other than 0")
-        return [str(v) for v in range(*bounds)][:MAX_TRIALS + 1]
+        values = range(*bounds)
+        try:
+            size: Optional[int] = len(values)
+        except OverflowError:  # more values than an index can count
+            size = None
+        if size is None or size > MAX_TRIALS:  # sized before it is expanded: stop = 2**63 - 1 is refused, not listed
+            raise SpecError(f"{where}.{name}: the range {{start = {bounds[0]}, stop = {bounds[1]}, step = "
+                            f"{bounds[2]}}} has {size or 'too many'} values, more than "
+                            f"clusterddp's limit of {MAX_TRIALS} trials")
+        return [str(v) for v in values]
     raise SpecError(f"{where}.{name}: expected a list of values or a range {{start = 0, stop = 4}}, got "
                     f"{shown(repr(value))}")
 
@@ -140,6 +149,10 @@ def parse_file(data: Mapping[str, Any], where: str) -> List[Axis]:
     if unknown:
         raise SpecError(f"{where}: unknown table(s) {', '.join(map(repr, unknown))}: a sweep file has [grid] and "
                         "[zip]")
+    for table in ("grid", "zip"):
+        if not isinstance(data.get(table, {}), dict):
+            raise SpecError(f"{where}: [{table}] is a table of NAME = [values] (e.g. [{table}] lr = [0.1, 0.01]), "
+                            f"got {table} = {shown(repr(data[table]))[:80]}")
     axes = []
     for name, value in dict(data.get("grid", {})).items():
         _check_name(name, where)
