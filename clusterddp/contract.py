@@ -25,6 +25,9 @@ TIMEOUT = "CLUSTERDDP_TIMEOUT"
 #: and the step at which should_stop() answers True, as at a time limit.
 DRILL_DIR = "CLUSTERDDP_DRILL_DIR"
 DRILL_STOP_AT = "CLUSTERDDP_DRILL_STOP_AT"
+#: Set only by the drill for its own runs: a job started otherwise (sbatch exports the submitting shell, a local run
+#: inherits it) never sees them (the batch script unsets them; the local runner drops them unless the drill gave them).
+DRILL_VARIABLES = (DRILL_DIR, DRILL_STOP_AT)
 DRILL_HOLD = "hold-after-first-checkpoint"  # a file in DRILL_DIR: every rank waits there until it is gone
 # The kinds of scenario `clusterddp drill` runs ("kill" is kill-nodeN on several emulated nodes); here, not in
 # drill.py, so that the CLI offers them as choices without importing the drill at every start-up.

@@ -58,7 +58,8 @@ def _child() -> None:
     from .job.ids import LOCAL
 
     fields = json.load(sys.stdin)
-    sys.exit(backends.get(LOCAL).run(JobSpec(**fields), quiet=False))
+    given = tuple((name, os.environ[name]) for name in contract.DRILL_VARIABLES if name in os.environ)
+    sys.exit(backends.get(LOCAL).run(JobSpec(**fields), quiet=False, drill_env=given))
 
 
 def _events(directory: Path) -> Dict[int, List[dict]]:

@@ -6,6 +6,7 @@ the real sbatch of the test cluster are in test_security_slurm.py.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import subprocess
@@ -397,3 +398,19 @@ def test_profile_search_stops_at_the_project_root_and_home(runner, tmp_path, mon
     assert "touch pwned" not in runner.invoke(cli, ["render", "train.py"]).stdout
     monkeypatch.setenv("HOME", str(tmp_path))  # the file is inside the project (home) after all
     assert "touch pwned" in runner.invoke(cli, ["render", "train.py"]).stdout
+
+
+def test_a_drill_s_variables_in_the_submitting_shell_never_reach_a_real_job(tmp_path):
+    """Issue 41: CLUSTERDDP_DRILL_* left in the shell (sbatch exports it; a local run inherits it) stopped a real
+    job at step 3 with exit 0. The batch script unsets them; a local run drops them (only the drill gives them)."""
+    drill = {"CLUSTERDDP_DRILL_STOP_AT": "3", "CLUSTERDDP_DRILL_DIR": str(tmp_path / "drill")}
+    (tmp_path / "r.py").write_text(RECORDER.read_text())
+    got = run_rendered(JobSpec("r.py", launcher="srun"), tmp_path, env_names=sorted(drill), extra_env=drill)
+    assert got["env"] == {name: None for name in drill}, got["env"]
+    record = tmp_path / "local.json"
+    env = dict(os.environ, **drill, RECORD_FILE=str(record), RECORD_ENV_NAMES=json.dumps(sorted(drill)))
+    proc = subprocess.run([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "srun",
+                           str(RECORDER)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(record.read_text())["env"] == {name: None for name in drill}

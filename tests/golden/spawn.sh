@@ -11,8 +11,8 @@
 # retries after a node fault: 2; each attempt runs on 2 node(s) of the allocation; 0 spare(s)
 set -euo pipefail
 
-# Set here, not inherited: a stop file from the submitting shell would stop these ranks.
-unset CLUSTERDDP_STOP_FILE
+# Set here, not inherited: a stop file (or a drill's variables) from the submitting shell would stop these ranks.
+unset CLUSTERDDP_STOP_FILE CLUSTERDDP_DRILL_DIR CLUSTERDDP_DRILL_STOP_AT
 export PYTHONUNBUFFERED=1
 export CLUSTERDDP_LAUNCHER=spawn
 export CLUSTERDDP_NNODES=2

@@ -4,7 +4,7 @@ what needs a queue (status, cancel, sweeps' arrays) says it is not supported her
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 from ...job.clusters import Cluster
 from ...job.ids import LOCAL
@@ -36,15 +36,17 @@ class LocalBackend(BackendBase):
         return not_applied(spec)
 
     def run(self, spec: "JobSpec", quiet: bool = False, echo: Callable[[str], None] = print,
-            note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None) -> int:
-        """Run ``spec`` here to its end (retries after an emulated node's fault included); its exit code."""
+            note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None,
+            drill_env: Sequence[Tuple[str, str]] = ()) -> int:
+        """Run ``spec`` here to its end (retries after an emulated node's fault included); its exit code.
+        ``drill_env``: the drill's variables for its ranks (from this process's environment they are dropped)."""
         from .plan import not_applied_line
         from .submit import submit_local
 
         line = not_applied_line(spec)
         if line:
             note(line)
-        return submit_local(spec, quiet=quiet, echo=echo, note=note, prepare=prepare)
+        return submit_local(spec, quiet=quiet, echo=echo, note=note, prepare=prepare, drill_env=drill_env)
 
     def submit(self, spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
                note: Callable[[str], None] = lambda line: None) -> "JobRecord":

@@ -37,6 +37,8 @@ class _Runner:
     def start(self) -> None:
         # A job started from inside a Slurm allocation must not inherit that job's variables.
         base = without_parent_job(os.environ)
+        for name in contract.DRILL_VARIABLES:  # the drill's, only where it gave them (plan.common)
+            base.pop(name, None)
         base.update(self.plan.common)
         for p in self.plan.procs:
             env = dict(base)

@@ -2,6 +2,7 @@
 this machine: after an emulated node's fault, again from the last checkpoint on healthy emulated nodes)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -40,7 +41,8 @@ def node_at_fault(plan: Plan, outcome: dict) -> Optional[int]:
 
 
 def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
-                 echo: Callable[[str], None], note: Callable[[str], None]) -> int:
+                 echo: Callable[[str], None], note: Callable[[str], None],
+                 drill_env: Sequence[Tuple[str, str]] = ()) -> int:
     """The batch script's retry loop on this machine: after a node fault (an emulated node's ranks ended by a
     signal), the job runs again from its last checkpoint on healthy emulated nodes, a spare first."""
     from ...healing import attempts
@@ -49,6 +51,8 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
     while True:
         chosen = healthy[:spec.nodes]
         plan = make_plan(spec, run_dir, port, job_id, gpus, chosen)
+        if drill_env:
+            plan = dataclasses.replace(plan, common=plan.common + tuple(drill_env))
         if attempt:
             note(f"clusterddp: attempt {attempt + 1} on {','.join(node_name(i) for i in chosen)} (MASTER_PORT {port})")
         outcome: dict = {}
@@ -99,9 +103,10 @@ def dry_run(spec: JobSpec) -> str:
 
 
 def submit_local(spec: JobSpec, quiet: bool = False, echo: Callable[[str], None] = print,
-                 note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None) -> int:
+                 note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None,
+                 drill_env: Sequence[Tuple[str, str]] = ()) -> int:
     """The local equivalent of sbatch + wait: returns the job's exit code. (Callers say what it does not apply:
     LocalBackend.not_applied.)"""
     run_dir, port, job_id, gpus = _where(spec)
     prepare(run_dir)  # (a sweep writes its trial's file there)
-    return run_attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note)
+    return run_attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note, drill_env)
