@@ -148,6 +148,13 @@ def test_the_history_is_read_as_data(tmp_path):
     assert odd.nodes == ("node1", "node3") and odd.fault == "" and odd.fault_nodes == () and odd.next == ""
     assert odd.exit == -1 and "\x1b" not in odd.why and odd.start == 0
     assert attempts.at_fault(found) == [(("node2",), "rank(s) 2-3 on node2: killed")]
+    # issue 41: a Unicode digit, an 18-digit time (once a traceback from int() and time.localtime)
+    (tmp_path / contract.ATTEMPTS_FILE).write_text("\t".join(["\u00b2", "0", "9" * 18, "\u0663", "node1", "1",
+                                                               "program", "", "x", "end"]) + "\n")
+    (weird,) = attempts.read(tmp_path)
+    assert (weird.restart, weird.start, weird.end) == (0, 0, 0) and weird.line().startswith("attempt 1 (restart 0)")
+    huge = weird._replace(start=10 ** 17, end=10 ** 17)  # as a caller could build one
+    assert ", ?-? (0 s), exit 1" in huge.line()
     link = tmp_path / "elsewhere"
     link.mkdir()
     (link / contract.ATTEMPTS_FILE).symlink_to(tmp_path / contract.ATTEMPTS_FILE)

@@ -31,8 +31,7 @@ class Attempt(NamedTuple):
 
     def line(self) -> str:
         """One line for people: 'attempt 1 (restart 0) on node1,node2, 19:40:01-19:40:17 (16 s), exit 143: ...'."""
-        span = f"{time.strftime('%H:%M:%S', time.localtime(self.start))}-" \
-               f"{time.strftime('%H:%M:%S', time.localtime(self.end))} ({max(0, self.end - self.start)} s)"
+        span = f"{_clock(self.start)}-{_clock(self.end)} ({max(0, self.end - self.start)} s)"
         head = f"attempt {self.attempt + 1} (restart {self.restart}) on {','.join(self.nodes) or '?'}, {span}, " \
                f"exit {self.exit}"
         if self.fault:
@@ -50,7 +49,16 @@ def _nodes(text: str) -> Tuple[str, ...]:
 
 
 def _int(text: str) -> int:
-    return int(text) if text.isdigit() and len(text) < 19 else 0
+    """A count or a Unix time: ASCII digits only ('²'.isdigit() is true and int('²') fails), at most 11 of them
+    (a time past the year 5000 is not a job's, and time.localtime refuses some)."""
+    return int(text) if re.fullmatch(r"[0-9]{1,11}", text) else 0
+
+
+def _clock(t: int) -> str:
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return "?"
 
 
 def read(run_dir: Path) -> List[Attempt]:
