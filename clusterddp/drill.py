@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import contract
+from .backends.local.tree import end_run, ranks_of_node
 from .errors import ClusterDDPError
 from .job.spec import JobSpec
 
@@ -70,32 +71,6 @@ def _events(directory: Path) -> Dict[int, List[dict]]:
     return out
 
 
-def _ranks_of_node(root: int, node: int, per: int) -> List[int]:
-    """The processes below ``root`` that are ranks of emulated node ``node`` (RANK in its block: srun's and
-    torchrun's ranks alike are laid out node by node)."""
-    tree: Dict[int, List[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                tree.setdefault(int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(
-                    int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    found, todo = [], [root]
-    while todo:
-        for pid in tree.get(todo.pop(), []):
-            todo.append(pid)
-            try:
-                env = dict(i.split("=", 1) for i in Path(f"/proc/{pid}/environ").read_bytes().decode(
-                    errors="replace").split("\0") if "=" in i)
-            except OSError:
-                continue
-            rank = env.get("RANK", "")
-            if rank.isdigit() and int(rank) // per == node and env.get(contract.DRILL_DIR):
-                found.append(pid)
-    return found
-
-
 class Drill:
     def __init__(self, spec: JobSpec, base: Path, timeout_s: float, note: Any = print) -> None:
         if not spec.module:
@@ -126,20 +101,22 @@ class Drill:
             proc.stdin.close()
             deadline = time.monotonic() + self.timeout_s
             killed = kill_node is None
-            while proc.poll() is None:
-                if time.monotonic() > deadline:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    raise DrillError(f"the {scenario} run ({part}) did not end within {self.timeout_s:.0f} s "
-                                     f"(--run-timeout); its output: {log}")
-                if not killed and len(list(record.glob("held-rank-*"))) >= spec.world_size:
-                    # Every rank waits after the first checkpoint: the node's ranks die there, then the rest go on.
-                    victims = _ranks_of_node(proc.pid, kill_node, spec.tasks_per_node)  # type: ignore[arg-type]
-                    for pid in victims:
-                        os.kill(pid, signal.SIGKILL)
-                    killed = True
-                    hold.unlink()
-                time.sleep(0.05)
+            try:
+                while proc.poll() is None:
+                    if time.monotonic() > deadline:
+                        end_run(proc)
+                        raise DrillError(f"the {scenario} run ({part}) did not end within {self.timeout_s:.0f} s "
+                                         f"(--run-timeout); its output: {log}")
+                    if not killed and len(list(record.glob("held-rank-*"))) >= spec.world_size:
+                        # Every rank waits after the first checkpoint: the node's ranks die there, then the rest go on.
+                        for pid in ranks_of_node(proc.pid, kill_node, spec.tasks_per_node):  # type: ignore[arg-type]
+                            os.kill(pid, signal.SIGKILL)
+                        killed = True
+                        hold.unlink()
+                    time.sleep(0.05)
+            except KeyboardInterrupt:  # Ctrl-C: the run and its ranks end with the drill, never orphaned
+                end_run(proc)
+                raise
             if hold.exists():
                 hold.unlink()
                 raise DrillError(f"the {scenario} run ({part}) ended before every rank reached should_stop() after its "

@@ -162,3 +162,36 @@ def test_the_part_of_the_last_checkpoint_that_differs_is_named(tmp_path):
     unseeded = path("rng", rng=lambda r: [{**r[0], "torch": torch.Generator().manual_seed(7).get_state()}])
     assert component(same, unseeded) is None  # a generator alone is not a difference of the run
     assert component(same, unseeded, generators=True) == "torch's CPU generator"
+
+
+@ranks
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="the process tree from /proc (Linux)")
+def test_ctrl_c_on_the_drill_ends_every_process_it_started(tmp_path):
+    """Issue 41: Ctrl-C on `clusterddp drill` left its run going, orphaned (the ranks live in sessions of their
+    own). A torch-free script that never ends: the reference run's ranks are up, Ctrl-C, nothing of it is left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .procs import descendants
+
+    (tmp_path / "forever.py").write_text(
+        "import os, pathlib, sys, time\n"
+        "pathlib.Path(sys.argv[1], 'up-' + os.environ['RANK']).touch()\n"
+        "time.sleep(600)\n")
+    drill = subprocess.Popen([sys.executable, "-m", "clusterddp", "drill", "--procs-per-node", "2", "forever.py",
+                              "--", str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("up-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(list(tmp_path.glob("up-*"))) == 2, "the reference run's ranks never started"
+    started = descendants(drill.pid)
+    assert len(started) >= 3, started  # the local runner and its two ranks
+    drill.send_signal(signal.SIGINT)
+    _, err = drill.communicate(timeout=60)
+    assert drill.returncode == 130, err
+    left = [pid for pid in started if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    assert left == [], left

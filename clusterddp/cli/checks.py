@@ -93,10 +93,14 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
 
     drill = Drill(spec, base.resolve(), run_timeout, note)
     note(f"clusterddp drill: the reference run ({base}/reference/a.log) ...")
-    ref, steps = drill.reference()
-    note(f"clusterddp drill: {steps} steps; now the interruptions ...")
     only = tuple(dict.fromkeys(only)) or SCENARIOS  # each kind once, in the order given
-    verdicts = drill.scenarios(ref, steps, only)
+    try:
+        ref, steps = drill.reference()
+        note(f"clusterddp drill: {steps} steps; now the interruptions ...")
+        verdicts = drill.scenarios(ref, steps, only)
+    except KeyboardInterrupt:  # (Drill.run has ended the run in flight and its ranks)
+        note(f"clusterddp drill: stopped (Ctrl-C); every run it started has ended; its files: {base}/")
+        sys.exit(EXIT["INTERRUPTED"])
     if as_json:
         click.echo(json.dumps({"steps": steps, "scenarios": [v.as_json() for v in verdicts],
                                "only": list(only), "identical": all(v.identical for v in verdicts)}, indent=2))
