@@ -167,8 +167,8 @@ class Drill:
             return Verdict("stop", False, f"the run stopped at step {stop_at} ended with exit {a.code}: after "
                            f"should_stop() is True the script saves and returns (see {a.log})")
         b = self.run("stop", "b", self.spec)
-        return compare("stop", f"stopped at step {stop_at} (the time-limit signal) and run again", ref, [a, b],
-                       stop_at)
+        what = f"stopped at step {stop_at} (the time-limit signal) and run again"
+        return _failed("stop", what, b) or compare("stop", what, ref, [a, b], stop_at)
 
     def _kills(self, ref: Run) -> List[Verdict]:
         out = []
@@ -185,8 +185,16 @@ class Drill:
             kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
             what = (f"emulated node {node}'s ranks SIGKILLed after the first checkpoint, retried on a spare"
                     if node is not None else "every rank SIGKILLed after the first checkpoint, run again")
-            out.append(compare(name, what, ref, runs, kill))
+            out.append(_failed(name, what, runs[-1]) or compare(name, what, ref, runs, kill))
         return out
+
+
+def _failed(name: str, what: str, last: Run) -> Optional[Verdict]:
+    """The run that should have finished the job did not end well: whatever its files say, that is a FAIL (a
+    resumed run that crashes after its last checkpoint would otherwise match the reference)."""
+    if last.code == 0:
+        return None
+    return Verdict(name, False, f"{what}: the run that finishes the job ended with exit {last.code} (see {last.log})")
 
 
 def _values(runs: Sequence[Run], rank: int) -> Tuple[Dict[int, List[list]], Optional[str]]:

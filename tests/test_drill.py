@@ -54,6 +54,8 @@ def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
     ("noload", "stop", r"did not resume: started again at step 0 \(the script never calls load_latest\)"),
     ("loader", "stop", r"differs after the resume \(step (\d+)\): the checkpoint holds the loader but load_latest did "
                        r"not restore it"),
+    # issue 41: every run's exit code counts (a resumed run that crashes after its last checkpoint was a PASS)
+    ("crash-resumed", "stop", r"and run again: the run that finishes the job ended with exit 1 \(see \S+b\.log\)"),
 ])
 def test_each_mistake_is_named(tmp_path, mistake, scenario, expected):
     """Each mistake in the one scenario kind it is asserted on (``--only``: 3 runs of the script, not 5)."""

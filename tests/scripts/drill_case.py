@@ -7,6 +7,7 @@
 --mistake loader     saves the loader position but does not restore it
 --mistake nocheckpoint  never saves through the runtime's Checkpointer
 --mistake fails      raises at step 3
+--mistake crash-resumed  a resumed run raises after its last checkpoint
 Reports the mean loss of every step through runtime.all_reduce_mean; checkpoints every 3 steps and when asked to stop.
 """
 import argparse
@@ -41,7 +42,7 @@ def save(step):
     ckpt.save(step, model, opt, batches, **extra)
 
 
-step = 0
+step, state = 0, None
 if args.mistake != "noload":
     restore = (model, opt) if args.mistake == "loader" else (model, opt, batches)
     state = ckpt.load_latest(*restore)
@@ -70,3 +71,5 @@ for _epoch in range(batches.next_epoch, args.epochs):
             raise SystemExit(0)
 save(step)
 runtime.shutdown()
+if args.mistake == "crash-resumed" and state:
+    raise RuntimeError("deliberate failure after the last checkpoint of a resumed run")
