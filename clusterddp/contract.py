@@ -156,6 +156,13 @@ ATTEMPT_FIELDS = ("restart", "attempt", "start", "end", "nodes", "exit", "fault"
 #: What ``next`` says: the step ran again in this allocation, the job requeued itself without the node at fault,
 #: or the job ended (done: the step succeeded or stopped at the time limit).
 NEXT_RETRY, NEXT_REQUEUE, NEXT_END = "retry", "requeue", "end"
+#: ... or it ran again on the same nodes (an ambiguous fault; or a requeue without the node would never start).
+NEXT_IN_PLACE = "in-place"
+NEXTS = (NEXT_RETRY, NEXT_IN_PLACE, NEXT_REQUEUE, NEXT_END)
+#: The health gate of one attempt: NODE.out (its output) and NODE.ok (it passed) per node.
+HEALTH_DIR = "health/{restarts}.{attempt}"
+#: The job's partition as sinfo saw it before the supervisor's last decision (whether a requeue would still fit).
+SINFO_FILE = "health/sinfo.txt"
 #: A failed attempt's logs and reports, moved here before the next attempt starts with fresh ones.
 ATTEMPT_DIR = "attempts/{restarts}.{attempt}"
 STEP_ERR = "srun-{restarts}.{attempt}.err"  # srun's own messages of one attempt (also in the batch log)

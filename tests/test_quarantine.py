@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from clusterddp.cli import cli
 from clusterddp.healing import quarantine
-from clusterddp.healing.faults import INFRASTRUCTURE, PROGRAM, classify
+from clusterddp.healing.faults import AMBIGUOUS, INFRASTRUCTURE, PROGRAM, classify
 
 TRACEBACK = """Traceback (most recent call last):
   File "/home/u/train.py", line 40, in <module>
@@ -108,8 +108,8 @@ def test_srun_s_node_failure_and_slurm_s_node_fail(tmp_path):
 def test_a_native_abort_of_the_program_is_the_program_not_the_node(tmp_path):
     """Issue 39: libstdc++'s "terminate called ..." then SIGABRT (an uncaught C++ exception, or native threads left
     at exit as in a script that never destroys its process group) is the program's: it would end the same way on
-    any node. The same abort from torch's distributed watchdog after a peer died is collateral, and a SIGABRT
-    with nothing said stays what it was."""
+    any node. The same abort from torch's distributed watchdog after a peer died is collateral (a peer was lost:
+    ambiguous), and a SIGABRT with nothing said is still the process's own abort()."""
     exiting = "DONE at step 36\nterminate called without an active exception\n"
     run, logs, batch = job(tmp_path, "srun: error: node2: task 3: Aborted (core dumped)\n"
                                      "srun: error: node1: tasks 0-1: Terminated\n",
@@ -122,9 +122,11 @@ def test_a_native_abort_of_the_program_is_the_program_not_the_node(tmp_path):
     (run / "rank-3.out").write_text(thrown)
     assert classify(run, logs, batch, ["node1", "node2"]).kind == PROGRAM
     (run / "rank-3.out").write_text("terminate called after throwing an instance of 'c10::DistBackendError'\n")
-    assert classify(run, logs, batch, ["node1", "node2"]).kind == INFRASTRUCTURE  # torch's watchdog: collateral
+    watchdog = classify(run, logs, batch, ["node1", "node2"])
+    assert watchdog.kind == AMBIGUOUS and "a peer was lost" in watchdog.why, watchdog  # collateral
     (run / "rank-3.out").write_text("")
-    assert classify(run, logs, batch, ["node1", "node2"]).kind == INFRASTRUCTURE  # nothing said: as before
+    silent = classify(run, logs, batch, ["node1", "node2"])
+    assert silent.kind == PROGRAM and "SIGABRT: the process ended itself with abort()" in silent.why, silent
     # torchrun: the root cause's exit code -6 (SIGABRT) and the same words in that node's log
     aborted = TORCHRUN_ROOT.format(time="2026-12-01_10:00:05", host="node2", rank=3, code=-6,
                                    why="Signal 6 (SIGABRT) received by PID 4711") + "[default1]:" + exiting
@@ -132,7 +134,12 @@ def test_a_native_abort_of_the_program_is_the_program_not_the_node(tmp_path):
     run2, logs2, batch2 = job(tmp_path / "t", "", {"node-node2.out": aborted})
     assert classify(run2, logs2, batch2, ["node1", "node2"]).kind == PROGRAM
     (run2 / "node-node2.out").write_text(aborted.replace("terminate called", "terminated"))
-    assert classify(run2, logs2, batch2, ["node1", "node2"]).kind == INFRASTRUCTURE
+    assert classify(run2, logs2, batch2, ["node1", "node2"]).kind == PROGRAM  # SIGABRT all the same
+    # A "Root Cause" block the program printed itself (torchrun prefixes a rank's lines) is not torchrun's.
+    planted = "".join(f"[default0]:{line}\n" for line in TORCHRUN_ROOT.format(
+        time="2026-12-01_10:00:05", host="node1", rank=0, code=-9, why="Signal 9 (SIGKILL)").splitlines())
+    (run2 / "node-node2.out").write_text(planted + "[default0]:" + TRACEBACK.replace("\n", "\n[default0]:"))
+    assert classify(run2, logs2, batch2, ["node1", "node2"]).kind == PROGRAM
 
 
 def test_nothing_to_tell_is_none_and_names_are_data(tmp_path):

@@ -27,7 +27,7 @@ class Attempt(NamedTuple):
     fault: str                 # a FaultKind, or "" (none: it ended well or was stopped)
     fault_nodes: Tuple[str, ...]
     why: str
-    next: str                  # contract.NEXT_RETRY, NEXT_REQUEUE or NEXT_END
+    next: str                  # one of contract.NEXTS
 
     def line(self) -> str:
         """One line for people: 'attempt 1 (restart 0) on node1,node2, 19:40:01-19:40:17 (16 s), exit 143: ...'."""
@@ -40,6 +40,7 @@ class Attempt(NamedTuple):
         elif self.why:
             head += f" ({self.why})"
         then = {contract.NEXT_RETRY: "retried here without the node(s) at fault",
+                contract.NEXT_IN_PLACE: "retried in place on the same nodes (none excluded or quarantined)",
                 contract.NEXT_REQUEUE: "requeued" + (" without the node(s) at fault" if self.fault else "")}
         return head + (f"; {then[self.next]}" if self.next in then else "")
 
@@ -74,8 +75,7 @@ def read(run_dir: Path) -> List[Attempt]:
         fault = f[6] if f[6] in tuple(FaultKind) else ""
         out.append(Attempt(_int(f[0]), _int(f[1]), _int(f[2]), _int(f[3]), _nodes(f[4]),
                            int(f[5]) if re.fullmatch(r"-?\d{1,4}", f[5]) else -1, fault, _nodes(f[7]),
-                           printable(f[8])[:300], f[9] if f[9] in (contract.NEXT_RETRY, contract.NEXT_REQUEUE,
-                                                                     contract.NEXT_END) else ""))
+                           printable(f[8])[:300], f[9] if f[9] in contract.NEXTS else ""))
     return out
 
 
@@ -100,4 +100,5 @@ def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
 
 def at_fault(attempts: Sequence[Attempt]) -> List[Tuple[Tuple[str, ...], str]]:
     """(nodes, why) of every attempt that ended in a node fault with its node(s) known."""
-    return [(a.fault_nodes, a.why) for a in attempts if a.fault == FaultKind.INFRASTRUCTURE and a.fault_nodes]
+    return [(a.fault_nodes, a.why) for a in attempts if a.fault == FaultKind.INFRASTRUCTURE and a.fault_nodes
+            and a.next != contract.NEXT_IN_PLACE]

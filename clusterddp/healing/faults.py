@@ -1,14 +1,19 @@
-"""Was it the program or a node? The first failure of a job that ended, from what it left behind (the batch log's
-srun lines, torchrun's root-cause reports, the ranks' tracebacks, the hang watchdog's roll call, the rendezvous
-report), classified once:
+"""Was it the program or a node? One failed attempt's evidence, from the records it left (srun's own messages,
+torchrun's root-cause reports, the runtime's hello and exception records, the hang watchdog's roll call, the
+rendezvous report) and, for scripts without the runtime, the ranks' last tracebacks, classified once:
 
-- **infrastructure**: a rank or node killed by a signal with no Python traceback of its own, srun reporting a node
-  failure, the hang watchdog (79), a rendezvous that missed ranks (78), a transport error as the first failure;
-  with the node(s) at fault where they are known;
-- **program**: a Python exception as the first failure (it would fail again on any node).
+- **infrastructure** (node evidence): srun's node failure or Slurm's NODE_FAIL, every rank of one node killed at
+  once, the hang watchdog's odd ones out (79), a rendezvous that missed a node's ranks (78);
+- **ambiguous**: one rank ended by a signal with nothing else said (a segfault, a KILL of one rank of several):
+  retried once in place (healing/supervise.py);
+- **program**: a Python exception as the first failure, abort() (SIGABRT: the process ends itself; libstdc++'s
+  "terminate called ..."), an out-of-memory kill (it would fail again on any node);
+- **after-work**: the rank that failed had already left (its runtime's shutdown() done): the results are intact.
 
 Collateral errors of the other ranks ("connection closed by peer" after a peer died, srun ending the rest with
-SIGTERM) are never the cause. Pure over text and the run directory; log text is data (bounded, printable).
+SIGTERM, torch's distributed watchdog aborting) are never the cause. Pure over text and the run directory; log text
+is data (bounded, printable). Text the program printed is not a record: a "Root Cause" block counts only as
+torchrun's own (not a rank's prefixed line), a traceback only as the last words of its writer.
 """
 from __future__ import annotations
 
@@ -28,7 +33,9 @@ class FaultKind(str, Enum):
     """Whose fault a failed attempt was, as the batch script and attempts.tsv write it."""
 
     INFRASTRUCTURE = "infrastructure"  # a node or the network: retried without the node
+    AMBIGUOUS = "ambiguous"            # one rank ended by a signal, nothing else said: retried once in place
     PROGRAM = "program"                # the program itself: never retried
+    AFTER_WORK = "after-work"          # a rank failed after its work ended: the results are intact, not retried
     UNKNOWN = "unknown"                # nothing the job left tells one from the other
 
     __str__ = str.__str__              # written as the word, not FaultKind.X
@@ -37,6 +44,7 @@ class FaultKind(str, Enum):
 
 
 INFRASTRUCTURE = FaultKind.INFRASTRUCTURE
+AMBIGUOUS = FaultKind.AMBIGUOUS
 PROGRAM = FaultKind.PROGRAM
 
 # srun: "srun: error: node2: tasks 2-3: Killed", "srun: error: node1: task 0: Exited with exit code 1",
@@ -47,6 +55,16 @@ _SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9._-]+)")
 # to the tasks that are left: collateral, never a cause.
 _SIGNAL_WORDS = ("Killed", "Segmentation fault", "Bus error", "Aborted", "Illegal instruction", "Floating point",
                  "Hangup", "Broken pipe", "Trace/breakpoint trap")
+# Signals a process gets from its own instructions (a bad pointer, a bad opcode): never a sign that the node went
+# away, and when one comes back in place it is the program's.
+SYNCHRONOUS = ("Segmentation fault", "Bus error", "Illegal instruction", "Floating point", "Trace/breakpoint trap")
+# torchrun's negative exit codes by signal, and the names srun gives them.
+_BY_SIGNUM = {-1: "Hangup", -4: "Illegal instruction", -5: "Trace/breakpoint trap", -6: "Aborted", -7: "Bus error",
+              -8: "Floating point", -9: "Killed", -11: "Segmentation fault", -13: "Broken pipe"}
+# Slurm's own words for a task the kernel's OOM killer ended (srun: "task 2: Out Of Memory"; slurmstepd: "Detected 1
+# oom_kill event in StepId=...").
+_OOM = re.compile(r"^srun: error: ([A-Za-z0-9._-]+): tasks? ([0-9,-]+): Out Of Memory")
+_OOM_STEP = re.compile(r"^(?:slurmstepd|srun): error: Detected (\d{1,9}) oom[-_]kill event")
 # torchrun's "Root Cause (first observed failure)" block (torch/distributed/elastic/multiprocessing/errors).
 _ROOT = re.compile(r"^\s*(time|host|rank|exitcode|traceback)\s*: (.*)$")
 _MAX_LOG = 1 << 22  # a batch log read for srun lines: its last 4 MiB
@@ -61,13 +79,16 @@ _COLLATERAL_TERMINATE = re.compile(r"DistBackendError|DistNetworkError|c10d|NCCL
 
 class Fault(NamedTuple):
     kind: FaultKind
-    nodes: Tuple[str, ...]    # the node(s) at fault, where known (infrastructure)
+    nodes: Tuple[str, ...]    # the node(s) at fault, where known (infrastructure; ambiguous: where it happened)
     why: str                  # one line for people
+    signal: str = ""          # srun's word for the signal that ended the first rank ("Killed"), where one did
+    ranks: Tuple[int, ...] = ()  # the rank(s) that failed first, where known
 
     def line(self) -> str:
         at = f" on {','.join(self.nodes)}" if self.nodes else ""
-        what = "a node or the network, not the program" if self.kind == INFRASTRUCTURE else "the program"
-        return f"fault: {self.kind}{at}: {self.why} ({what})"
+        what = {INFRASTRUCTURE: "a node or the network, not the program", PROGRAM: "the program",
+                AMBIGUOUS: "a node or the program: nothing else said"}.get(self.kind, "")
+        return f"fault: {self.kind}{at}: {self.why}" + (f" ({what})" if what else "")
 
 
 def _tail(path: Path, limit: int = _MAX_LOG) -> List[str]:
@@ -94,29 +115,71 @@ def srun_first(lines: Iterable[str]) -> Optional[Tuple[str, str, str]]:
     return None
 
 
+def _signalled_on(lines: Sequence[str], node: str, word: str) -> List[int]:
+    """Every task srun saw ``node`` lose to the signal ``word``, over the whole attempt (one line or several)."""
+    tasks: List[int] = []
+    for line in lines:
+        m = _SRUN_TASKS.match(line)
+        if m and m.group(1) == node and m.group(3).startswith(word):
+            tasks.extend(_expand(m.group(2)))
+    return sorted(set(tasks))
+
+
+def out_of_memory(lines: Sequence[str]) -> Optional[Fault]:
+    """Slurm's own report of an OOM kill: the program's (it needs as much memory on any node)."""
+    for line in lines:
+        m = _OOM.match(line)
+        if m:
+            return Fault(PROGRAM, (), printable(
+                f"out of memory on {m.group(1)} (rank(s) {m.group(2)}: Slurm's OOM kill): the program, not the node; "
+                "it needs less memory per rank (a smaller batch) or more (--mem); sacct -j JOBID -o MaxRSS,ReqMem "
+                "shows how much it used"), "Out Of Memory", tuple(_expand(m.group(2))[:64]))
+    for line in lines:
+        m = _OOM_STEP.match(line)
+        if m:
+            return Fault(PROGRAM, (), printable(f"out of memory: Slurm detected {m.group(1)} OOM kill(s) in the step: "
+                                                "the program, not the node; it needs less memory per rank or more "
+                                                "(--mem)"), "Out Of Memory")
+    return None
+
+
 def torchrun_roots(paths: Iterable[Path]) -> List[dict]:
-    """Every torchrun agent's root cause ({time, host, rank, exitcode, traceback}), earliest first."""
+    """Every torchrun agent's root cause ({time, host, rank, exitcode, traceback, log, failed}), earliest first;
+    ``failed``: the exit codes of every worker of that agent its report lists. Only torchrun's own block counts: a
+    rank's lines carry torchrun's prefix ("[default0]:"), so a "Root Cause" the program prints is not one."""
     found = []
     for path in paths:
         lines = _tail(path)
         for i, line in enumerate(lines):
-            if "Root Cause (first observed failure):" not in line:
+            if "Root Cause (first observed failure):" not in line or line.startswith("[default"):
                 continue
             root: dict = {"log": path.name}
             for follow in lines[i + 1:i + 12]:
                 m = _ROOT.match(re.sub(r"^\[[^\]]*\]:?\s?", "", follow) if follow.startswith("[") else follow)
                 if m:
                     root.setdefault(m.group(1), m.group(2).strip())
+            report = lines[max(0, i - 80):i + 12]
+            head = max((j for j, t in enumerate(report) if t.strip() == "Failures:"), default=0)
+            root["failed"] = [int(m.group(1)) for t in report[head:]
+                              if (m := re.match(r"^\s*exitcode\s*: (-?\d{1,4})", t))]
             found.append(root)
     return sorted(found, key=lambda r: r.get("time", ""))
 
 
 def terminated(log: Path) -> Optional[str]:
     """libstdc++'s "terminate called ..." line in a rank's (or node's) log, when it is not collateral."""
+    said = _terminate(log)
+    return said[0] if said is not None and not said[1] else None
+
+
+def _terminate(log: Optional[Path]) -> Optional[Tuple[str, bool]]:
+    """(libstdc++'s "terminate called ..." words, whether torch's distributed watchdog said them) or None."""
+    if log is None:
+        return None
     for line in _tail(log, 1 << 20):
         m = _TERMINATE.search(line)
-        if m and not _COLLATERAL_TERMINATE.search(line):
-            return printable(m.group(0))[:200]
+        if m:
+            return printable(m.group(0))[:200], bool(_COLLATERAL_TERMINATE.search(line))
     return None
 
 
@@ -124,7 +187,8 @@ def native_abort(log: Optional[Path]) -> Optional[Fault]:
     """A program fault when ``log`` (of the rank, or node, that failed first) ends in libstdc++'s abort."""
     said = terminated(log) if log is not None else None
     return None if said is None else Fault(PROGRAM, (), printable(
-        f"{log.name if log else ''}: {said}: the program's native code ended it (abort), as it would on any node"))
+        f"{log.name if log else ''}: {said}: the program's native code ended it (abort), as it would on any node"),
+        "Aborted")
 
 
 def _exitcode(root: dict) -> Optional[int]:
@@ -132,10 +196,41 @@ def _exitcode(root: dict) -> Optional[int]:
     return int(m.group()) if m else None
 
 
+def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],
+                 per_node: int = 0, lost: Optional[int] = None) -> Fault:
+    """Rank(s) ``ranks`` on ``node`` ended by the signal srun calls ``what``, nothing else said first: whose fault.
+    abort() is the process's own act (the program's); a fault of the rank's own instructions (a segfault) and a
+    kill of fewer than all of a node's ranks are ambiguous; every rank of the node killed at once is the node.
+    ``lost``: how many of the node's ranks the signal ended (default: ``ranks``)."""
+    word = next((w for w in _SIGNAL_WORDS if what.startswith(w)), what)
+    at = printable(f"rank(s) {tasks} on {node}: {what.lower()}")
+    ranks, nodes = tuple(ranks[:64]), _clean([node])
+    if word == "Aborted":
+        for log in logs:
+            said = _terminate(log)
+            if said is not None and said[1]:
+                return Fault(AMBIGUOUS, nodes, f"{at}: torch's distributed watchdog gave up ({said[0]}): a peer was "
+                             "lost, which one is not known", word, ranks)
+            if said is not None:
+                return Fault(PROGRAM, (), printable(f"{log.name if log else ''}: {said[0]}: the program's native code "
+                                                    "ended it (abort), as it would on any node"), word, ranks)
+        return Fault(PROGRAM, (), f"{at} (SIGABRT: the process ended itself with abort(), an assertion or a native "
+                                  "library's, as it would on any node)", word, ranks)
+    if word in SYNCHRONOUS:
+        return Fault(AMBIGUOUS, nodes, f"{at} (a fault of the rank's own instructions: the program's code or the "
+                                       "node's hardware)", word, ranks)
+    lost = len(ranks) if lost is None else lost
+    if per_node and lost < per_node:
+        return Fault(AMBIGUOUS, nodes, f"{at} ({lost} of the node's {per_node} ranks, nothing else said)",
+                     word, ranks)
+    return Fault(INFRASTRUCTURE, nodes, f"{at} (a signal, no Python traceback)", word, ranks)
+
+
 def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nodes: Sequence[str] = (),
-             node_failed: bool = False) -> Optional[Fault]:
+             node_failed: bool = False, per_node: int = 0) -> Optional[Fault]:
     """The fault class of a job that failed, or None when nothing tells (then it is reported as today).
-    ``nodes``: the job's node names (to map torchrun's host names); ``node_failed``: Slurm said NODE_FAIL."""
+    ``nodes``: the job's node names (to map torchrun's host names); ``node_failed``: Slurm said NODE_FAIL;
+    ``per_node``: ranks per node (0: unknown, then any rank killed by a signal is its node's fault)."""
     run_dir = Path(run_dir)
     hang = hang_report(run_dir)
     if hang is not None:
@@ -151,10 +246,15 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         seen = {str(h.get("node")) for h in hellos.values()}
         absent = tuple(n for n in nodes if n not in seen) if hellos else ()
         return Fault(INFRASTRUCTURE, _clean(absent), rendezvous)
+    err = _tail(batch_log) if batch_log is not None else []
+    oom = out_of_memory(err)
+    if oom is not None:
+        return oom
     found = logscan.tracebacks(list(logs))
     primary = [t for t in found if not t.secondary]
-    first = srun_first(_tail(batch_log)) if batch_log is not None else None
-    roots = torchrun_roots(logs)
+    first = srun_first(err)
+    by_name = {path.name: path for path in logs}
+    roots = torchrun_roots([path for path in logs if path.name.startswith("node-")])
     if roots:
         # torchrun's times are whole seconds: a failure and its collateral can share one, and then the signal is
         # the cause (the collateral comes after it).
@@ -162,32 +262,30 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         signalled = [r for r in tied if (_exitcode(r) or 0) < 0 and _exitcode(r) != -15]
         if signalled:
             root = signalled[0]
-            by_name = {path.name: path for path in logs}
-            native = native_abort(by_name.get(root.get("log", ""))) if _exitcode(root) == -6 else None
-            if native is not None:
-                return native
-            hosts = [_short(r.get("host", ""), nodes) for r in signalled]
-            return Fault(INFRASTRUCTURE, _clean(hosts), printable(
-                f"rank {root.get('rank', '?').split()[0]} on {hosts[0]} ended by {root.get('traceback', 'a signal')}, "
-                "no Python traceback"))
+            code = _exitcode(root) or 0
+            host = _short(root.get("host", ""), nodes)
+            rank = root.get("rank", "?").split()[0]
+            lost = [c for c in root.get("failed", []) if c < 0 and c != -15]
+            fault = signal_fault(_BY_SIGNUM.get(code, "Killed"), host, rank, [int(rank)] if rank.isdigit() else [],
+                                 [by_name.get(root.get("log", ""))], per_node, max(1, len(lost)))
+            if fault.kind != INFRASTRUCTURE:
+                return fault
+            return fault._replace(why=printable(f"rank {rank} on {host} ended by {root.get('traceback', 'a signal')}"
+                                                ", no Python traceback"))
     if first is not None and first[2] != "node failure" and any(first[2].startswith(w) for w in _SIGNAL_WORDS):
         node, tasks, what = first
-        if what.startswith("Aborted"):
-            by_name = {path.name: path for path in logs}
-            for task in _expand(tasks):
-                native = native_abort(by_name.get(f"rank-{task}.out"))
-                if native is not None:
-                    return native
         if not primary or srun_is_first_for(primary, tasks):
-            return Fault(INFRASTRUCTURE, _clean([node]),
-                         printable(f"rank(s) {tasks} on {node}: {what.lower()} (a signal, no Python traceback)"))
+            word = next(w for w in _SIGNAL_WORDS if what.startswith(w))
+            ranks = _signalled_on(err, node, word)
+            return signal_fault(what, node, tasks, ranks, [by_name.get(f"rank-{r}.out") for r in ranks[:16]],
+                                per_node)
     if first is not None and first[2] == "node failure" or node_failed:
         node = first[0] if first is not None else ""
         return Fault(INFRASTRUCTURE, _clean([node] if node else []), "Slurm reported a node failure")
     if primary:
         return Fault(PROGRAM, (), printable(f"{primary[0].label}: {primary[0].last[:200]}"))
     if found:  # only collateral errors: a peer vanished without saying why
-        return Fault(INFRASTRUCTURE, (), printable(f"only errors of a lost peer ({found[0].last[:160]})"))
+        return Fault(AMBIGUOUS, (), printable(f"only errors of a lost peer ({found[0].last[:160]})"))
     return None
 
 
@@ -201,13 +299,14 @@ def hang_place(call: object) -> str:
     return printable(str(frames[0]))[:200] if isinstance(frames, list) and frames else ""
 
 
-def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str]) -> Fault:
+def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str], per_node: int = 0) -> Fault:
     """The fault of one failed attempt of the batch script's retry loop (the run directory holds only this
     attempt's logs and reports; earlier attempts' are under attempts/). A hang at the place where an earlier
-    attempt hung is the program's, not a node's."""
+    attempt hung is the program's, not a node's; a rank that failed after its runtime's shutdown() ended is
+    after-work."""
     run_dir = Path(run_dir)
     logs = sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
-    fault = classify(run_dir, logs, step_err, nodes)
+    fault = classify(run_dir, logs, step_err, nodes, per_node=per_node)
     if fault is None:
         return Fault(FaultKind.UNKNOWN, (), "nothing the job left tells a node fault from a program fault")
     hang = hang_report(run_dir)
@@ -216,7 +315,22 @@ def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str]) -> Fault:
         earlier = {hang_place(read_json(p)) for p in run_dir.glob("attempts/*/stacks/hang-*/rollcall.json")}
         if place and place in earlier:
             return Fault(PROGRAM, (), f"the same hang twice at {place}: probably the program, not a node")
-    return fault
+    return after_work(run_dir, fault)
+
+
+def after_work(run_dir: Path, fault: Fault) -> Fault:
+    """``fault`` as after-work when every rank it names had left (the runtime's shutdown() done, its hello record
+    says so) before it failed: the job's results are intact, nothing to retry."""
+    if not fault.ranks or fault.kind == FaultKind.UNKNOWN:
+        return fault
+    hellos = read_hellos(Path(run_dir))
+    if not all(hellos.get(r, {}).get("state") == "left" for r in fault.ranks):
+        return fault
+    ranks = ",".join(str(r) for r in fault.ranks)
+    on = f" on {fault.nodes[0]}" if fault.nodes else ""
+    return Fault(FaultKind.AFTER_WORK, (), f"rank {ranks}{on} {(fault.signal or 'failed').lower()} after its work "
+                                           "ended (its shutdown() was done): the job's results are intact",
+                 fault.signal, fault.ranks)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ... import contract
 from ...contract import without_parent_job
@@ -189,7 +189,7 @@ def own_run_dir(path: Path) -> None:
 
 
 def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = print,
-             note: Callable[[str], None] = print, outcome: Optional[Dict[str, int]] = None) -> int:
+             note: Callable[[str], None] = print, outcome: Optional[Dict[str, Any]] = None) -> int:
     """Run the plan to its end; returns the job's exit code (130 after Ctrl-C). ``outcome`` gets the index of the
     process that failed first and its return code ("first", "returncode")."""
     Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
@@ -225,6 +225,7 @@ def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = pr
     runner.join_output()
     if first is not None and outcome is not None:
         outcome.update(first=first, returncode=runner.popens[first].returncode)
+        outcome["codes"] = [popen.returncode for popen in runner.popens]
     if first is not None:
         from ...healing.logscan import summary, tracebacks
         from ...rollcall import runtime_failure

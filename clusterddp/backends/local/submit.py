@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ... import contract
 from ...contract import default_port
-from ...healing.faults import FaultKind, native_abort
+from ...healing.faults import Fault
 from ...job.spec import JobSpec
 from .plan import Plan, describe, make_plan, pick_port, visible_gpus
 from .run import run_plan
@@ -20,70 +21,79 @@ def node_name(emulated: int) -> str:
     return f"local{emulated}"
 
 
-def node_at_fault(plan: Plan, outcome: dict) -> Optional[int]:
-    """The attempt's node (index into the plan's nodes) at fault, as faults.py tells it on Slurm: the process that
-    failed first was ended by a signal (not our SIGTERM), or it is a torchrun agent whose earliest root cause is."""
-    import signal
-
-    from ...healing.faults import torchrun_roots
+def local_fault(plan: Plan, outcome: dict, names: Sequence[str]) -> Optional[Fault]:
+    """The evidence of a failed local attempt, as faults.py reads it on Slurm: the process that failed first was
+    ended by a signal (not our SIGTERM), or it is a torchrun agent whose earliest root cause was; how many of its
+    emulated node's ranks the signal ended. None: nothing says it was not the program (never retried)."""
+    from ...healing.faults import _BY_SIGNUM, signal_fault, torchrun_roots
 
     first, code = outcome.get("first"), outcome.get("returncode")
     if first is None or code is None:
         return None
-    proc = plan.procs[first]
+    proc, codes = plan.procs[first], outcome.get("codes") or []
+    node = names[proc.node]
     if code < 0 and code != -signal.SIGTERM:
-        return proc.node
+        lost = sum(1 for p, c in zip(plan.procs, codes) if p.node == proc.node and c is not None and c < 0
+                   and c != -signal.SIGTERM)
+        rank = proc.rank if proc.rank is not None else proc.node
+        return signal_fault(_BY_SIGNUM.get(code, "Killed"), node, str(rank), [rank], [Path(proc.log)],
+                            plan.spec.tasks_per_node, max(1, lost))
     roots = torchrun_roots([Path(proc.log)]) if plan.spec.launcher == "torchrun" else []
     exit_ = roots[0].get("exitcode", "").split()[0] if roots and roots[0].get("exitcode") else ""
     if exit_.lstrip("-").isdigit() and int(exit_) < 0 and int(exit_) != -signal.SIGTERM:
-        return proc.node
+        rank = roots[0].get("rank", "?").split()[0]
+        gone = [c for c in roots[0].get("failed", []) if c < 0 and c != -signal.SIGTERM]
+        return signal_fault(_BY_SIGNUM.get(int(exit_), "Killed"), node, rank, [int(rank)] if rank.isdigit() else [],
+                            [Path(proc.log)], plan.spec.tasks_per_node, max(1, len(gone)))
     return None
 
 
 def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
                  echo: Callable[[str], None], note: Callable[[str], None],
                  drill_env: Sequence[Tuple[str, str]] = ()) -> int:
-    """The batch script's retry loop on this machine: after a node fault (an emulated node's ranks ended by a
-    signal), the job runs again from its last checkpoint on healthy emulated nodes, a spare first."""
-    from ...healing import attempts
+    """The batch script's attempt loop on this machine, decided by the same supervisor (healing/supervise.py):
+    after a node fault (an emulated node's ranks ended by a signal) the job runs again from its last checkpoint
+    on healthy emulated nodes, a spare first; after an ambiguous one once in place. (No requeue, no health gate.)"""
+    from ...healing import attempts, supervise
+    from ...healing.faults import after_work
 
-    healthy, attempt, used = list(range(spec.alloc_nodes)), 0, 0
+    hosts = [node_name(i) for i in range(spec.alloc_nodes)]
+    policy = supervise.Policy(spec.nodes, spec.tasks_per_node, spec.retries)
+    chosen: Tuple[str, ...] = tuple(hosts[:spec.nodes])
+    bad: Tuple[str, ...] = ()
+    attempt = 0
     while True:
-        chosen = healthy[:spec.nodes]
-        plan = make_plan(spec, run_dir, port, job_id, gpus, chosen)
+        plan = make_plan(spec, run_dir, port, job_id, gpus, [hosts.index(n) for n in chosen])
         if drill_env:
             plan = dataclasses.replace(plan, common=plan.common + tuple(drill_env))
         if attempt:
-            note(f"clusterddp: attempt {attempt + 1} on {','.join(node_name(i) for i in chosen)} (MASTER_PORT {port})")
+            note(f"clusterddp: attempt {attempt + 1} on {','.join(chosen)} (MASTER_PORT {port})")
         outcome: dict = {}
         start = int(time.time())
         code = run_plan(plan, quiet, echo, note, outcome)
-        bad = node_at_fault(plan, outcome) if code not in (0, contract.EXIT["INTERRUPTED"]) else None
-        names = tuple(node_name(i) for i in chosen)
-        record = attempts.Attempt(0, attempt, start, int(time.time()), names, code, "", (), "", contract.NEXT_END)
-        native = native_abort(Path(plan.procs[outcome["first"]].log)) if bad is not None else None
-        if native is not None:  # std::terminate in the program's own native code: not the node (faults.py)
-            bad, record = None, record._replace(fault=native.kind, why=native.why)
-            note(f"clusterddp: {native.line()}")
-        if bad is not None:
-            record = record._replace(fault=FaultKind.INFRASTRUCTURE, fault_nodes=(names[bad],),
-                                     why=f"{plan.procs[outcome['first']].label} ended by a signal, no Python traceback")
-        again = bad is not None and used < spec.retries and len(healthy) > spec.nodes
+        fault = local_fault(plan, outcome, chosen) if code not in (0, contract.EXIT["INTERRUPTED"]) else None
+        record = attempts.Attempt(0, attempt, start, int(time.time()), chosen, code, "", (), "", contract.NEXT_END)
+        if fault is None:
+            if spec.retries or spec.spare_nodes:
+                attempts.append(Path(run_dir), record)
+            return code
+        fault = after_work(Path(run_dir), fault)
+        note(f"clusterddp: attempt {attempt + 1} failed: {fault.line()}")
+        action = supervise.after_failure(fault, history=attempts.read(Path(run_dir)), policy=policy, hosts=hosts,
+                                         bad=bad, ran_on=chosen, restart=0, room=None, exit_code=code)
+        judged = action.fault or fault
+        record = record._replace(fault=judged.kind, fault_nodes=judged.nodes, why=judged.why, next=action.next)
         if spec.retries or spec.spare_nodes:
-            attempts.append(Path(run_dir), record._replace(next=contract.NEXT_RETRY if again else contract.NEXT_END))
-        if not again or bad is None:
-            if bad is not None:
-                why = (f"{used} of --retries {spec.retries} used" if used >= spec.retries
-                       else "no healthy emulated node left (--spare-nodes adds some)")
-                note(f"clusterddp: not retried: {why}")
+            attempts.append(Path(run_dir), record)
+        for line in action.say:
+            note(line.replace("no healthy node is left in this allocation", "no healthy emulated node is left"))
+        picked = supervise.choose(hosts, action.bad, spec.nodes)
+        if action.act not in (supervise.Act.GATE, supervise.Act.RUN) or picked is None:
             return code
         kept = attempts.set_aside(Path(run_dir), 0, attempt)
-        healthy.remove(chosen[bad])
-        used, attempt = used + 1, attempt + 1
+        note(f"clusterddp: the failed attempt's logs: {kept}/")
+        chosen, bad, attempt = picked, action.bad, attempt + 1
         port = pick_port(port + 1)
-        note(f"clusterddp: {record.line()}")
-        note(f"clusterddp: the failed attempt's logs: {kept}/; retrying without {names[bad]} (retry {used} of "
-             f"{spec.retries}), from the last checkpoint")
 
 
 def _where(spec: JobSpec) -> Tuple[str, int, int, List[str]]:

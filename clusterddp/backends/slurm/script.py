@@ -156,6 +156,15 @@ def _trials(spec: JobSpec) -> List[Dict[str, Any]]:
              "record": q(json.dumps(t.record(sweep.name), sort_keys=True))} for t in sweep.trials]
 
 
+def supervisor_options(spec: JobSpec) -> List[str]:
+    """The job's policy for ``python -m clusterddp.healing next`` (healing/supervise.py's Policy)."""
+    words = ["--nodes", str(spec.nodes), "--per-node", str(spec.tasks_per_node), "--retries", str(spec.retries),
+             "--max-requeues", str(spec.max_requeues)]
+    words += ["--requeues"] if spec.requeues else []
+    words += ["--gate"] if spec.retries and (spec.health_check or spec.spare_nodes) else []
+    return words + (["--exclude", ",".join(spec.exclude)] if spec.exclude else [])
+
+
 def context(spec: JobSpec) -> Dict[str, Any]:
     """Everything the templates lay out, computed here (templates do no arithmetic on user values).
 
@@ -193,9 +202,9 @@ def context(spec: JobSpec) -> Dict[str, Any]:
                  '--nodelist="$CLUSTERDDP_STEP_NODES"'),
         # The health gate's hook: shell code by design (the user wrote it), one word here, run by bash -c there.
         "health_check": q(spec.health_check or ""),
-        "gate_always": bool(spec.health_check or spec.spare_nodes),
-        # A job requeued after a node fault keeps the nodes it excluded at submission out too.
-        "exclude_suffix": q("," + ",".join(spec.exclude)) if spec.exclude else "",
+        # The supervisor's policy (python -m clusterddp.healing next): the spec's numbers, as words; a job requeued
+        # after a node fault keeps the nodes it excluded at submission out too.
+        "supervisor": _words(supervisor_options(spec)),
         # Containers: pyxis/enroot options go to srun; apptainer prefixes the command each task runs.
         "container_srun": (f"--container-image={q(spec.container_image)} --container-mounts=\"$PWD\" "
                            f"--container-workdir=\"$PWD\" " if spec.container_image else ""),

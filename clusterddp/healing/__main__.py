@@ -1,0 +1,164 @@
+"""``python -m clusterddp.healing next PHASE ...``: what the batch script asks its supervisor (supervise.py) at each
+turn of its attempt loop (templates/base.sh.j2), and the records it keeps (attempts.tsv, the set-aside logs).
+
+Phases: ``start`` (before the first attempt), ``gated`` (after a health gate), ``ended`` (after an attempt). The
+answer, on stdout, is four lines (lines, not tabs: `read` merges tabs around an empty field): the action (gate, run,
+requeue, end), its nodes (comma-separated), the nodes given no rank from now on, the exit code. Everything for people
+goes to stderr (the batch log). A failure here is the script's to report: it ends the job, never retries blindly.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from .. import contract
+from ..datafiles import read_bounded
+from ..hostlist import expand, is_node_name
+from ..rollcall import printable, runtime_failure
+from . import attempts, faults, supervise
+from .supervise import Act, Action, Policy
+
+_MAX_HOSTS = 1 << 16
+
+
+def _nodes(text: str) -> List[str]:
+    """A comma-separated list of node names from the script (Slurm's own): names only, as data."""
+    return [n for n in text.split(",")[:_MAX_HOSTS] if n and is_node_name(n)]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m clusterddp.healing next")
+    p.add_argument("phase", choices=("start", "gated", "ended"))
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--hosts", required=True, help="the allocation's nodes, in order")
+    p.add_argument("--bad", default="", help="nodes given no rank so far")
+    p.add_argument("--restart", type=int, default=0)
+    p.add_argument("--attempt", type=int, default=0)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--per-node", type=int, default=1)
+    p.add_argument("--retries", type=int, default=0)
+    p.add_argument("--max-requeues", type=int, default=0)
+    p.add_argument("--requeues", action="store_true")
+    p.add_argument("--gate", action="store_true")
+    p.add_argument("--exclude", default="", help="nodes excluded at submission (Slurm host lists)")
+    p.add_argument("--partition", default="")
+    p.add_argument("--status", type=int, default=0)
+    p.add_argument("--signal", default="")
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--ran-on", default="")
+    return p
+
+
+def _room(args: argparse.Namespace) -> Optional[supervise.Room]:
+    raw = read_bounded(Path(args.run_dir) / contract.SINFO_FILE)
+    return supervise.parse_room(args.partition, None if raw is None else raw.decode("utf-8", "replace"))
+
+
+def _record(args: argparse.Namespace, status: int, fault: Optional[faults.Fault], nxt: str, why: str = "",
+            ran_on: Sequence[str] = (), start: int = 0) -> None:
+    a = attempts.Attempt(args.restart, args.attempt, start or int(time.time()), int(time.time()), tuple(ran_on),
+                         status, str(fault.kind) if fault else "", fault.nodes if fault else (),
+                         fault.why if fault else why, nxt)
+    attempts.append(Path(args.run_dir), a)
+
+
+def _gated(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List[str],
+           history: Sequence[attempts.Attempt]) -> Action:
+    """Read the health gate's verdicts (a NODE.ok file per node that passed; its output in NODE.out)."""
+    gate = Path(args.run_dir) / contract.HEALTH_DIR.format(restarts=args.restart, attempt=args.attempt)
+    failed = []
+    for host in (h for h in hosts if h not in bad):
+        if (gate / f"{host}.ok").is_file():
+            continue
+        raw = read_bounded(gate / f"{host}.out", 1 << 16)
+        said = " ".join(raw.decode("utf-8", "replace").splitlines()[-2:]) if raw else ""
+        print(printable(f"clusterddp: health gate: {host} gets no rank: {said}")[:400], file=sys.stderr)
+        failed.append(host)
+    action = supervise.after_gate(failed, history=history, policy=policy, hosts=hosts, bad=bad,
+                                  restart=args.restart, room=_room(args))
+    if action.act != Act.RUN:
+        _record(args, contract.EXIT["RUNTIME"], action.fault, action.next)
+    return action
+
+
+def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List[str],
+           history: Sequence[attempts.Attempt]) -> Action:
+    run_dir, status, ran_on = Path(args.run_dir), args.status, _nodes(args.ran_on)
+    # What the ranks' control thread found (a hang's roll call, or ranks that never arrived), this restart's, only
+    # for a step that failed: the ranks' exit status decides, a file in the run directory only explains it.
+    if status != 0 and ((run_dir / contract.HANG_DIR.format(restarts=args.restart) / "rollcall.txt").is_file()
+                        or (run_dir / contract.RENDEZVOUS_REPORT.format(restarts=args.restart)).is_file()):
+        said = runtime_failure(run_dir)
+        if said is not None:
+            status = said[0]
+            print(said[1], file=sys.stderr)
+    record = dict(ran_on=ran_on, start=args.start)
+    if args.signal == "USR2":
+        if args.restart >= policy.max_requeues:
+            _record(args, status, None, contract.NEXT_END, "time limit", **record)
+            print(f"clusterddp: requeue limit reached ({args.restart} of {policy.max_requeues} requeues used): the job "
+                  "ends here with its last checkpoint; submit it again to continue", file=sys.stderr)
+            return Action(Act.END, (), tuple(bad), contract.EXIT["REQUEUE_LIMIT"])
+        _record(args, status, None, contract.NEXT_REQUEUE, "time limit", **record)
+        return Action(Act.REQUEUE, (), tuple(bad))
+    if args.signal or status == 0 or not policy.retries:
+        if args.signal == "TERM":
+            print("clusterddp: terminated (preempted or cancelled): not requeueing here; the last checkpoint is kept",
+                  file=sys.stderr)
+        _record(args, status, None, contract.NEXT_END, f"SIG{args.signal}" if args.signal else "", **record)
+        return Action(Act.END, (), tuple(bad), status)
+    step_err = run_dir / contract.STEP_ERR.format(restarts=args.restart, attempt=args.attempt)
+    fault = faults.attempt(run_dir, step_err, ran_on, policy.per_node)
+    print(f"clusterddp: attempt {args.attempt + 1} failed: {fault.line()}", file=sys.stderr)
+    action = supervise.after_failure(fault, history=history, policy=policy, hosts=hosts, bad=bad, ran_on=ran_on,
+                                     restart=args.restart, room=_room(args), exit_code=status)
+    _record(args, status, action.fault, action.next, **record)
+    if action.act in (Act.GATE, Act.RUN):
+        # This attempt's logs and reports move aside: the next one starts with fresh ones (and its fault report
+        # reads only its own).
+        kept = attempts.set_aside(run_dir, args.restart, args.attempt)
+        print(f"clusterddp: the failed attempt's logs and reports: {kept}/", file=sys.stderr)
+    return action
+
+
+def main(argv: Sequence[str]) -> int:
+    if not argv or argv[0] != "next":
+        print("usage: python -m clusterddp.healing next {start,gated,ended} ...", file=sys.stderr)
+        return 2
+    args = _parser().parse_args(argv[1:])
+    exclude = []
+    for word in args.exclude.split(",")[:_MAX_HOSTS] if args.exclude else []:
+        try:
+            exclude.extend(expand(word)[:_MAX_HOSTS])
+        except ValueError:  # (checked at submission: a host list Slurm took)
+            exclude.append(word)
+    policy = Policy(args.nodes, args.per_node, args.retries, args.requeues, args.max_requeues, args.gate,
+                    tuple(n for n in exclude if is_node_name(n)))
+    hosts = list(dict.fromkeys(_nodes(args.hosts)))
+    bad = _nodes(args.bad)
+    history = attempts.read(Path(args.run_dir))
+    if args.phase == "start":
+        chosen = supervise.choose(hosts, bad, policy.nodes)
+        if policy.gate:
+            action = Action(Act.GATE, tuple(h for h in hosts if h not in bad), tuple(bad))
+        elif chosen is not None:
+            action = Action(Act.RUN, chosen, tuple(bad))
+        else:
+            action = Action(Act.END, (), tuple(bad), contract.EXIT["RUNTIME"],
+                            (f"clusterddp: the allocation has {len(hosts)} node(s), the job needs {policy.nodes}",))
+    elif args.phase == "gated":
+        action = _gated(args, policy, hosts, bad, history)
+    else:
+        action = _ended(args, policy, hosts, bad, history)
+    for line in action.say:
+        print(line, file=sys.stderr)
+    print(f"{action.act}\n{','.join(action.nodes)}\n{','.join(action.bad)}\n{action.exit}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main([re.sub(r"[\r\n]", " ", a) for a in sys.argv[1:]]))

@@ -1,0 +1,198 @@
+"""The one supervisor of a job's attempts: after an attempt (or a health gate), what comes next, and the sentence
+that says why. The batch script asks it (``python -m clusterddp.healing next``) and the local backend calls it; both
+only carry out its answer. Pure: evidence and counts in, an Action out.
+
+Policy from evidence (faults.py): a node's fault -> again without the node (a spare of the allocation first, then a
+requeue that excludes it, never one that leaves too few nodes to run: then in place when the gate passes the node,
+else end with the numbers); ambiguous -> once in place on the same nodes (no exclusion); the same again on the same
+node -> that node's fault, unless the rank's own instructions faulted again (a segfault in place: the program's);
+on another node -> the program's; the program's, after-work, unknown -> end.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import FrozenSet, Iterable, NamedTuple, Optional, Sequence, Tuple
+
+from .. import contract
+from .attempts import Attempt
+from .faults import SYNCHRONOUS, Fault, FaultKind
+
+
+class Act(str, Enum):
+    GATE = "gate"          # run the health gate on these nodes, then ask again
+    RUN = "run"            # run the step on these nodes
+    REQUEUE = "requeue"    # requeue the job excluding these nodes (none: as it was)
+    END = "end"            # the job ends with this exit code
+
+    __str__ = str.__str__
+
+
+class Policy(NamedTuple):
+    """What the job asked for (fixed for the job): the spec's numbers, as the script renders them."""
+    nodes: int
+    per_node: int = 1
+    retries: int = 0
+    requeues: bool = False
+    max_requeues: int = 0
+    gate: bool = False                 # a health gate before every attempt (--health-check, spares)
+    exclude: Tuple[str, ...] = ()      # excluded at submission (a requeue keeps them out)
+
+
+class Room(NamedTuple):
+    """The job's partition as sinfo described it when the attempt ended."""
+    partition: str
+    usable: Tuple[str, ...]            # nodes in a state that can run the job (idle, mixed, allocated, ...)
+
+
+class Action(NamedTuple):
+    act: Act
+    nodes: Tuple[str, ...] = ()        # gate/run: these nodes; requeue: excluding these
+    bad: Tuple[str, ...] = ()          # nodes of this allocation given no rank from now on
+    exit: int = 0                      # end: the job's exit code
+    say: Tuple[str, ...] = ()          # lines for the batch log
+    next: str = contract.NEXT_END      # what the attempt's record says came next
+    fault: Optional[Fault] = None      # the fault as finally judged (a repeat can change it)
+
+
+def choose(hosts: Sequence[str], bad: Iterable[str], n: int) -> Optional[Tuple[str, ...]]:
+    """The first ``n`` hosts of the allocation not at fault, or None when too few are left."""
+    out = tuple(h for h in hosts if h not in set(bad))[:n]
+    return out if len(out) == n else None
+
+
+def retries_used(history: Sequence[Attempt]) -> int:
+    """Retries spent after faults (in this allocation or through a requeue), in every restart of the job."""
+    return sum(1 for a in history if a.fault in (FaultKind.INFRASTRUCTURE, FaultKind.AMBIGUOUS)
+               and a.next in (contract.NEXT_RETRY, contract.NEXT_IN_PLACE, contract.NEXT_REQUEUE))
+
+
+def requeued_without(history: Sequence[Attempt]) -> FrozenSet[str]:
+    """Nodes earlier requeues of this job left out after a fault."""
+    return frozenset(n for a in history if a.next == contract.NEXT_REQUEUE and a.fault for n in a.fault_nodes)
+
+
+def _end(fault: Fault, exit_code: int, bad: Sequence[str], *say: str) -> Action:
+    return Action(Act.END, (), tuple(bad), exit_code, tuple(say), contract.NEXT_END, fault)
+
+
+def _gate(hosts: Sequence[str], bad: Sequence[str], fault: Fault, nxt: str, say: Tuple[str, ...]) -> Action:
+    """Retry: the health gate on every node of the allocation not at fault, then the first healthy ones run."""
+    return Action(Act.GATE, tuple(h for h in hosts if h not in set(bad)), tuple(bad), 0, say, nxt, fault)
+
+
+def after_failure(fault: Fault, *, history: Sequence[Attempt], policy: Policy, hosts: Sequence[str],
+                  bad: Sequence[str], ran_on: Sequence[str], restart: int, room: Optional[Room],
+                  exit_code: int) -> Action:
+    """What follows a failed attempt whose evidence is ``fault`` (``history``: the job's earlier attempts)."""
+    kind = fault.kind
+    if kind == FaultKind.PROGRAM:
+        return _end(fault, exit_code, bad, "clusterddp: not retried: the program's fault (it would fail again on "
+                                           "any node)")
+    if kind == FaultKind.AFTER_WORK:
+        return _end(fault, exit_code, bad, "clusterddp: not retried: the work had ended; no node is blamed")
+    if kind == FaultKind.UNKNOWN:
+        return _end(fault, exit_code, bad, "clusterddp: not retried: nothing the job left tells a node fault from "
+                                           "a program fault")
+    used = retries_used(history)
+    if used >= policy.retries:
+        return _end(fault, exit_code, bad, f"clusterddp: not retried: {used} of --retries {policy.retries} used")
+    if kind == FaultKind.AMBIGUOUS:
+        prev = history[-1] if history else None
+        if prev is None or prev.fault != FaultKind.AMBIGUOUS or prev.next != contract.NEXT_IN_PLACE:
+            where = ",".join(ran_on)
+            return _gate(hosts, bad, fault, contract.NEXT_IN_PLACE,
+                         (f"clusterddp: retrying once in place on {where} (retry {used + 1} of {policy.retries}; "
+                           "no node excluded, none quarantined), from the last checkpoint",))
+        again = sorted(set(prev.fault_nodes) & set(fault.nodes))
+        if not again:
+            was = ",".join(prev.fault_nodes) or "one node"
+            judged = fault._replace(kind=FaultKind.PROGRAM, nodes=(), why=f"{fault.why}; the same after a retry in "
+                                    f"place, first on {was}, now on {','.join(fault.nodes) or 'another'}: the program")
+            return _end(judged, exit_code, bad, "clusterddp: not retried: the same failure on another node is the "
+                                                "program's")
+        if fault.signal in SYNCHRONOUS:
+            judged = fault._replace(kind=FaultKind.PROGRAM, nodes=(), why=f"{fault.why}; again in place: the "
+                                    "program's own crash (a node fault would not repeat it)")
+            return _end(judged, exit_code, bad, "clusterddp: not retried: the same crash again in place is the "
+                                                "program's")
+        fault = fault._replace(kind=FaultKind.INFRASTRUCTURE, nodes=tuple(again),
+                               why=f"{fault.why}; again on {','.join(again)} after a retry in place: the node")
+    if not fault.nodes:
+        return _end(fault, exit_code, bad, "clusterddp: not retried: the node at fault is not known")
+    without = tuple(sorted(set(bad) | set(fault.nodes)))
+    chosen = choose(hosts, without, policy.nodes)
+    if chosen is not None:
+        return _gate(hosts, without, fault, contract.NEXT_RETRY,
+                     (f"clusterddp: retrying on {','.join(chosen)} without {','.join(fault.nodes)} (retry {used + 1} "
+                      f"of {policy.retries}), from the last checkpoint",))
+    return leave(fault, history=history, policy=policy, hosts=hosts, bad=without, ran_on=ran_on, restart=restart,
+                 room=room, exit_code=exit_code, in_place=True)
+
+
+def leave(fault: Fault, *, history: Sequence[Attempt], policy: Policy, hosts: Sequence[str], bad: Sequence[str],
+          ran_on: Sequence[str], restart: int, room: Optional[Room], exit_code: int, in_place: bool) -> Action:
+    """Too few healthy nodes left in this allocation: requeue without the nodes at fault when the partition still
+    has room for the job; else (``in_place``) once more on the same nodes, if the health gate passes them; else
+    end, with the numbers."""
+    if not policy.requeues:
+        return _end(fault, exit_code, bad, "clusterddp: not retried: no healthy node is left in this allocation "
+                                           "(--spare-nodes adds some) and requeue is off (--time or --requeue turns "
+                                           "it on)")
+    if restart >= policy.max_requeues:
+        return _end(fault, exit_code, bad, "clusterddp: not retried: no healthy node is left in this allocation and "
+                                           f"the requeue limit is reached ({restart} of --max-requeues "
+                                           f"{policy.max_requeues})")
+    excluded = tuple(sorted(requeued_without(history) | set(fault.nodes) | set(policy.exclude)))
+    if room is None:
+        return _end(fault, exit_code, bad, f"clusterddp: not requeued without {','.join(fault.nodes)}: sinfo could "
+                                           "not describe the job's partition, so whether the job would still fit "
+                                           "is not known (a job that cannot fit waits forever); the last "
+                                           "checkpoint is kept")
+    left = [n for n in room.usable if n not in set(excluded)]
+    if len(left) >= policy.nodes:
+        return Action(Act.REQUEUE, excluded, tuple(bad), 0, (), contract.NEXT_REQUEUE, fault)
+    numbers = (f"partition {room.partition} has {len(room.usable)} usable node(s); without "
+               f"{','.join(excluded)}, {len(left)} {'is' if len(left) == 1 else 'are'} left; the job needs "
+               f"{policy.nodes}")
+    if in_place and ran_on and set(fault.nodes) <= set(hosts):
+        return _gate(hosts, sorted(set(bad) - set(fault.nodes)), fault, contract.NEXT_IN_PLACE,
+                     (f"clusterddp: {numbers}: retrying in place on {','.join(ran_on)} if the health gate passes "
+                      f"{','.join(fault.nodes)} (a requeue without it would wait forever)",))
+    return _end(fault, exit_code, bad, f"clusterddp: not requeued: {numbers} (a requeue without it would wait "
+                                       "forever); the last checkpoint is kept")
+
+
+def after_gate(failed: Sequence[str], *, history: Sequence[Attempt], policy: Policy, hosts: Sequence[str],
+               bad: Sequence[str], restart: int, room: Optional[Room]) -> Action:
+    """After a health gate (``failed``: the nodes it failed): run on the first nodes not at fault, or (too few
+    passed) requeue without them, or end."""
+    without = tuple(sorted(set(bad) | set(failed)))
+    chosen = choose(hosts, without, policy.nodes)
+    if chosen is not None:
+        return Action(Act.RUN, chosen, without)
+    fault = Fault(FaultKind.INFRASTRUCTURE, without, "health gate")
+    say = (f"clusterddp: fewer than {policy.nodes} healthy node(s) left in this allocation (not: "
+           f"{','.join(without)})",)
+    action = leave(fault, history=history, policy=policy, hosts=hosts, bad=without, ran_on=(), restart=restart,
+                   room=room, exit_code=contract.EXIT["RUNTIME"], in_place=False)
+    return action._replace(say=say + action.say)
+
+
+def parse_room(partition: str, text: Optional[str]) -> Optional[Room]:
+    """sinfo's ``--Node --format='%N %t'`` lines for the job's partition as a Room; None when it said nothing."""
+    if text is None:
+        return None
+    usable, seen = [], 0
+    for line in text.splitlines()[:100000]:
+        words = line.split()
+        if len(words) < 2:
+            continue
+        seen += 1
+        state = words[1]
+        # '*': not responding; '~' '%' '!': powered (or powering) down; '$' '@' '^': maintenance or reboot.
+        if state.rstrip("*~#!%$@^-") in _USABLE and not any(c in state for c in "*~%!$@^"):
+            usable.append(words[0])
+    return Room(partition, tuple(dict.fromkeys(usable))) if seen else None
+
+
+_USABLE = ("idle", "mix", "mixed", "alloc", "allocated", "comp", "completing", "plnd", "planned", "resv", "reserved")
