@@ -5,6 +5,7 @@ cluster in test_self_healing.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -52,11 +53,13 @@ def test_spares_are_asked_of_slurm_and_each_attempt_runs_on_nodes_of_its_own():
     assert "#SBATCH --nodes=3" in text.splitlines()
     # The step takes 2 of the 3 nodes, by name, with its own task count (srun would take the job's 6 otherwise).
     assert 'srun --nodes=2 --ntasks=4 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=2 ' in text
-    # Requeued after a fault: the nodes at fault and the ones excluded at submission, as one shell word each.
-    assert """sed 's/,$//')"',gpu7,gpu[01-02]'""" in text
+    # The supervisor's policy, the nodes excluded at submission as one shell word (a requeue keeps them out).
+    assert ("--nodes 2 --per-node 2 --retries 2 --max-requeues 3 --requeues --gate --exclude 'gpu7,gpu[01-02]')"
+            in text)
     assert "ExcNodeList=\"$1\" NumNodes=2-3" in text
     plain = render(JobSpec("train.py", nodes=2, gpus_per_node=2, retries=0))
-    assert "#SBATCH --nodes=2" in plain.splitlines() and "clusterddp_retry" not in plain
+    assert "#SBATCH --nodes=2" in plain.splitlines() and "clusterddp_gate" not in plain
+    assert "--retries 0 --max-requeues" in plain and "--gate" not in plain
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
@@ -74,12 +77,24 @@ def test_explain_and_dry_run_show_the_spares(project):
     assert "health gate: before every attempt, " in explained.output and "Pending Page Blacklist" in explained.output
 
 
+def supervisor(run: Path, phase: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m clusterddp.healing next PHASE`` as the batch script asks it (a 2-node job with 2 ranks each, 2
+    retries, requeue on, a 3-node allocation)."""
+    return subprocess.run([sys.executable, "-m", "clusterddp.healing", "next", phase, "--run-dir", str(run),
+                           "--hosts", "node1,node2,node3", "--nodes", "2", "--per-node", "2", "--retries", "2",
+                           "--max-requeues", "3", "--requeues", *args], capture_output=True, text=True, timeout=60)
+
+
 def fault_report(run: Path, err: str, nodes: str = "node1,node2") -> list:
-    (run / "srun.err").write_text(err)
-    proc = subprocess.run([sys.executable, "-m", "clusterddp.healing.faults", str(run), str(run / "srun.err"), nodes],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.count("\n") == 3, proc.stderr
-    return proc.stdout.split("\n")[:3]
+    """One failed attempt's fault as the supervisor records it: [kind, nodes, why] (in a copy of ``run``: a retry
+    moves the attempt's logs aside)."""
+    copy = run.parent / f"copy-{len(list(run.parent.glob('copy-*')))}"
+    shutil.copytree(run, copy)
+    (copy / contract.STEP_ERR.format(restarts=0, attempt=0)).write_text(err)
+    proc = supervisor(copy, "ended", "--status", "1", "--ran-on", nodes)
+    assert proc.returncode == 0 and proc.stdout.count("\n") == 4, proc.stderr
+    (last,) = attempts.read(copy)[-1:]
+    return [last.fault, ",".join(last.fault_nodes), last.why]
 
 
 def test_one_attempt_s_fault_as_the_batch_script_reads_it(tmp_path):

@@ -67,7 +67,7 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     first, second = attempts.read(run_dir)
     assert first.nodes == ("local0", "local1") and first.fault_nodes == ("local1",) and first.next == "retry"
     assert second.nodes == ("local0", "local2") and second.exit == 0 and second.next == "end"
-    assert "retrying without local1 (retry 1 of 2), from the last checkpoint" in err, err
+    assert "clusterddp: retrying on local0,local2 without local1 (retry 1 of 2), from the last checkpoint" in err, err
     assert f"RESUME from step {EVERY}" in out
     assert (run_dir / "attempts" / "0.0").is_dir()
 
@@ -78,7 +78,7 @@ def test_without_a_spare_a_killed_emulated_node_ends_the_job(tmp_path):
     assert code != 0
     (only,) = attempts.read(run_dir)
     assert only.fault_nodes == ("local1",) and only.next == "end", only
-    assert "clusterddp: not retried: no healthy emulated node left (--spare-nodes adds some)" in err, err
+    assert "clusterddp: not retried: no healthy emulated node is left (--spare-nodes adds some)" in err, err
 
 
 def test_a_native_abort_after_the_work_is_the_program_and_never_moves_the_job(tmp_path):

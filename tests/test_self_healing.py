@@ -169,3 +169,62 @@ def test_a_node_that_fails_the_health_hook_gets_no_rank_and_a_spare_is_used(work
     assert "clusterddp: health gate: node2 gets no rank: node2: ECC errors --health-check exited with 3" in batch
     assert "health gate: node1" not in batch and "health gate: node3" not in batch
     assert identical(work / "run.pt", reference)
+
+
+NEWEST = pytest.mark.slurm_releases("26.05")
+
+
+def _no_quarantine(err: str, work: Path) -> None:
+    assert "quarantined" not in err, err
+    assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined")
+
+
+@NEWEST
+def test_with_no_node_to_spare_a_node_fault_is_retried_in_place_never_stranded(work, reference):
+    """Issue 39: partition `pair` has node1 and node2 only. Both ranks of node2 killed: a requeue without node2
+    would wait forever (BadConstraints), so the supervisor says so with the numbers, the health gate passes node2,
+    and the job completes in place, bit-identical; node2 is not quarantined."""
+    job = subprocess.Popen(
+        [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--partition", "pair", "--nodes", "2",
+         "--gpus", "2", "--time", "10", "--wait", *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kill_node2_after(work / "run.log", EVERY + 3)
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err
+    job_id = out.split()[0]
+    same_as_reference(work, reference)
+    first, second = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
+    assert (first.fault, first.fault_nodes, first.next) == ("infrastructure", ("node2",), "in-place"), first
+    assert (second.restart, second.nodes, second.exit, second.next) == (0, ("node1", "node2"), 0, "end"), second
+    batch = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
+    assert ("clusterddp: partition pair has 2 usable node(s); without node2, 1 is left; the job needs 2: retrying in "
+            "place on node1,node2 if the health gate passes node2") in batch, batch
+    assert "retried in place on the same nodes (none excluded or quarantined)" in err, err
+    _no_quarantine(err, work)
+
+
+@NEWEST
+def test_one_rank_killed_with_nothing_said_is_retried_once_in_place(work, reference):
+    """Issue 39's ambiguous tier: one of node2's two ranks killed (an OOM killer, a stray kill: not the node gone)
+    is retried once on the same nodes, though a spare is there; no node excluded or quarantined."""
+    job = subprocess.Popen(
+        [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
+         "--gpus", "2", "--time", "10", "--wait", *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 150
+    while len(steps(work / "run.log")) < EVERY + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    victims = sorted(_rank_pids("node2", "resumable.py"))
+    assert len(victims) == 2, victims
+    os.kill(victims[-1], signal.SIGKILL)
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err
+    job_id = out.split()[0]
+    same_as_reference(work, reference)
+    first, second = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
+    assert (first.fault, first.fault_nodes, first.next) == ("ambiguous", ("node2",), "in-place"), first
+    assert "1 of the node's 2 ranks, nothing else said" in first.why, first
+    assert second.nodes == ("node1", "node2") and second.exit == 0, second
+    assert "clusterddp: retrying once in place on node1,node2 (retry 1 of 2; no node excluded, none quarantined)" in (
+        (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text())
+    _no_quarantine(err, work)

@@ -130,6 +130,15 @@ def main(argv: Sequence[str]) -> int:
         print("usage: python -m clusterddp.healing next {start,gated,ended} ...", file=sys.stderr)
         return 2
     args = _parser().parse_args(argv[1:])
+    try:
+        return _next(args)
+    except Exception as exc:  # one line for the batch log; the script ends the job (nothing retried blindly)
+        print(printable(f"clusterddp: the supervisor failed: {type(exc).__name__}: {exc}")[:500], file=sys.stderr)
+        return 1
+
+
+def _next(args: argparse.Namespace) -> int:
+    """Decide, print the answer."""
     exclude = []
     for word in args.exclude.split(",")[:_MAX_HOSTS] if args.exclude else []:
         try:

@@ -88,10 +88,15 @@ def append(run_dir: Path, a: Attempt) -> None:
 
 
 def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
-    """A failed attempt's logs and reports moved to attempts/RESTART.ATTEMPT/ (as the batch script does)."""
+    """A failed attempt's logs and reports moved to attempts/RESTART.ATTEMPT/ (a fresh directory: one left there
+    before is never merged into)."""
     run = Path(run_dir)
-    to = run / contract.ATTEMPT_DIR.format(restarts=restart, attempt=attempt)
-    to.mkdir(parents=True, exist_ok=True)
+    to = base = run / contract.ATTEMPT_DIR.format(restarts=restart, attempt=attempt)
+    n = 0
+    while to.exists() or to.is_symlink():
+        n += 1
+        to = base.with_name(f"{base.name}-{n}")
+    to.mkdir(parents=True)
     for path in sorted(run.glob("rank-*.out")) + sorted(run.glob("node-*.out")) + [run / "stacks", run / "torchrun"]:
         if path.exists() and not path.is_symlink():
             path.rename(to / path.name)

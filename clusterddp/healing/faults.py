@@ -17,16 +17,31 @@ torchrun's own (not a rank's prefixed line), a traceback only as the last words 
 """
 from __future__ import annotations
 
-import re
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..datafiles import read_json, read_tail
+from ..datafiles import read_json
 from ..hostlist import is_node_name
 from ..rollcall import hang_report, printable, read_hellos, rendezvous_failure
 from . import logscan
+from .launchers import (
+    BY_SIGNUM,
+    OOM,
+    OOM_STEP,
+    SIGNAL_WORDS,
+    SYNCHRONOUS,
+    exitcode,
+    expand,
+    short,
+    signalled_on,
+    srun_first,
+    srun_is_first_for,
+    tail,
+    terminate_words,
+    terminated,
+    torchrun_roots,
+)
 
 
 class FaultKind(str, Enum):
@@ -47,36 +62,6 @@ INFRASTRUCTURE = FaultKind.INFRASTRUCTURE
 AMBIGUOUS = FaultKind.AMBIGUOUS
 PROGRAM = FaultKind.PROGRAM
 
-# srun: "srun: error: node2: tasks 2-3: Killed", "srun: error: node1: task 0: Exited with exit code 1",
-# "srun: error: Node failure on node2" (slurm/src/srun/.../step_launch.c and srun_job.c).
-_SRUN_TASKS = re.compile(r"^srun: error: ([A-Za-z0-9._-]+): tasks? ([0-9,-]+): (.+)$")
-_SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9._-]+)")
-# What srun (and the shell) call the signals that end a process. Terminated (SIGTERM) is what ending a step sends
-# to the tasks that are left: collateral, never a cause.
-_SIGNAL_WORDS = ("Killed", "Segmentation fault", "Bus error", "Aborted", "Illegal instruction", "Floating point",
-                 "Hangup", "Broken pipe", "Trace/breakpoint trap")
-# Signals a process gets from its own instructions (a bad pointer, a bad opcode): never a sign that the node went
-# away, and when one comes back in place it is the program's.
-SYNCHRONOUS = ("Segmentation fault", "Bus error", "Illegal instruction", "Floating point", "Trace/breakpoint trap")
-# torchrun's negative exit codes by signal, and the names srun gives them.
-_BY_SIGNUM = {-1: "Hangup", -4: "Illegal instruction", -5: "Trace/breakpoint trap", -6: "Aborted", -7: "Bus error",
-              -8: "Floating point", -9: "Killed", -11: "Segmentation fault", -13: "Broken pipe"}
-# Slurm's own words for a task the kernel's OOM killer ended (srun: "task 2: Out Of Memory"; slurmstepd: "Detected 1
-# oom_kill event in StepId=...").
-_OOM = re.compile(r"^srun: error: ([A-Za-z0-9._-]+): tasks? ([0-9,-]+): Out Of Memory")
-_OOM_STEP = re.compile(r"^(?:slurmstepd|srun): error: Detected (\d{1,9}) oom[-_]kill event")
-# torchrun's "Root Cause (first observed failure)" block (torch/distributed/elastic/multiprocessing/errors).
-_ROOT = re.compile(r"^\s*(time|host|rank|exitcode|traceback)\s*: (.*)$")
-_MAX_LOG = 1 << 22  # a batch log read for srun lines: its last 4 MiB
-# libstdc++'s last words before abort(): a C++ exception nothing caught, or std::terminate (native threads left
-# running at exit, as in a script that never destroys its process group). The program's own native code: it would
-# end the same way on any node. Not when the exception is torch's distributed error: a watchdog thread that lost a
-# peer (collateral of another rank's fault).
-_TERMINATE = re.compile(r"terminate called (after throwing an instance of '[^']{1,200}'|without an active "
-                        r"exception|recursively)")
-_COLLATERAL_TERMINATE = re.compile(r"DistBackendError|DistNetworkError|c10d|NCCL|Gloo", re.IGNORECASE)
-
-
 class Fault(NamedTuple):
     kind: FaultKind
     nodes: Tuple[str, ...]    # the node(s) at fault, where known (infrastructure; ambiguous: where it happened)
@@ -91,95 +76,21 @@ class Fault(NamedTuple):
         return f"fault: {self.kind}{at}: {self.why}" + (f" ({what})" if what else "")
 
 
-def _tail(path: Path, limit: int = _MAX_LOG) -> List[str]:
-    """The last ``limit`` bytes of a log as lines: a regular file, never through a link (logs are data)."""
-    raw = read_tail(path, limit)
-    return [] if raw is None else raw.decode("utf-8", "replace").splitlines()
-
-
-def _short(host: str, nodes: Sequence[str]) -> str:
-    """torchrun's host is the FQDN; Slurm names the node by its short name."""
-    short = host.split(".", 1)[0]
-    return short if short in nodes or not nodes else (host if host in nodes else short)
-
-
-def srun_first(lines: Iterable[str]) -> Optional[Tuple[str, str, str]]:
-    """The first failure srun saw, as (node, tasks, what): lines come in the order srun learned of them."""
-    for line in lines:
-        m = _SRUN_NODE_FAIL.match(line)
-        if m:
-            return m.group(1), "", "node failure"
-        m = _SRUN_TASKS.match(line)
-        if m and not m.group(3).startswith("Terminated"):
-            return m.group(1), m.group(2), m.group(3).strip()
-    return None
-
-
-def _signalled_on(lines: Sequence[str], node: str, word: str) -> List[int]:
-    """Every task srun saw ``node`` lose to the signal ``word``, over the whole attempt (one line or several)."""
-    tasks: List[int] = []
-    for line in lines:
-        m = _SRUN_TASKS.match(line)
-        if m and m.group(1) == node and m.group(3).startswith(word):
-            tasks.extend(_expand(m.group(2)))
-    return sorted(set(tasks))
-
-
 def out_of_memory(lines: Sequence[str]) -> Optional[Fault]:
     """Slurm's own report of an OOM kill: the program's (it needs as much memory on any node)."""
     for line in lines:
-        m = _OOM.match(line)
+        m = OOM.match(line)
         if m:
             return Fault(PROGRAM, (), printable(
                 f"out of memory on {m.group(1)} (rank(s) {m.group(2)}: Slurm's OOM kill): the program, not the node; "
                 "it needs less memory per rank (a smaller batch) or more (--mem); sacct -j JOBID -o MaxRSS,ReqMem "
-                "shows how much it used"), "Out Of Memory", tuple(_expand(m.group(2))[:64]))
+                "shows how much it used"), "Out Of Memory", tuple(expand(m.group(2))[:64]))
     for line in lines:
-        m = _OOM_STEP.match(line)
+        m = OOM_STEP.match(line)
         if m:
             return Fault(PROGRAM, (), printable(f"out of memory: Slurm detected {m.group(1)} OOM kill(s) in the step: "
                                                 "the program, not the node; it needs less memory per rank or more "
                                                 "(--mem)"), "Out Of Memory")
-    return None
-
-
-def torchrun_roots(paths: Iterable[Path]) -> List[dict]:
-    """Every torchrun agent's root cause ({time, host, rank, exitcode, traceback, log, failed}), earliest first;
-    ``failed``: the exit codes of every worker of that agent its report lists. Only torchrun's own block counts: a
-    rank's lines carry torchrun's prefix ("[default0]:"), so a "Root Cause" the program prints is not one."""
-    found = []
-    for path in paths:
-        lines = _tail(path)
-        for i, line in enumerate(lines):
-            if "Root Cause (first observed failure):" not in line or line.startswith("[default"):
-                continue
-            root: dict = {"log": path.name}
-            for follow in lines[i + 1:i + 12]:
-                m = _ROOT.match(re.sub(r"^\[[^\]]*\]:?\s?", "", follow) if follow.startswith("[") else follow)
-                if m:
-                    root.setdefault(m.group(1), m.group(2).strip())
-            report = lines[max(0, i - 80):i + 12]
-            head = max((j for j, t in enumerate(report) if t.strip() == "Failures:"), default=0)
-            root["failed"] = [int(m.group(1)) for t in report[head:]
-                              if (m := re.match(r"^\s*exitcode\s*: (-?\d{1,4})", t))]
-            found.append(root)
-    return sorted(found, key=lambda r: r.get("time", ""))
-
-
-def terminated(log: Path) -> Optional[str]:
-    """libstdc++'s "terminate called ..." line in a rank's (or node's) log, when it is not collateral."""
-    said = _terminate(log)
-    return said[0] if said is not None and not said[1] else None
-
-
-def _terminate(log: Optional[Path]) -> Optional[Tuple[str, bool]]:
-    """(libstdc++'s "terminate called ..." words, whether torch's distributed watchdog said them) or None."""
-    if log is None:
-        return None
-    for line in _tail(log, 1 << 20):
-        m = _TERMINATE.search(line)
-        if m:
-            return printable(m.group(0))[:200], bool(_COLLATERAL_TERMINATE.search(line))
     return None
 
 
@@ -191,23 +102,18 @@ def native_abort(log: Optional[Path]) -> Optional[Fault]:
         "Aborted")
 
 
-def _exitcode(root: dict) -> Optional[int]:
-    m = re.match(r"-?\d+", root.get("exitcode", ""))
-    return int(m.group()) if m else None
-
-
 def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],
                  per_node: int = 0, lost: Optional[int] = None) -> Fault:
     """Rank(s) ``ranks`` on ``node`` ended by the signal srun calls ``what``, nothing else said first: whose fault.
     abort() is the process's own act (the program's); a fault of the rank's own instructions (a segfault) and a
     kill of fewer than all of a node's ranks are ambiguous; every rank of the node killed at once is the node.
     ``lost``: how many of the node's ranks the signal ended (default: ``ranks``)."""
-    word = next((w for w in _SIGNAL_WORDS if what.startswith(w)), what)
+    word = next((w for w in SIGNAL_WORDS if what.startswith(w)), what)
     at = printable(f"rank(s) {tasks} on {node}: {what.lower()}")
     ranks, nodes = tuple(ranks[:64]), _clean([node])
     if word == "Aborted":
         for log in logs:
-            said = _terminate(log)
+            said = terminate_words(log)
             if said is not None and said[1]:
                 return Fault(AMBIGUOUS, nodes, f"{at}: torch's distributed watchdog gave up ({said[0]}): a peer was "
                              "lost, which one is not known", word, ranks)
@@ -224,6 +130,25 @@ def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: S
         return Fault(AMBIGUOUS, nodes, f"{at} ({lost} of the node's {per_node} ranks, nothing else said)",
                      word, ranks)
     return Fault(INFRASTRUCTURE, nodes, f"{at} (a signal, no Python traceback)", word, ranks)
+
+
+def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, per_node: int) -> Optional[Fault]:
+    """torchrun's earliest root cause, when a signal ended it. Its times are whole seconds: a failure and its
+    collateral can share one, and then the signal is the cause (the collateral comes after it)."""
+    tied = [r for r in roots if r.get("time", "") == roots[0].get("time", "")]
+    signalled = [r for r in tied if (exitcode(r) or 0) < 0 and exitcode(r) != -15]
+    if not signalled:
+        return None
+    root = signalled[0]
+    host, rank = short(root.get("host", ""), nodes), root.get("rank", "?").split()[0]
+    lost = [c for c in root.get("failed", []) if c < 0 and c != -15]
+    fault = signal_fault(BY_SIGNUM.get(exitcode(root) or 0, "Killed"), host, rank,
+                         [int(rank)] if rank.isdigit() else [], [by_name.get(root.get("log", ""))], per_node,
+                         max(1, len(lost)))
+    if fault.kind != INFRASTRUCTURE:
+        return fault
+    return fault._replace(why=printable(f"rank {rank} on {host} ended by {root.get('traceback', 'a signal')}, "
+                                        "no Python traceback"))
 
 
 def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nodes: Sequence[str] = (),
@@ -246,7 +171,7 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         seen = {str(h.get("node")) for h in hellos.values()}
         absent = tuple(n for n in nodes if n not in seen) if hellos else ()
         return Fault(INFRASTRUCTURE, _clean(absent), rendezvous)
-    err = _tail(batch_log) if batch_log is not None else []
+    err = tail(batch_log) if batch_log is not None else []
     oom = out_of_memory(err)
     if oom is not None:
         return oom
@@ -255,28 +180,14 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     first = srun_first(err)
     by_name = {path.name: path for path in logs}
     roots = torchrun_roots([path for path in logs if path.name.startswith("node-")])
-    if roots:
-        # torchrun's times are whole seconds: a failure and its collateral can share one, and then the signal is
-        # the cause (the collateral comes after it).
-        tied = [r for r in roots if r.get("time", "") == roots[0].get("time", "")]
-        signalled = [r for r in tied if (_exitcode(r) or 0) < 0 and _exitcode(r) != -15]
-        if signalled:
-            root = signalled[0]
-            code = _exitcode(root) or 0
-            host = _short(root.get("host", ""), nodes)
-            rank = root.get("rank", "?").split()[0]
-            lost = [c for c in root.get("failed", []) if c < 0 and c != -15]
-            fault = signal_fault(_BY_SIGNUM.get(code, "Killed"), host, rank, [int(rank)] if rank.isdigit() else [],
-                                 [by_name.get(root.get("log", ""))], per_node, max(1, len(lost)))
-            if fault.kind != INFRASTRUCTURE:
-                return fault
-            return fault._replace(why=printable(f"rank {rank} on {host} ended by {root.get('traceback', 'a signal')}"
-                                                ", no Python traceback"))
-    if first is not None and first[2] != "node failure" and any(first[2].startswith(w) for w in _SIGNAL_WORDS):
+    fault = _torchrun_fault(roots, nodes, by_name, per_node) if roots else None
+    if fault is not None:
+        return fault
+    if first is not None and first[2] != "node failure" and any(first[2].startswith(w) for w in SIGNAL_WORDS):
         node, tasks, what = first
         if not primary or srun_is_first_for(primary, tasks):
-            word = next(w for w in _SIGNAL_WORDS if what.startswith(w))
-            ranks = _signalled_on(err, node, word)
+            word = next(w for w in SIGNAL_WORDS if what.startswith(w))
+            ranks = signalled_on(err, node, word)
             return signal_fault(what, node, tasks, ranks, [by_name.get(f"rank-{r}.out") for r in ranks[:16]],
                                 per_node)
     if first is not None and first[2] == "node failure" or node_failed:
@@ -333,43 +244,7 @@ def after_work(run_dir: Path, fault: Fault) -> Fault:
                  fault.signal, fault.ranks)
 
 
-def main(argv: Sequence[str]) -> int:
-    """``python -m clusterddp.healing.faults RUN_DIR STEP_ERR NODES``: one attempt's fault for the batch script
-    (templates/base.sh.j2) as three lines: kind, the nodes at fault comma-separated (maybe empty), why. (Lines,
-    not tabs: `read` merges the tabs around an empty field, tab being white space to it.)"""
-    if len(argv) != 3:
-        print("usage: python -m clusterddp.healing.faults RUN_DIR STEP_ERR NODE[,NODE...]", file=sys.stderr)
-        return 2
-    fault = attempt(Path(argv[0]), Path(argv[1]), [n for n in argv[2].split(",") if n])
-    why = re.sub(r"[\t\r\n]+", " ", fault.why)
-    print(f"{fault.kind}\n{','.join(fault.nodes)}\n{why}")
-    return 0
-
-
-def srun_is_first_for(primary: Sequence[logscan.Traceback], tasks: str) -> bool:
-    """A traceback exists, but the first task srun saw end was killed by a signal: the traceback is the other
-    tasks' (they raised once their peer was gone), unless it is one of the killed tasks' own."""
-    killed = set(_expand(tasks))
-    own = {int(m.group(1)) for t in primary if (m := re.search(r"rank-(\d+)\.out", t.label))}
-    return not (own & killed)
-
-
-def _expand(ranges: str) -> List[int]:
-    """srun's '2-3,7' -> [2, 3, 7], bounded (log text is data: '0-999999999' is not a job's)."""
-    out: List[int] = []
-    for part in ranges.split(",")[:1024]:
-        lo, _, hi = part.partition("-")
-        if lo.isdigit() and (not hi or hi.isdigit()):
-            out.extend(range(int(lo), min(int(hi or lo), int(lo) + (1 << 17)) + 1))
-        if len(out) > 1 << 17:
-            break
-    return out
-
-
 def _clean(nodes: Iterable[str]) -> Tuple[str, ...]:
     """Node names as data: only hostname characters (they may reach an #SBATCH --exclude line)."""
     return tuple(sorted({n for n in nodes if n and is_node_name(n)}))
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -36,6 +36,7 @@ class Policy(NamedTuple):
     max_requeues: int = 0
     gate: bool = False                 # a health gate before every attempt (--health-check, spares)
     exclude: Tuple[str, ...] = ()      # excluded at submission (a requeue keeps them out)
+    local: bool = False                # the local backend's emulated nodes (no Slurm, no requeue)
 
 
 class Room(NamedTuple):
@@ -134,6 +135,9 @@ def leave(fault: Fault, *, history: Sequence[Attempt], policy: Policy, hosts: Se
     """Too few healthy nodes left in this allocation: requeue without the nodes at fault when the partition still
     has room for the job; else (``in_place``) once more on the same nodes, if the health gate passes them; else
     end, with the numbers."""
+    if policy.local:
+        return _end(fault, exit_code, bad, "clusterddp: not retried: no healthy emulated node is left (--spare-nodes "
+                                           "adds some)")
     if not policy.requeues:
         return _end(fault, exit_code, bad, "clusterddp: not retried: no healthy node is left in this allocation "
                                            "(--spare-nodes adds some) and requeue is off (--time or --requeue turns "

@@ -115,45 +115,34 @@ mkdir -p -- "$RUN_DIR/nccl-trace"
 echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 8 (2 x 4), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
 
-# Attempts. After a node fault (clusterddp.healing.faults tells one from a program fault: a rank killed with no traceback
-# of its own, a lost node, a hang, ranks that never arrived) the job step runs again from the last checkpoint on
-# 2 node(s) of the allocation without the node(s) at fault: at most 2 time(s) in all (--retries),
-# on a spare while one is left (--spare-nodes 0), else the job requeues itself with those nodes excluded.
-# A Python exception is never retried: it would fail again anywhere.
+# Attempts. What comes next is the supervisor's decision (clusterddp/healing/supervise.py, asked through
+# `python -m clusterddp.healing next`: a health gate, run on these nodes, requeue without those, or end, with the
+# reason in this log and in $RUN_DIR/attempts.tsv); this shell only carries it out. After a node fault the step runs
+# again from the last checkpoint without the node (2 retries at most: --retries; a spare first: --spare-nodes 0),
+# after an ambiguous one once in place; a fault of the program is never retried.
 CLUSTERDDP_ATTEMPT=0
 CLUSTERDDP_SIGNAL="${CLUSTERDDP_SIGNAL:-}"
-CLUSTERDDP_BAD=" "
-CLUSTERDDP_STEP_NODES=""
-clusterddp_choose() {
-    # The first 2 node(s) of the allocation not at fault (host names are data: read, never globbed).
-    local host n=0
-    CLUSTERDDP_STEP_NODES=""
-    while IFS= read -r host; do
-        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
-        CLUSTERDDP_STEP_NODES="${CLUSTERDDP_STEP_NODES:+$CLUSTERDDP_STEP_NODES,}$host"
-        n=$((n + 1))
-        [ "$n" -lt 2 ] || return 0
-    done <<<"$CLUSTERDDP_HOSTS"
-    return 1
-}
-clusterddp_record() {
-    # One line per attempt in $RUN_DIR/attempts.tsv (clusterddp status JOBID shows them): exit, fault, nodes at
-    # fault, why, what came next.
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$CLUSTERDDP_RESTARTS" "$CLUSTERDDP_ATTEMPT" "$CLUSTERDDP_START" \
-        "$(date +%s)" "$CLUSTERDDP_RAN_ON" "$1" "$2" "$3" "$4" "$5" >>"$RUN_DIR/attempts.tsv"
+CLUSTERDDP_BAD=""
+CLUSTERDDP_STATUS=1
+clusterddp_next() {  # PHASE [OPTION...]: the answer in CLUSTERDDP_DO, _STEP_NODES, _BAD and _STATUS
+    local out
+    out="$(python3 -m clusterddp.healing next "$@" --run-dir "$RUN_DIR" \
+        --hosts "${CLUSTERDDP_HOSTS//$'\n'/,}" --bad "$CLUSTERDDP_BAD" --restart "$CLUSTERDDP_RESTARTS" \
+        --attempt "$CLUSTERDDP_ATTEMPT" --partition "${SLURM_JOB_PARTITION:-}" --nodes 2 --per-node 4 --retries 2 --max-requeues 3)" || {
+        echo "clusterddp: the supervisor (python -m clusterddp.healing next $1) failed where the batch script runs: the job ends here, nothing is retried; its logs are in $RUN_DIR" >&2
+        out=$'end\n\n\n'"$CLUSTERDDP_STATUS"
+    }
+    { IFS= read -r CLUSTERDDP_DO; IFS= read -r CLUSTERDDP_STEP_NODES; IFS= read -r CLUSTERDDP_BAD; IFS= read -r CLUSTERDDP_STATUS; } <<<"$out" || true
+    case "$CLUSTERDDP_STATUS" in ''|*[!0-9]*) CLUSTERDDP_STATUS=1 ;; esac
 }
 clusterddp_gate() {
-    # The health gate: one task on every node of the allocation not at fault; a node whose check fails, or that
-    # says nothing within 120 s, gets no rank in this attempt (its output: the gate's directory).
-    local host candidates="" n=0 dir="$RUN_DIR/health/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT"
-    while IFS= read -r host; do
-        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
-        candidates="${candidates:+$candidates,}$host"
-        n=$((n + 1))
-    done <<<"$CLUSTERDDP_HOSTS"
-    [ "$n" -gt 0 ] || return 0
+    # The health gate: one task on each of these nodes; a node whose check fails, or that says nothing within
+    # 120 s, gets no rank (the supervisor reads NODE.ok and NODE.out in the gate's directory).
+    local dir="$RUN_DIR/health/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT" n
     mkdir -p -- "$dir"
-    timeout 120 srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --nodelist="$candidates" --kill-on-bad-exit=0 \
+    [ -n "$CLUSTERDDP_STEP_NODES" ] || return 0
+    n=$(( $(tr -cd , <<<"$CLUSTERDDP_STEP_NODES" | wc -c) + 1 ))
+    timeout 120 srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --nodelist="$CLUSTERDDP_STEP_NODES" --kill-on-bad-exit=0 \
         --output="${dir//%/%%}/%N.out" \
         bash --norc -c 'node="${SLURMD_NODENAME:-$(hostname -s)}"
 touch -- "$1/$node.probe" && rm -f -- "$1/$node.probe" || { echo "the run directory is not writable from $node"; exit 1; }
@@ -165,60 +154,18 @@ if [ -n "$2" ]; then
     bash --norc -c "$2" || { echo "--health-check exited with $?"; exit 1; }
 fi
 touch -- "$1/$node.ok"' clusterddp-health "$dir" '' >/dev/null 2>&1 || true
-    while IFS= read -r host; do
-        case "$CLUSTERDDP_BAD" in *" $host "*) continue ;; esac
-        [ ! -f "$dir/$host.ok" ] || continue
-        echo "clusterddp: health gate: $host gets no rank: $(tail -n 2 -- "$dir/$host.out" 2>/dev/null | tr '\n' ' ' | cut -c1-300)" >&2
-        CLUSTERDDP_BAD="$CLUSTERDDP_BAD$host "
-    done <<<"$CLUSTERDDP_HOSTS"
 }
-clusterddp_retry() {
-    # After a failed attempt: 0 = run again here; else requeue (does not return) or 1 = the job ends.
-    local used fault kind nodes why to f
-    used="$(awk -F'\t' '$7 == "infrastructure" && ($10 == "retry" || $10 == "requeue") { n++ } END { print n + 0 }' \
-        "$RUN_DIR/attempts.tsv" 2>/dev/null || echo 0)"
-    fault="$(python3 -m clusterddp.healing.faults "$RUN_DIR" "$CLUSTERDDP_STEP_ERR" "$CLUSTERDDP_STEP_NODES" 2>/dev/null)" ||
-        fault="$(printf 'unknown\n\nno fault report (clusterddp.healing.faults failed with %s where the batch script runs)' python3)"
-    { IFS= read -r kind; IFS= read -r nodes; IFS= read -r why; } <<<"$fault" || true
-    echo "clusterddp: attempt $((CLUSTERDDP_ATTEMPT + 1)) failed: fault: $kind${nodes:+ on $nodes}: $why" >&2
-    if [ "$kind" != infrastructure ]; then
-        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
-        return 1
-    elif [ -z "$nodes" ]; then
-        echo "clusterddp: not retried: the node at fault is not known" >&2
-        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "" "$why" end
-        return 1
-    elif [ "$used" -ge 2 ]; then
-        echo "clusterddp: not retried: $used of --retries 2 used" >&2
-        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
-        return 1
-    fi
-    CLUSTERDDP_BAD="$CLUSTERDDP_BAD${nodes//,/ } "
-    # This attempt's logs and reports move aside: the next attempt starts with fresh ones (and the fault report
-    # of the next attempt reads only its own).
-    to="$RUN_DIR/attempts/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT"
-    mkdir -p -- "$to"
-    for f in "$RUN_DIR"/rank-*.out "$RUN_DIR"/node-*.out "$RUN_DIR/stacks"; do
-        [ ! -e "$f" ] || mv -- "$f" "$to/"
-    done
-    echo "clusterddp: the failed attempt's logs and reports: $to/" >&2
-    if [ -z "$CLUSTERDDP_SIGNAL" ] && clusterddp_choose; then
-        clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" retry
-        echo "clusterddp: retrying on $CLUSTERDDP_STEP_NODES without $nodes (retry $((used + 1)) of 2), from the last checkpoint" >&2
-        return 0
-    fi
-    echo "clusterddp: not retried: no healthy node is left in this allocation (--spare-nodes adds some) and requeue is off (--time or --requeue turns it on)" >&2
-    clusterddp_record "$CLUSTERDDP_STATUS" "$kind" "$nodes" "$why" end
-    return 1
+clusterddp_room() {  # the job's partition, for the supervisor's check that a requeue without a node still fits
+    :
 }
 
+clusterddp_next start
 while :; do
-    [ "$CLUSTERDDP_ATTEMPT" -eq 0 ] || clusterddp_gate
-    if ! clusterddp_choose; then
-        echo "clusterddp: fewer than 2 healthy node(s) left in this allocation (not:$CLUSTERDDP_BAD)" >&2
-        CLUSTERDDP_STATUS=1
-        break
-    fi
+    case "$CLUSTERDDP_DO" in
+        run) ;;
+        gate) clusterddp_gate; clusterddp_room; clusterddp_next gated; continue ;;
+        *) break ;;
+    esac
     if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ]; then
         # The rendezvous moves with the nodes; a new port (the old one may be held by a lost rank), checked free
         # on the node where it will listen.
@@ -230,7 +177,6 @@ while :; do
     fi
     [ "$CLUSTERDDP_ATTEMPT" -eq 0 ] || echo "clusterddp: attempt $((CLUSTERDDP_ATTEMPT + 1)) on $CLUSTERDDP_STEP_NODES: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
     CLUSTERDDP_START="$(date +%s)"
-    CLUSTERDDP_RAN_ON="$CLUSTERDDP_STEP_NODES"
     # srun's own messages of this attempt also go to a file of their own, for its fault report.
     CLUSTERDDP_STEP_ERR="$RUN_DIR/srun-$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT.err"
     exec {CLUSTERDDP_ERR_FD}>&2 2> >(tee -a -- "$CLUSTERDDP_STEP_ERR" >&2)
@@ -257,25 +203,10 @@ CLUSTERDDP_SRUN_PID=$!
         kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null || break
         sleep 0.1
     done
-    # What the ranks' control thread found (clusterddp.runtime): a hang's roll call, or ranks that never arrived.
-    # Only for a step that failed: the ranks' exit status decides, a file in the run directory only explains it.
-    if [ "$CLUSTERDDP_STATUS" -eq 0 ]; then
-        :
-    elif [ -f "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" ]; then
-        echo "clusterddp: the hang watchdog ended the job: no rank advanced for $CLUSTERDDP_HANG_TIMEOUT s. Roll call:" >&2
-        cat -- "$RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/rollcall.txt" >&2
-        echo "clusterddp: every rank's stacks: $RUN_DIR/stacks/hang-$CLUSTERDDP_RESTARTS/" >&2
-        CLUSTERDDP_STATUS=79
-    elif [ -f "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt" ]; then
-        echo "clusterddp: $(cat -- "$RUN_DIR/stacks/rendezvous-$CLUSTERDDP_RESTARTS.txt")" >&2
-        CLUSTERDDP_STATUS=78
-    fi
-    if [ "$CLUSTERDDP_STATUS" -eq 0 ] || [ -n "$CLUSTERDDP_SIGNAL" ]; then
-        clusterddp_record "$CLUSTERDDP_STATUS" "" "" "${CLUSTERDDP_SIGNAL:+SIG$CLUSTERDDP_SIGNAL}" end
-        break
-    fi
-    clusterddp_retry || break
-    CLUSTERDDP_ATTEMPT=$((CLUSTERDDP_ATTEMPT + 1))
+    [ "$CLUSTERDDP_STATUS" -eq 0 ] || clusterddp_room
+    clusterddp_next ended --status "$CLUSTERDDP_STATUS" --signal "$CLUSTERDDP_SIGNAL" --start "$CLUSTERDDP_START" \
+        --ran-on "$CLUSTERDDP_STEP_NODES"
+    case "$CLUSTERDDP_DO" in gate|run) CLUSTERDDP_ATTEMPT=$((CLUSTERDDP_ATTEMPT + 1)) ;; esac
 done
 if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
     echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2

@@ -179,6 +179,8 @@ MessageTimeout=20
 GresTypes=gpu
 $(node_lines)
 PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
+# pair: two nodes and none to spare (a requeue without one of them could never start: tests/test_self_healing.py)
+PartitionName=pair Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=INFINITE State=UP
 EOF
     cat >"$DIR/gres.conf" <<EOF
 AutoDetect=off

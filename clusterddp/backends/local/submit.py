@@ -25,7 +25,8 @@ def local_fault(plan: Plan, outcome: dict, names: Sequence[str]) -> Optional[Fau
     """The evidence of a failed local attempt, as faults.py reads it on Slurm: the process that failed first was
     ended by a signal (not our SIGTERM), or it is a torchrun agent whose earliest root cause was; how many of its
     emulated node's ranks the signal ended. None: nothing says it was not the program (never retried)."""
-    from ...healing.faults import _BY_SIGNUM, signal_fault, torchrun_roots
+    from ...healing.faults import signal_fault
+    from ...healing.launchers import BY_SIGNUM, torchrun_roots
 
     first, code = outcome.get("first"), outcome.get("returncode")
     if first is None or code is None:
@@ -36,14 +37,14 @@ def local_fault(plan: Plan, outcome: dict, names: Sequence[str]) -> Optional[Fau
         lost = sum(1 for p, c in zip(plan.procs, codes) if p.node == proc.node and c is not None and c < 0
                    and c != -signal.SIGTERM)
         rank = proc.rank if proc.rank is not None else proc.node
-        return signal_fault(_BY_SIGNUM.get(code, "Killed"), node, str(rank), [rank], [Path(proc.log)],
+        return signal_fault(BY_SIGNUM.get(code, "Killed"), node, str(rank), [rank], [Path(proc.log)],
                             plan.spec.tasks_per_node, max(1, lost))
     roots = torchrun_roots([Path(proc.log)]) if plan.spec.launcher == "torchrun" else []
     exit_ = roots[0].get("exitcode", "").split()[0] if roots and roots[0].get("exitcode") else ""
     if exit_.lstrip("-").isdigit() and int(exit_) < 0 and int(exit_) != -signal.SIGTERM:
         rank = roots[0].get("rank", "?").split()[0]
         gone = [c for c in roots[0].get("failed", []) if c < 0 and c != -signal.SIGTERM]
-        return signal_fault(_BY_SIGNUM.get(int(exit_), "Killed"), node, rank, [int(rank)] if rank.isdigit() else [],
+        return signal_fault(BY_SIGNUM.get(int(exit_), "Killed"), node, rank, [int(rank)] if rank.isdigit() else [],
                             [Path(proc.log)], plan.spec.tasks_per_node, max(1, len(gone)))
     return None
 
@@ -58,7 +59,7 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
     from ...healing.faults import after_work
 
     hosts = [node_name(i) for i in range(spec.alloc_nodes)]
-    policy = supervise.Policy(spec.nodes, spec.tasks_per_node, spec.retries)
+    policy = supervise.Policy(spec.nodes, spec.tasks_per_node, spec.retries, local=True)
     chosen: Tuple[str, ...] = tuple(hosts[:spec.nodes])
     bad: Tuple[str, ...] = ()
     attempt = 0
@@ -86,7 +87,7 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
         if spec.retries or spec.spare_nodes:
             attempts.append(Path(run_dir), record)
         for line in action.say:
-            note(line.replace("no healthy node is left in this allocation", "no healthy emulated node is left"))
+            note(line)
         picked = supervise.choose(hosts, action.bad, spec.nodes)
         if action.act not in (supervise.Act.GATE, supervise.Act.RUN) or picked is None:
             return code

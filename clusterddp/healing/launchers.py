@@ -1,0 +1,141 @@
+"""What srun and torchrun themselves say about an attempt that failed (their own lines, not the program's): srun's
+task and node failures in its stderr, torchrun's root-cause report, libstdc++'s last words. Pure over text; log
+text is data (bounded, printable)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from ..datafiles import read_tail
+from ..rollcall import printable
+from . import logscan
+
+# srun: "srun: error: node2: tasks 2-3: Killed", "srun: error: node1: task 0: Exited with exit code 1",
+# "srun: error: Node failure on node2" (slurm/src/srun/.../step_launch.c and srun_job.c).
+SRUN_TASKS = re.compile(r"^srun: error: ([A-Za-z0-9._-]+): tasks? ([0-9,-]+): (.+)$")
+SRUN_NODE_FAIL = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9._-]+)")
+# What srun (and the shell) call the signals that end a process. Terminated (SIGTERM) is what ending a step sends
+# to the tasks that are left: collateral, never a cause.
+SIGNAL_WORDS = ("Killed", "Segmentation fault", "Bus error", "Aborted", "Illegal instruction", "Floating point",
+                "Hangup", "Broken pipe", "Trace/breakpoint trap")
+# Signals a process gets from its own instructions (a bad pointer, a bad opcode): never a sign that the node went
+# away, and when one comes back in place it is the program's.
+SYNCHRONOUS = ("Segmentation fault", "Bus error", "Illegal instruction", "Floating point", "Trace/breakpoint trap")
+# torchrun's negative exit codes by signal, and the names srun gives them.
+BY_SIGNUM = {-1: "Hangup", -4: "Illegal instruction", -5: "Trace/breakpoint trap", -6: "Aborted", -7: "Bus error",
+             -8: "Floating point", -9: "Killed", -11: "Segmentation fault", -13: "Broken pipe"}
+# Slurm's own words for a task the kernel's OOM killer ended (srun: "task 2: Out Of Memory"; slurmstepd: "Detected 1
+# oom_kill event in StepId=...").
+OOM = re.compile(r"^srun: error: ([A-Za-z0-9._-]+): tasks? ([0-9,-]+): Out Of Memory")
+OOM_STEP = re.compile(r"^(?:slurmstepd|srun): error: Detected (\d{1,9}) oom[-_]kill event")
+# torchrun's "Root Cause (first observed failure)" block (torch/distributed/elastic/multiprocessing/errors).
+_ROOT = re.compile(r"^\s*(time|host|rank|exitcode|traceback)\s*: (.*)$")
+_MAX_LOG = 1 << 22  # a batch log read for srun lines: its last 4 MiB
+# libstdc++'s last words before abort(): a C++ exception nothing caught, or std::terminate (native threads left
+# running at exit, as in a script that never destroys its process group). The program's own native code: it would
+# end the same way on any node. Not when the exception is torch's distributed error: a watchdog thread that lost a
+# peer (collateral of another rank's fault).
+TERMINATE = re.compile(r"terminate called (after throwing an instance of '[^']{1,200}'|without an active "
+                       r"exception|recursively)")
+COLLATERAL = re.compile(r"DistBackendError|DistNetworkError|c10d|NCCL|Gloo", re.IGNORECASE)
+
+
+
+def tail(path: Path, limit: int = _MAX_LOG) -> List[str]:
+    """The last ``limit`` bytes of a log as lines: a regular file, never through a link (logs are data)."""
+    raw = read_tail(path, limit)
+    return [] if raw is None else raw.decode("utf-8", "replace").splitlines()
+
+
+def short(host: str, nodes: Sequence[str]) -> str:
+    """torchrun's host is the FQDN; Slurm names the node by its short name."""
+    short = host.split(".", 1)[0]
+    return short if short in nodes or not nodes else (host if host in nodes else short)
+
+
+def srun_first(lines: Iterable[str]) -> Optional[Tuple[str, str, str]]:
+    """The first failure srun saw, as (node, tasks, what): lines come in the order srun learned of them."""
+    for line in lines:
+        m = SRUN_NODE_FAIL.match(line)
+        if m:
+            return m.group(1), "", "node failure"
+        m = SRUN_TASKS.match(line)
+        if m and not m.group(3).startswith("Terminated"):
+            return m.group(1), m.group(2), m.group(3).strip()
+    return None
+
+
+def signalled_on(lines: Sequence[str], node: str, word: str) -> List[int]:
+    """Every task srun saw ``node`` lose to the signal ``word``, over the whole attempt (one line or several)."""
+    tasks: List[int] = []
+    for line in lines:
+        m = SRUN_TASKS.match(line)
+        if m and m.group(1) == node and m.group(3).startswith(word):
+            tasks.extend(expand(m.group(2)))
+    return sorted(set(tasks))
+
+
+def torchrun_roots(paths: Iterable[Path]) -> List[dict]:
+    """Every torchrun agent's root cause ({time, host, rank, exitcode, traceback, log, failed}), earliest first;
+    ``failed``: the exit codes of every worker of that agent its report lists. Only torchrun's own block counts: a
+    rank's lines carry torchrun's prefix ("[default0]:"), so a "Root Cause" the program prints is not one."""
+    found = []
+    for path in paths:
+        lines = tail(path)
+        for i, line in enumerate(lines):
+            if "Root Cause (first observed failure):" not in line or line.startswith("[default"):
+                continue
+            root: dict = {"log": path.name}
+            for follow in lines[i + 1:i + 12]:
+                m = _ROOT.match(re.sub(r"^\[[^\]]*\]:?\s?", "", follow) if follow.startswith("[") else follow)
+                if m:
+                    root.setdefault(m.group(1), m.group(2).strip())
+            report = lines[max(0, i - 80):i + 12]
+            head = max((j for j, t in enumerate(report) if t.strip() == "Failures:"), default=0)
+            root["failed"] = [int(m.group(1)) for t in report[head:]
+                              if (m := re.match(r"^\s*exitcode\s*: (-?\d{1,4})", t))]
+            found.append(root)
+    return sorted(found, key=lambda r: r.get("time", ""))
+
+
+def terminated(log: Path) -> Optional[str]:
+    """libstdc++'s "terminate called ..." line in a rank's (or node's) log, when it is not collateral."""
+    said = terminate_words(log)
+    return said[0] if said is not None and not said[1] else None
+
+
+def terminate_words(log: Optional[Path]) -> Optional[Tuple[str, bool]]:
+    """(libstdc++'s "terminate called ..." words, whether torch's distributed watchdog said them) or None."""
+    if log is None:
+        return None
+    for line in tail(log, 1 << 20):
+        m = TERMINATE.search(line)
+        if m:
+            return printable(m.group(0))[:200], bool(COLLATERAL.search(line))
+    return None
+
+
+def exitcode(root: dict) -> Optional[int]:
+    m = re.match(r"-?\d+", root.get("exitcode", ""))
+    return int(m.group()) if m else None
+
+
+def srun_is_first_for(primary: Sequence[logscan.Traceback], tasks: str) -> bool:
+    """A traceback exists, but the first task srun saw end was killed by a signal: the traceback is the other
+    tasks' (they raised once their peer was gone), unless it is one of the killed tasks' own."""
+    killed = set(expand(tasks))
+    own = {int(m.group(1)) for t in primary if (m := re.search(r"rank-(\d+)\.out", t.label))}
+    return not (own & killed)
+
+
+def expand(ranges: str) -> List[int]:
+    """srun's '2-3,7' -> [2, 3, 7], bounded (log text is data: '0-999999999' is not a job's)."""
+    out: List[int] = []
+    for part in ranges.split(",")[:1024]:
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.extend(range(int(lo), min(int(hi or lo), int(lo) + (1 << 17)) + 1))
+        if len(out) > 1 << 17:
+            break
+    return out
