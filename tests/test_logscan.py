@@ -41,3 +41,19 @@ def test_a_linked_log_is_not_read_and_what_is_shown_is_printable(tmp_path):
     (tmp_path / "rank-1.out").write_text("ok\n" + TRACE)
     text = summary(tracebacks([tmp_path / "rank-1.out"]), "the logs")
     assert "ValueError: bad ?]0;title? value" in text and "\x1b" not in text
+
+
+def test_a_traceback_counts_only_as_its_writer_s_last_words(tmp_path):
+    """Issue 39: a traceback the program printed and handled (then went on for hours) is not why it died; the last
+    one is, however long, prefixed by torch ("[rank0]: ") or chained."""
+    handled = tmp_path / "rank-0.out"
+    handled.write_text(TRACE + "".join(f"step {i} loss 0.5\n" for i in range(200)))
+    assert tracebacks([handled]) == []
+    deep = "".join(f"  File \"model.py\", line {i}, in forward\n    x = self.layer(x)\n" for i in range(120))
+    ended = tmp_path / "rank-1.out"
+    ended.write_text(TRACE + "step 1\nstep 2\nDuring handling of the above exception, another exception occurred:\n\n"
+                     + "".join(f"[rank1]: {line}\n" for line in (f"Traceback (most recent call last):\n{deep}"
+                                                             "RuntimeError: shapes differ").splitlines())
+                     + "[rank1]:[W1203] ProcessGroupGloo: destroy_process_group() was not called\n")
+    (found,) = tracebacks([handled, ended])
+    assert found.label == "rank-1.out" and found.last == "[rank1]: RuntimeError: shapes differ", found.last

@@ -126,8 +126,12 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
 
 
 def main(argv: Sequence[str]) -> int:
+    if argv and argv[0] == "gate" and len(argv) in (2, 3):
+        from .gate import check
+
+        return check(Path(argv[1]), argv[2] if len(argv) == 3 else "")
     if not argv or argv[0] != "next":
-        print("usage: python -m clusterddp.healing next {start,gated,ended} ...", file=sys.stderr)
+        print("usage: python -m clusterddp.healing next {start,gated,ended} ... | gate DIR [CHECK]", file=sys.stderr)
         return 2
     args = _parser().parse_args(argv[1:])
     try:

@@ -104,6 +104,7 @@ CLUSTERDDP_ATTEMPT=0
 CLUSTERDDP_SIGNAL="${CLUSTERDDP_SIGNAL:-}"
 CLUSTERDDP_BAD=""
 CLUSTERDDP_STATUS=1
+mkdir -p -- "$RUN_DIR/health"
 clusterddp_next() {  # PHASE [OPTION...]: the answer in CLUSTERDDP_DO, _STEP_NODES, _BAD and _STATUS
     local out
     out="$(python3 -m clusterddp.healing next "$@" --run-dir "$RUN_DIR" \
@@ -116,28 +117,15 @@ clusterddp_next() {  # PHASE [OPTION...]: the answer in CLUSTERDDP_DO, _STEP_NOD
     case "$CLUSTERDDP_STATUS" in ''|*[!0-9]*) CLUSTERDDP_STATUS=1 ;; esac
 }
 clusterddp_gate() {
-    # The health gate: one task on each of these nodes; a node whose check fails, or that says nothing within
-    # 120 s, gets no rank (the supervisor reads NODE.ok and NODE.out in the gate's directory).
+    # The health gate: one task on each of these nodes (clusterddp/healing/gate.py); a node whose check fails, or
+    # that says nothing within 120 s, gets no rank (the supervisor reads NODE.ok and NODE.out in the directory).
     local dir="$RUN_DIR/health/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT" n
     mkdir -p -- "$dir"
-    [ -n "$CLUSTERDDP_STEP_NODES" ] || return 0
     n=$(( $(tr -cd , <<<"$CLUSTERDDP_STEP_NODES" | wc -c) + 1 ))
     timeout 120 srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --nodelist="$CLUSTERDDP_STEP_NODES" --kill-on-bad-exit=0 \
-        --output="${dir//%/%%}/%N.out" \
-        bash --norc -c 'node="${SLURMD_NODENAME:-$(hostname -s)}"
-touch -- "$1/$node.probe" && rm -f -- "$1/$node.probe" || { echo "the run directory is not writable from $node"; exit 1; }
-if [ "$CLUSTERDDP_GPUS_PER_NODE" -gt 0 ] && command -v nvidia-smi >/dev/null 2>&1; then
-    seen="$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)"
-    [ "$seen" -ge "$CLUSTERDDP_GPUS_PER_NODE" ] || { echo "$seen of $CLUSTERDDP_GPUS_PER_NODE GPUs visible (nvidia-smi -L)"; exit 1; }
-fi
-if [ -n "$2" ]; then
-    bash --norc -c "$2" || { echo "--health-check exited with $?"; exit 1; }
-fi
-touch -- "$1/$node.ok"' clusterddp-health "$dir" '' >/dev/null 2>&1 || true
+        --output="${dir//%/%%}/%N.out" python3 -m clusterddp.healing gate "$dir" '' >/dev/null 2>&1 || true
 }
-clusterddp_room() {  # the job's partition, for the supervisor's check that a requeue without a node still fits
-    :
-}
+clusterddp_room() { :; }
 
 clusterddp_next start
 while :; do
