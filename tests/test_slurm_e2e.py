@@ -93,9 +93,10 @@ def test_two_nodes_two_gpus_each_launcher(work, launcher):
         assert r["host"] == ("node1" if r["rank"] < 2 else "node2"), r
         assert r["argv"][-4:] == ["--echo", "a b", "$HOME", "it's"]
         assert r["local_rank"] == r["rank"] % 2
-    # the container wraps each Slurm task: every rank (srun) or every node's agent (torchrun, spawn)
+    # the container wraps each Slurm task: every rank (srun) or every node's agent (torchrun, spawn); and the
+    # supervisor's two questions in the batch shell (before the attempt, after it)
     assert record.read_text().splitlines() == ["APPTAINER opts=--nv image=/images/t.sif"] * (
-        4 if launcher == "srun" else 2)
+        (4 if launcher == "srun" else 2) + 2)
     # per-rank logs where the README says
     if launcher == "srun":
         assert sorted(p.name for p in run_dir.glob("rank-*.out")) == [f"rank-{i}.out" for i in range(4)]

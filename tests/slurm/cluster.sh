@@ -327,7 +327,7 @@ wait_ready() {
     local deadline=$((SECONDS + 60))
     while ((SECONDS < deadline)); do
         local states
-        states="$(sinfo --noheader --Node --format='%N %T' 2>/dev/null || true)"
+        states="$(sinfo --noheader --Node --partition=debug --format='%N %T' 2>/dev/null || true)"
         if [ "$(grep -c ' idle$' <<<"$states" || true)" = "${#NODES[@]}" ]; then
             log "up: ${#NODES[@]} nodes idle, $(sbatch --version) (source $DIR/env.sh to use it)"
             return 0
