@@ -113,3 +113,36 @@ def test_save_keeps_the_last_keep_checkpoints(tmp_path):
     assert lines[1:6] == [f"{step} {[f'ckpt-{s:010d}.pt' for s in range(max(1, step - 1), step + 1)]}"
                           for step in (1, 2, 3, 4, 5)]  # after step 5: steps 4 and 5 only
     assert lines[6] == "latest 5"
+
+
+@pytest.mark.ranks
+def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_temp_files_go(tmp_path):
+    """Issue 41: the newest checkpoint cut short (a full disk, a node lost mid-write) no longer fails every restart:
+    the older good one loads, with a line saying so; only damaged ones is one clear error. A write killed half-way
+    leaves a .tmp- file: the next save removes it (an hour old), never a fresh one or a link."""
+    import os
+    import time
+
+    ck = tmp_path / "ck"
+    old_tmp = ck / ".tmp-killed"
+    ck.mkdir()
+    old_tmp.write_bytes(b"half a checkpoint")
+    os.utime(old_tmp, (time.time() - 3600, time.time() - 3600))
+    (ck / ".tmp-fresh").write_bytes(b"")
+    (ck / ".tmp-link").symlink_to(old_tmp)
+    assert _run(tmp_path, str(ck), "save").returncode == 0
+    assert sorted(p.name for p in ck.iterdir()) == [".tmp-fresh", ".tmp-link", "ckpt-0000000007.pt"]
+    good = (ck / "ckpt-0000000007.pt").read_bytes()
+    (ck / "ckpt-0000000009.pt").write_bytes(good[: len(good) // 2])   # cut short
+    (ck / "ckpt-0000000010.pt").write_bytes(b"not a checkpoint")
+    loaded = _run(tmp_path, str(ck), "load")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.splitlines()[-2].startswith("step 7 "), loaded.stdout
+    said = loaded.stdout + loaded.stderr
+    for step in (9, 10):
+        assert f"clusterddp: checkpoint {ck}/ckpt-{step:010d}.pt (" in said, said
+    assert f"is damaged and was passed over; loading {ck}/ckpt-0000000007.pt" in said
+    (ck / "ckpt-0000000007.pt").write_bytes(good[:100])
+    none = _run(tmp_path, str(ck), "load")
+    assert none.returncode != 0 and "no checkpoint in" in none.stderr + none.stdout, none.stderr
+    assert "every one of them is damaged" in none.stderr + none.stdout

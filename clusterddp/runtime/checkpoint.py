@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import os
 import re
+import stat
+import time
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..errors import RuntimeEnvError
@@ -113,6 +115,14 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
         numpy.random.set_state((name, numpy.asarray(keys, dtype=numpy.uint32), *rest))
 
 
+def _check(payload: Any) -> None:
+    """What save writes is there (a file that unpickles to something else is damaged, for load_latest)."""
+    missing = [k for k in ("step", "model", "optimizer", "loader", "rng", "world_size") if k not in payload] \
+        if isinstance(payload, dict) else ["a dict"]
+    if missing:
+        raise KeyError(f"not a checkpoint of Checkpointer.save: no {', '.join(missing)}")
+
+
 class Checkpointer:
     """Checkpoints that make an interrupted job continue exactly where it stopped.
 
@@ -147,6 +157,19 @@ class Checkpointer:
     def _prune(self) -> None:
         for old in self._paths()[:-self.keep]:
             os.unlink(old)
+        # A write killed half-way (a node lost, SIGKILL) leaves its temp file: none of ours is in flight now.
+        try:
+            names = [n for n in os.listdir(self.directory) if n.startswith(".tmp-")]
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.directory, name)
+            try:
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and time.time() - info.st_mtime > 60:
+                    os.unlink(path)
+            except OSError:
+                continue
 
     def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
         """Write checkpoint ``step`` (collective: call it on every rank); returns its path (in the background:
@@ -199,18 +222,46 @@ class Checkpointer:
 
         import torch
 
-        path = self.latest()
+        self.wait()
+        # Rank 0 finds the newest checkpoint that loads (a damaged one, a write cut short on a full disk, is passed
+        # over with a warning: the older ones are tried), then every rank loads that one.
+        found: Dict[str, Any] = {"path": None, "skipped": [], "refused": None}
+        payload = None
+        if is_main():
+            for candidate in reversed(self._paths()):
+                try:
+                    payload = torch.load(candidate, map_location="cpu", weights_only=weights_only)
+                    _check(payload)
+                    found["path"] = candidate
+                    break
+                except pickle.UnpicklingError as exc:
+                    if not re.search(r"GLOBAL|global|[Cc]lass", str(exc)):  # (torch: no code asked for) damaged
+                        found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
+                        continue
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    found["refused"] = (
+                        f"checkpoint {candidate} holds more than tensors and plain data, so it was not loaded "
+                        f"(unpickling it could run code: {first[:200]}); if you wrote it yourself (an object in "
+                        "extra=, or a checkpoint of an older clusterddp), load it with load_latest(..., "
+                        "weights_only=False)")
+                    break
+                except Exception as exc:  # damaged: truncated, not a checkpoint, a key missing
+                    found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
+        found = broadcast_json(found)
+        if found["refused"]:
+            raise RuntimeEnvError(found["refused"])
+        for skipped in found["skipped"]:
+            print0(f"clusterddp: checkpoint {skipped} is damaged and was passed over"
+                   + (f"; loading {found['path']}" if found["path"] else ""))
+        path = found["path"]
         if path is None:
+            if found["skipped"]:
+                raise RuntimeEnvError(f"no checkpoint in {self.directory} could be loaded (every one of them is "
+                                      "damaged); move them aside to start afresh")
             drill.record({"e": "load", "step": None})
             return None
-        try:
+        if payload is None:
             payload = torch.load(path, map_location="cpu", weights_only=weights_only)
-        except pickle.UnpicklingError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RuntimeEnvError(f"checkpoint {path} holds more than tensors and plain data, so it was not loaded "
-                                  f"(unpickling it could run code: {first[:200]}); if you wrote it yourself (an "
-                                  "object in extra=, or a checkpoint of an older clusterddp), load it with "
-                                  "load_latest(..., weights_only=False)") from None
         if model is not None:
             unwrap(model).load_state_dict(payload["model"])
         if optimizer is not None and payload["optimizer"] is not None:
