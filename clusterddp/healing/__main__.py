@@ -9,6 +9,7 @@ goes to stderr (the batch log). A failure here is the script's to report: it end
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -90,8 +91,15 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
     run_dir, status, ran_on = Path(args.run_dir), args.status, _nodes(args.ran_on)
     # What the ranks' control thread found (a hang's roll call, or ranks that never arrived), this restart's, only
     # for a step that failed: the ranks' exit status decides, a file in the run directory only explains it.
-    if status != 0 and ((run_dir / contract.HANG_DIR.format(restarts=args.restart) / "rollcall.txt").is_file()
-                        or (run_dir / contract.RENDEZVOUS_REPORT.format(restarts=args.restart)).is_file()):
+    hang_dir = run_dir / contract.HANG_DIR.format(restarts=args.restart)
+    if status != 0 and (hang_dir / "rollcall.txt").is_file():
+        raw = read_bounded(hang_dir / "rollcall.txt") or b""
+        limit = os.environ.get(contract.HANG_TIMEOUT, "?")
+        print(printable(f"clusterddp: the hang watchdog ended the job: no rank advanced for "
+                        f"{limit if limit.isdigit() else '?'} s. Roll call:\n{raw.decode('utf-8', 'replace').rstrip()}"
+                        f"\nclusterddp: every rank's stacks: {hang_dir}/"), file=sys.stderr)
+        status = contract.HANG_EXIT
+    elif status != 0 and (run_dir / contract.RENDEZVOUS_REPORT.format(restarts=args.restart)).is_file():
         said = runtime_failure(run_dir)
         if said is not None:
             status = said[0]
