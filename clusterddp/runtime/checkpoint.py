@@ -7,7 +7,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import RuntimeEnvError
 from . import drill, writer
@@ -210,6 +210,37 @@ class Checkpointer:
         paths = self._paths() if is_main() else []
         return broadcast_json(paths[-1] if paths else None)
 
+    def _newest_loadable(self, weights_only: bool) -> Tuple[Dict[str, Any], Any]:
+        """Rank 0: the newest checkpoint that loads (a damaged one, a write cut short on a full disk, is passed over
+        with a warning: the older ones are tried), and its payload."""
+        import pickle
+
+        import torch
+
+        found: Dict[str, Any] = {"path": None, "skipped": [], "refused": None}
+        payload = None
+        for candidate in reversed(self._paths()):
+            try:
+                payload = torch.load(candidate, map_location="cpu", weights_only=weights_only)
+                _check(payload)
+                found["path"] = candidate
+                break
+            except pickle.UnpicklingError as exc:
+                if not re.search(r"GLOBAL|global|[Cc]lass", str(exc)):  # (torch: no code asked for) damaged
+                    found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
+                    continue
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                found["refused"] = (
+                    f"checkpoint {candidate} holds more than tensors and plain data, so it was not loaded "
+                    f"(unpickling it could run code: {first[:200]}); if you wrote it yourself (an object in "
+                    "extra=, or a checkpoint of an older clusterddp), load it with load_latest(..., "
+                    "weights_only=False)")
+                break
+            except Exception as exc:  # damaged: truncated, not a checkpoint, a key missing
+                payload = None
+                found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
+        return found, payload
+
     def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None,
                     weights_only: bool = True) -> Optional[Dict[str, Any]]:
         """Restore the newest checkpoint into the given objects; returns it (step, extra, ...) or None.
@@ -218,35 +249,10 @@ class Checkpointer:
         planted checkpoint would otherwise run code at load. What ``save`` writes is all of that kind (random
         states included); ``weights_only=False`` for a checkpoint of your own that holds other objects in
         ``extra``."""
-        import pickle
-
         import torch
 
         self.wait()
-        # Rank 0 finds the newest checkpoint that loads (a damaged one, a write cut short on a full disk, is passed
-        # over with a warning: the older ones are tried), then every rank loads that one.
-        found: Dict[str, Any] = {"path": None, "skipped": [], "refused": None}
-        payload = None
-        if is_main():
-            for candidate in reversed(self._paths()):
-                try:
-                    payload = torch.load(candidate, map_location="cpu", weights_only=weights_only)
-                    _check(payload)
-                    found["path"] = candidate
-                    break
-                except pickle.UnpicklingError as exc:
-                    if not re.search(r"GLOBAL|global|[Cc]lass", str(exc)):  # (torch: no code asked for) damaged
-                        found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
-                        continue
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    found["refused"] = (
-                        f"checkpoint {candidate} holds more than tensors and plain data, so it was not loaded "
-                        f"(unpickling it could run code: {first[:200]}); if you wrote it yourself (an object in "
-                        "extra=, or a checkpoint of an older clusterddp), load it with load_latest(..., "
-                        "weights_only=False)")
-                    break
-                except Exception as exc:  # damaged: truncated, not a checkpoint, a key missing
-                    found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
+        found, payload = self._newest_loadable(weights_only) if is_main() else ({}, None)
         found = broadcast_json(found)
         if found["refused"]:
             raise RuntimeEnvError(found["refused"])
