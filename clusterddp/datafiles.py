@@ -114,3 +114,31 @@ def write_atomic(path: Union[str, Path], data: Union[str, bytes], mode: Optional
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+class NotOwned(Exception):
+    """A directory that must be this user's own is not (a link, another user's, writable by group or others)."""
+
+
+def own_dir(path: Union[str, Path]) -> Path:
+    """``path`` as a directory of this user's own: made now (missing parents too; group and others may read, never
+    write), or, where it exists, a directory reached without a link, owned by this user and writable by nobody else.
+    In a shared place a directory someone else made first would let them swap or plant what is run from it."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(target, 0o755)
+        os.chmod(target, 0o755 & ~_umask() & ~0o022)
+        return target
+    except FileExistsError:
+        pass
+    info = os.lstat(target)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise NotOwned(f"{target} is not a directory of yours (a link or a file)")
+    if info.st_uid != os.getuid():
+        raise NotOwned(f"{target} belongs to another user (uid {info.st_uid}): someone made it before you; use "
+                       "another directory")
+    if info.st_mode & 0o022:
+        raise NotOwned(f"{target} is writable by {'group' if info.st_mode & 0o020 else 'others'}: others could plant "
+                       f"files there; chmod go-w {target}, or use another directory")
+    return target

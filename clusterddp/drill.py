@@ -71,6 +71,19 @@ def _events(directory: Path) -> Dict[int, List[dict]]:
     return out
 
 
+def drill_base(parent: Path, stem: str) -> Path:
+    """A new directory of this drill's own under ``parent`` (which may be shared): named with the time and a part
+    nobody can predict, made exclusively, private: two drills in one second never share one, and nothing planted
+    there in advance (a link where a log will be opened) can exist."""
+    import tempfile
+
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-", dir=parent))
+    except OSError as exc:
+        raise DrillError(f"cannot make the drill's directory in {parent}: {exc.strerror or exc}") from None
+
+
 class Drill:
     def __init__(self, spec: JobSpec, base: Path, timeout_s: float, note: Any = print) -> None:
         if not spec.module:

@@ -414,3 +414,51 @@ def test_a_drill_s_variables_in_the_submitting_shell_never_reach_a_real_job(tmp_
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(record.read_text())["env"] == {name: None for name in drill}
+
+
+def test_a_sweep_s_code_snapshot_is_run_only_from_directories_of_the_user_s_own(tmp_path):
+    """Issue 41: a sweep's directory and code snapshot in a shared output directory. One someone else made first
+    (or one others can write) is refused, before anything runs; a snapshot whose files changed after it was made
+    (a train.py swapped in) is refused; the user's own, unchanged, is used as it is."""
+    from clusterddp.errors import PreflightError
+    from clusterddp.job.code import code_hash
+    from clusterddp.sweeps.run import snapshot
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('mine')\n")
+    names = ["train.py"]
+    code = code_hash(project, names)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o1777)  # like /tmp: everyone may make a directory here
+    planted = shared / "sweep-lr" / "code" / code
+    planted.mkdir(parents=True)
+    (planted / "train.py").write_text("import os; os.system('id')\n")
+    os.chown(shared / "sweep-lr", 4242, 4242)
+    with pytest.raises(PreflightError, match="belongs to another user"):
+        snapshot(project, names, planted)
+    os.chown(shared / "sweep-lr", os.getuid(), os.getgid())
+    os.chmod(shared / "sweep-lr", 0o777)
+    with pytest.raises(PreflightError, match="writable by group"):
+        snapshot(project, names, planted)
+    os.chmod(shared / "sweep-lr", 0o755)
+    with pytest.raises(PreflightError, match="no longer holds the code it was made from"):
+        snapshot(project, names, planted)  # its train.py is not the code its name says
+    mine = tmp_path / "out" / "sweep-lr" / "code" / code
+    assert snapshot(project, names, mine) == mine and (mine / "train.py").read_text() == "print('mine')\n"
+    assert snapshot(project, names, mine) == mine  # again: the same code, used as it is
+    (mine / "train.py").write_text("print('swapped')\n")
+    with pytest.raises(PreflightError, match="no longer holds"):
+        snapshot(project, names, mine)
+
+
+def test_each_drill_gets_a_new_private_directory(tmp_path):
+    """Issue 41: two drills in the same second never share a directory, and its name cannot be predicted (nothing
+    can be planted where a log will be opened)."""
+    from clusterddp.drill import drill_base
+
+    first, second = drill_base(tmp_path / "drills", "train"), drill_base(tmp_path / "drills", "train")
+    assert first != second and first.parent == second.parent == tmp_path / "drills"
+    assert first.name.startswith("train-2") and len(first.name) > len("train-20261203-120000-") + 4
+    assert all(p.stat().st_mode & 0o777 == 0o700 for p in (first, second))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -74,7 +73,7 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     Give it small arguments (a short epoch, a tiny model) and a relative checkpoint directory. Exit 0 when every
     scenario is bit-identical, 1 otherwise.
     """
-    from ..drill import Drill, report  # not at start-up: every other command would pay for it
+    from ..drill import Drill, drill_base, report  # not at start-up: every other command would pay for it
 
     if opts.get("cluster"):
         from .. import backends
@@ -87,7 +86,8 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     spec = build_spec(script, args, template_dirs, local=True, **opts)[0]
     if run_timeout <= 0:
         raise click.BadParameter(f"{run_timeout} is not a positive number of seconds", param_hint="--run-timeout")
-    base = Path(drill_dir) / f"{spec.file_stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = drill_base(Path(drill_dir), spec.file_stem)
+
     def note(line: str) -> None:
         click.echo(line, err=True)
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import dirs
 from ..contract import PLACEHOLDERS
-from ..datafiles import write_atomic
+from ..datafiles import NotOwned, own_dir, write_atomic
 from ..errors import PreflightError, SpecError
 from ..job.clusters import Cluster
 from ..job.code import code_files, code_hash
@@ -79,11 +80,23 @@ def spec_fields(spec: JobSpec) -> Dict[str, Any]:
 
 
 def snapshot(cwd: Path, names: Sequence[str], target: Path) -> Path:
-    """A private copy of the code at ``target`` (made once per code version: it is the same code)."""
-    if target.is_dir():
-        return target
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    """A private copy of the code at ``target`` (made once per code version: it is the same code). The sweep's
+    directory and its code/ are this user's own (datafiles.own_dir), and a snapshot found there is used only when
+    it still holds the code its name (the code's hash) says: a copy run as the user is never one someone changed."""
+    try:
+        own_dir(target.parent.parent)
+        own_dir(target.parent)
+        if os.path.lexists(target):
+            own_dir(target)
+            found = sorted(str(f.relative_to(target)) for f in target.rglob("*") if f.is_file() or f.is_symlink())
+            if found != sorted(names) or code_hash(target, found) != target.name:
+                raise NotOwned(f"the code snapshot {target} no longer holds the code it was made from (changed "
+                               "since): remove it, then submit again")
+            return target
+    except NotOwned as exc:
+        raise PreflightError(f"sweep: {exc}") from None
     old = os.umask(0o077)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         for name in names:
             src, dst = cwd / name, tmp / name
@@ -92,7 +105,6 @@ def snapshot(cwd: Path, names: Sequence[str], target: Path) -> Path:
                 os.symlink(os.readlink(src), dst)
             elif src.is_file():
                 shutil.copy2(src, dst)
-        tmp.mkdir(parents=True, exist_ok=True)
         tmp.rename(target)
     finally:
         os.umask(old)
