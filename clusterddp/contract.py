@@ -46,6 +46,9 @@ HANG_STARTUP_FACTOR = 2
 WATCH_KEY = "CLUSTERDDP_WATCH_KEY"
 EXPORTED += (WATCH_KEY,)
 HELLO_FILE = "stacks/ranks/rank-{rank}.json"  # written by each rank at init(): node, pid, state, restart count
+#: Written by a rank's exception hook (installed by init()) when an exception ends it: its type, where, when; the
+#: supervisor's evidence of a program fault (a record, not text the program printed).
+EXCEPTION_FILE = "stacks/ranks/exception-{rank}.json"
 REQUEST_FILE = "stacks/request"              # `clusterddp stacks` writes a dump name here; every rank answers
 DUMP_DIR = "stacks/{name}"                   # rank-N.json (for tools) and rank-N.txt (for people) per rank
 HANG_DIR = "stacks/hang-{restarts}"          # the watchdog's dumps and roll call (rollcall.txt, rollcall.json)

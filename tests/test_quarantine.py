@@ -198,3 +198,37 @@ def test_srun_task_ranges_from_a_log_are_bounded(tmp_path):
     billion ints, ~36 GB); the traceback of one of the killed tasks is its own: the program's."""
     run, logs, batch = job(tmp_path, "srun: error: node2: tasks 0-999999999: Killed\n", {"rank-5.out": TRACEBACK})
     assert classify(run, logs, batch, ["node1", "node2"]).kind == PROGRAM
+
+
+def test_an_exception_s_record_is_the_evidence_not_text(tmp_path):
+    """Issue 39: the runtime's exception hook records what ended a rank (type, message, the user's FILE:LINE) beside
+    its hello; the fault is read from that record. A peer's reaction (DistBackendError) is no cause; a killed node's
+    ranks are still the node's though other ranks recorded their reaction."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    run = tmp_path / "run"
+    run.mkdir()
+    job_py = tmp_path / "job.py"
+    job_py.write_text("from clusterddp import runtime\nruntime.init(allow_single=True)\n\ndef step():\n"
+                      "    raise ValueError('bad batch 7')\n\nstep()\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), "CLUSTERDDP_RUN_DIR": str(run)}
+    proc = subprocess.run([sys.executable, str(job_py)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "ValueError: bad batch 7" in proc.stderr, proc.stderr  # shown as always
+    record = json.loads((run / "stacks" / "ranks" / "exception-0.json").read_text())
+    assert record["type"] == "builtins.ValueError" and record["user"] == f"{job_py}:5", record
+    (run / "rank-0.out").write_text("nothing printed\n")  # (no traceback text needed)
+    (tmp_path / "batch.out").write_text("srun: error: node1: task 0: Exited with exit code 1\n")
+    fault = classify(run, [run / "rank-0.out"], tmp_path / "batch.out", ["node1"])
+    assert fault.kind == PROGRAM and fault.why == f"rank 0: ValueError: bad batch 7 (at {job_py}:5)", fault
+    reaction = dict(record, rank=1, type="torch.distributed.DistBackendError", message="peer gone",
+                    time=record["time"] - 5)
+    (run / "stacks" / "ranks" / "exception-1.json").write_text(json.dumps(reaction))
+    assert classify(run, [run / "rank-0.out"], tmp_path / "batch.out", ["node1"]) == fault
+    (tmp_path / "batch.out").write_text("srun: error: node2: tasks 2-3: Killed\nsrun: error: node1: task 0: "
+                                        "Exited with exit code 1\n")
+    killed = classify(run, [run / "rank-0.out"], tmp_path / "batch.out", ["node1", "node2"], per_node=2)
+    assert killed.kind == INFRASTRUCTURE and killed.nodes == ("node2",), killed

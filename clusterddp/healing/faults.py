@@ -21,9 +21,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+from .. import contract
 from ..datafiles import read_json
 from ..hostlist import is_node_name
-from ..rollcall import hang_report, printable, read_hellos, rendezvous_failure
+from ..rollcall import MAX_WORLD, hang_report, is_rank, printable, read_hellos, rendezvous_failure
 from . import logscan
 from .launchers import (
     BY_SIGNUM,
@@ -151,6 +152,29 @@ def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, 
                                         "no Python traceback"))
 
 
+_COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError", "ChildFailedError")
+
+
+def recorded(run_dir: Path) -> List[logscan.Traceback]:
+    """The exceptions that ended ranks, from the runtime's records (contract.EXCEPTION_FILE; the latest restart's),
+    as causes: earliest first, those that only react to a lost peer left out. A record, not text the program
+    printed: where there is one, a traceback in a log is not needed to tell."""
+    found = []
+    for path in sorted((Path(run_dir) / contract.EXCEPTION_FILE).parent.glob("exception-*.json"))[:MAX_WORLD]:
+        r = read_json(path, 1 << 16)
+        if not isinstance(r, dict) or not is_rank(r.get("rank")) or path.name != f"exception-{r['rank']}.json" \
+                or not is_rank(r.get("restart"), 1 << 20) or not isinstance(r.get("time"), (int, float)):
+            continue
+        kind, message = printable(str(r.get("type", "")))[:200], printable(str(r.get("message", "")))[:300]
+        where = printable(str(r.get("user") or r.get("where") or ""))[:300]
+        short = kind.rsplit(".", 1)[-1]
+        secondary = short in _COLLATERAL_TYPES or any(s in message for s in logscan.SECONDARY)
+        found.append((r["restart"], float(r["time"]), logscan.Traceback(
+            secondary, f"rank {r['rank']}", [], f"{short}: {message}" + (f" (at {where})" if where else ""))))
+    latest = max((restart for restart, _, _ in found), default=0)
+    return [t for restart, _, t in sorted(found, key=lambda f: f[1]) if restart == latest and not t.secondary]
+
+
 def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nodes: Sequence[str] = (),
              node_failed: bool = False, per_node: int = 0) -> Optional[Fault]:
     """The fault class of a job that failed, or None when nothing tells (then it is reported as today).
@@ -176,7 +200,7 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     if oom is not None:
         return oom
     found = logscan.tracebacks(list(logs))
-    primary = [t for t in found if not t.secondary]
+    primary = recorded(run_dir) or [t for t in found if not t.secondary]
     first = srun_first(err)
     by_name = {path.name: path for path in logs}
     roots = torchrun_roots([path for path in logs if path.name.startswith("node-")])

@@ -125,7 +125,7 @@ def srun_is_first_for(primary: Sequence[logscan.Traceback], tasks: str) -> bool:
     """A traceback exists, but the first task srun saw end was killed by a signal: the traceback is the other
     tasks' (they raised once their peer was gone), unless it is one of the killed tasks' own."""
     killed = set(expand(tasks))
-    own = {int(m.group(1)) for t in primary if (m := re.search(r"rank-(\d+)\.out", t.label))}
+    own = {int(m.group(1)) for t in primary if (m := re.match(r"rank[- ](\d+)", t.label))}
     return not (own & killed)
 
 

@@ -145,6 +145,7 @@ class Control:
     # --- called from the main thread ---------------------------------------------------------------------
     def start(self) -> None:
         self._hello("rendezvous")
+        self._record_exceptions()
         self.thread.start()
 
     def joined(self, store: Any) -> None:
@@ -156,6 +157,28 @@ class Control:
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=POLL_S + BEAT_S + 5)
         self._hello("left")
+
+    def _record_exceptions(self) -> None:
+        """An exception that ends this rank leaves a record beside its hello (then Python prints it as always)."""
+        if self.run_dir is None or getattr(sys.excepthook, "clusterddp", False):
+            return
+        previous, path = sys.excepthook, self.run_dir / contract.EXCEPTION_FILE.format(rank=self.env.rank)
+
+        def hook(kind: Any, exc: BaseException, tb: Any) -> None:
+            try:
+                frames, prefixes = traceback.extract_tb(tb), library_prefixes()
+                own = [f for f in frames if not rollcall.is_library(f.filename, prefixes)]
+                at = [f"{f.filename}:{f.lineno}" for f in (frames[-1:] + own[-1:])]
+                write_atomic(path, json.dumps({
+                    "rank": self.env.rank, "restart": self.restart, "time": time.time(),
+                    "type": f"{kind.__module__}.{kind.__qualname__}", "message": str(exc)[:500],
+                    "where": at[0] if at else "", "user": at[-1] if own else ""}))
+            except Exception:  # the record is a help; the exception itself is still shown
+                pass
+            previous(kind, exc, tb)
+
+        hook.clusterddp = True  # type: ignore[attr-defined]
+        sys.excepthook = hook
 
     # --- the thread --------------------------------------------------------------------------------------
     def _hello(self, state: str) -> None:
