@@ -162,16 +162,8 @@ CLUSTERDDP_SRUN_PID=$!
 
     # srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
     # a trap interrupts `wait`, so wait again while srun is still there.
-    CLUSTERDDP_STATUS=0
-    wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
-    while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
-        CLUSTERDDP_STATUS=0
-        wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
-    done
-    for _ in 1 2 3 4 5 6 7 8 9 10; do  # tee has srun's last lines once srun is gone
-        kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null || break
-        sleep 0.1
-    done
+    while CLUSTERDDP_STATUS=0; wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?; kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do :; done
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null && sleep 0.1 || break; done  # tee has srun's last lines
     [ "$CLUSTERDDP_STATUS" -eq 0 ] || clusterddp_room
     clusterddp_next ended --status "$CLUSTERDDP_STATUS" --signal "$CLUSTERDDP_SIGNAL" --start "$CLUSTERDDP_START" \
         --ran-on "$CLUSTERDDP_STEP_NODES"

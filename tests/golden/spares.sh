@@ -116,31 +116,22 @@ clusterddp_stop() {
 trap 'clusterddp_stop USR2' USR2
 trap 'clusterddp_stop TERM' TERM
 clusterddp_requeue() {  # [NODES]: without these nodes (after a node fault); the supervisor checked the limits
-    if ! command -v scontrol >/dev/null 2>&1; then
-        echo "clusterddp: scontrol is not available where this job runs (a container?): cannot requeue; the last checkpoint is kept" >&2
-        exit 76
-    fi
-    # An array task is requeued alone, not the whole array.
-    local target="$SLURM_JOB_ID" count="$((10#$CLUSTERDDP_RESTARTS + 1))"
-    case "${SLURM_ARRAY_JOB_ID:-x}_${SLURM_ARRAY_TASK_ID:-x}" in
-        *[!0-9_]*|_*|*_) ;;  # not an array task (or not numbers): the job itself
-        *) target="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" ;;
-    esac
-    if [ -n "${1:-}" ]; then
-        echo "clusterddp: requeueing job $target without $1 (requeue $count of 3)"
-        trap - USR2
-        # Slurm changes ExcNodeList only while a job is pending, and requeuehold sends this shell SIGTERM at once:
-        # it lives on (KillWait) to exclude the nodes and release the job.
-        trap '' TERM
-        scontrol requeuehold "$target"
-        scontrol update JobId="$target" ExcNodeList="$1" NumNodes=2-3 ||
-            echo "clusterddp: could not exclude $1 from the requeued job" >&2
-        scontrol release "$target"
+    command -v scontrol >/dev/null 2>&1 || { echo "clusterddp: scontrol is not available where this job runs (a container?): cannot requeue; the last checkpoint is kept" >&2; exit 76; }
+    local target="$SLURM_JOB_ID"  # an array task is requeued alone, not the whole array
+    [[ "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}" =~ ^[0-9]+_[0-9]+$ ]] && target="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+    echo "clusterddp: requeueing job $target${1:+ without $1} (requeue $((10#$CLUSTERDDP_RESTARTS + 1)) of 3)"
+    trap - USR2 TERM
+    if [ -z "${1:-}" ]; then
+        scontrol requeue "$target"
         exit 0
     fi
-    echo "clusterddp: requeueing job $target (requeue $count of 3)"
-    trap - USR2 TERM
-    scontrol requeue "$target"
+    # Slurm changes ExcNodeList only while a job is pending, and requeuehold sends this shell SIGTERM at once:
+    # it lives on (KillWait) to exclude the nodes and release the job.
+    trap '' TERM
+    scontrol requeuehold "$target"
+    scontrol update JobId="$target" ExcNodeList="$1" NumNodes=2-3 ||
+        echo "clusterddp: could not exclude $1 from the requeued job" >&2
+    scontrol release "$target"
     exit 0
 }
 
@@ -214,16 +205,8 @@ CLUSTERDDP_SRUN_PID=$!
 
     # srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
     # a trap interrupts `wait`, so wait again while srun is still there.
-    CLUSTERDDP_STATUS=0
-    wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
-    while kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do
-        CLUSTERDDP_STATUS=0
-        wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?
-    done
-    for _ in 1 2 3 4 5 6 7 8 9 10; do  # tee has srun's last lines once srun is gone
-        kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null || break
-        sleep 0.1
-    done
+    while CLUSTERDDP_STATUS=0; wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?; kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do :; done
+    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null && sleep 0.1 || break; done  # tee has srun's last lines
     [ -z "$CLUSTERDDP_TIMER_PID" ] || kill "$CLUSTERDDP_TIMER_PID" 2>/dev/null || true
     [ "$CLUSTERDDP_STATUS" -eq 0 ] || clusterddp_room
     clusterddp_next ended --status "$CLUSTERDDP_STATUS" --signal "$CLUSTERDDP_SIGNAL" --start "$CLUSTERDDP_START" \
