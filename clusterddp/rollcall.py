@@ -228,6 +228,8 @@ def read_hellos(run_dir: Path, restart: Optional[int] = None) -> Dict[int, Dict[
         for key in ("world_size", "local_world_size"):
             if _count(hello.get(key)) is not None:
                 clean[key] = hello[key]
+        if isinstance(hello.get("time"), (int, float)) and 0 < hello["time"] < 1e11:
+            clean["time"] = float(hello["time"])
         found[hello["rank"]] = clean
     if restart is None and found:
         restart = max(h["restart"] for h in found.values())

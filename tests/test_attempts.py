@@ -174,3 +174,20 @@ def test_the_history_is_read_as_data(tmp_path):
     link.mkdir()
     (link / contract.ATTEMPTS_FILE).symlink_to(tmp_path / contract.ATTEMPTS_FILE)
     assert attempts.read(link) == []  # never through a link
+
+
+def test_a_rank_that_failed_after_its_work_ended_blames_no_one(tmp_path):
+    """Issue 39: the runtime's hello says the rank had left (shutdown() done): after-work, not retried; the same
+    abort while the rank still worked is the program's (SIGABRT is the process's own act)."""
+    run = tmp_path / "run"
+    (run / "stacks" / "ranks").mkdir(parents=True)
+    hello = {"rank": 3, "restart": 0, "node": "node2", "pid": 77, "state": "left", "time": time.time()}
+    (run / "stacks" / "ranks" / "rank-3.json").write_text(json.dumps(hello))
+    (run / "rank-3.out").write_text("rank 3: DONE\n")
+    kind, nodes, why = fault_report(run, "srun: error: node2: task 3: Aborted (core dumped)\n")
+    assert (kind, nodes) == ("after-work", "") and why.startswith("rank 3 on node2 aborted after its work ended "
+                                                                  "(its shutdown() was done at "), why
+    hello["state"] = "joined"
+    (run / "stacks" / "ranks" / "rank-3.json").write_text(json.dumps(hello))
+    kind, nodes, why = fault_report(run, "srun: error: node2: task 3: Aborted (core dumped)\n")
+    assert (kind, nodes) == ("program", "") and "SIGABRT" in why, why

@@ -4,6 +4,7 @@ Python exception in one rank; 4 ranks on 2 nodes, srun and torchrun."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -122,3 +123,30 @@ def test_a_job_that_cannot_fit_beside_the_quarantine_is_refused(work):
         "clusterddp: error: partition debug has 3 node(s); you asked for 2 and 2 spare(s), 4 in all: use at most "
         "--spare-nodes 1 with --nodes 2"), spares.stderr
     assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+@pytest.mark.slurm_releases("26.05")
+def test_an_abort_is_the_program_s_and_after_the_work_it_blames_no_node(work):
+    """Issue 39. During the work, one rank's abort() with nothing said (SIGABRT: the process ended itself) is the
+    program's: not retried though a spare is there, no node blamed. After the work (its runtime.shutdown() done),
+    on 2 nodes with none to spare: the job reaches its final state by itself, one attempt, nothing excluded or
+    quarantined, and status says which rank aborted, where and when."""
+    shutil.copy(SCRIPTS / "after_work.py", work)
+    during = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2", "--time",
+                     "5", "--wait", "after_work.py", "--", "--when", "during", cwd=work, timeout=240)
+    assert during.returncode != 0, during.stderr
+    (only,) = attempts.read(work / "clusterddp-runs" / f"after_work-{during.stdout.split()[0]}")
+    assert (only.fault, only.fault_nodes, only.next) == ("program", (), "end"), only
+    assert "rank(s) 3 on node2: aborted" in only.why and "SIGABRT" in only.why, only
+    after = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "5", "--wait",
+                    "after_work.py", "--", "--when", "after", cwd=work, timeout=240)
+    job_id = after.stdout.split()[0]
+    assert after.returncode != 0 and f"job {job_id} ended FAILED" in after.stderr, after.stderr
+    (only,) = attempts.read(work / "clusterddp-runs" / f"after_work-{job_id}")
+    assert (only.fault, only.fault_nodes, only.next, only.nodes) == ("after-work", (), "end", ("node1", "node2"))
+    assert re.match(r"rank 3 on node2 aborted after its work ended \(its shutdown\(\) was done at \d\d:\d\d:\d\d\): "
+                    r"the job's results are intact$", only.why), only.why
+    status = run_cli("status", job_id, cwd=work)
+    assert "fault: after-work: rank 3 on node2 aborted after its work ended" in status.stdout, status.stdout
+    assert "clusterddp: quarantined" not in after.stderr + during.stderr
+    assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined")

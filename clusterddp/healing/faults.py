@@ -17,6 +17,7 @@ torchrun's own (not a rank's prefixed line), a traceback only as the last words 
 """
 from __future__ import annotations
 
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
@@ -261,10 +262,12 @@ def after_work(run_dir: Path, fault: Fault) -> Fault:
     hellos = read_hellos(Path(run_dir))
     if not all(hellos.get(r, {}).get("state") == "left" for r in fault.ranks):
         return fault
+    first = hellos[fault.ranks[0]]
+    on = f" on {first['node']}" if first.get("node") else f" on {fault.nodes[0]}" if fault.nodes else ""
+    when = time.strftime(" at %H:%M:%S", time.localtime(first["time"])) if "time" in first else ""
     ranks = ",".join(str(r) for r in fault.ranks)
-    on = f" on {fault.nodes[0]}" if fault.nodes else ""
     return Fault(FaultKind.AFTER_WORK, (), f"rank {ranks}{on} {(fault.signal or 'failed').lower()} after its work "
-                                           "ended (its shutdown() was done): the job's results are intact",
+                                           f"ended (its shutdown() was done{when}): the job's results are intact",
                  fault.signal, fault.ranks)
 
 
