@@ -146,3 +146,24 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_temp_files_go(tmp_
     none = _run(tmp_path, str(ck), "load")
     assert none.returncode != 0 and "no checkpoint in" in none.stderr + none.stdout, none.stderr
     assert "every one of them is damaged" in none.stderr + none.stdout
+
+
+@pytest.mark.ranks
+def test_checkpoints_planted_by_another_user_are_neither_loaded_nor_pruned_for(tmp_path):
+    """Issue 41: in a checkpoint directory others can write, a weights-only checkpoint with a higher step planted
+    by another user is not loaded (and does not push the job's own out of `keep`), and a FIFO named like a
+    checkpoint does not hang the load."""
+    import os
+    import shutil
+
+    ck = tmp_path / "ck"
+    assert _run(tmp_path, str(ck), "save").returncode == 0
+    os.chmod(ck, 0o777)
+    planted = ck / "ckpt-0000000099.pt"
+    shutil.copy(ck / "ckpt-0000000007.pt", planted)
+    os.chown(planted, 4242, 4242)
+    os.mkfifo(ck / "ckpt-0000000098.pt")
+    loaded = _run(tmp_path, str(ck), "load")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.splitlines()[-2].startswith("step 7 "), loaded.stdout
+    assert "99" not in loaded.stdout + loaded.stderr and planted.exists()

@@ -147,12 +147,23 @@ class Checkpointer:
         self.directory, self.keep, self.background = directory, keep, bool(background)
 
     def _paths(self) -> List[str]:
+        """This job's checkpoints, oldest first: regular files of this user's only. In a directory others can
+        write, one planted with a higher step is neither loaded nor a reason to delete the job's own; a FIFO
+        there would hang the load."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
-        steps = sorted((int(m.group(1)), n) for n in names if (m := re.fullmatch(r"ckpt-(\d+)\.pt", n)))
-        return [os.path.join(self.directory, n) for _, n in steps]
+        steps = []
+        for name in names:
+            m = re.fullmatch(r"ckpt-(\d{1,12})\.pt", name)
+            try:
+                info = os.lstat(os.path.join(self.directory, name)) if m else None
+            except OSError:
+                continue
+            if m and info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+                steps.append((int(m.group(1)), name))
+        return [os.path.join(self.directory, n) for _, n in sorted(steps)]
 
     def _prune(self) -> None:
         for old in self._paths()[:-self.keep]:
