@@ -316,3 +316,34 @@ def test_status_asks_slurm_once_for_every_trial_of_every_array(project, tmp_path
     assert [(r["trial"], r["job"], r["state"]) for r in rows] == [
         (0, "77_0", "MISSING"), (1, "77_1", "MISSING"), (2, "78_2", "MISSING"), (3, "78_3", "PENDING")]
     assert [line.split()[0] for line in log.read_text().splitlines()] == ["squeue"]
+
+
+def test_what_counts_as_code_outputs_inside_and_links_out_of_the_project(tmp_path, monkeypatch):
+    """Issue 41: an absolute --output-dir inside the project is outputs, not code (a repeat is not a new code
+    version); a link out of the project is its target's content (an edit there is a new version, and the snapshot
+    holds the file, not a link that would break); a link inside it stays a link."""
+    from clusterddp.sweeps.run import snapshot
+
+    project, outside = tmp_path / "proj", tmp_path / "shared"
+    project.mkdir()
+    outside.mkdir()
+    monkeypatch.chdir(project)
+    (project / "train.py").write_text("import helper\n")
+    (outside / "helper.py").write_text("X = 1\n")
+    (project / "helper.py").symlink_to(outside / "helper.py")           # absolute, out of the project
+    (project / "up.py").symlink_to("../shared/helper.py")               # relative, out of the project
+    (project / "same.py").symlink_to("train.py")                        # inside
+    (project / "runs" / "sweep-x").mkdir(parents=True)
+    (project / "runs" / "sweep-x" / "result.txt").write_text("1\n")
+    spec = JobSpec(script="train.py", output_dir=str(project / "runs"))
+    names = code_files(spec, project)
+    assert names == ["helper.py", "same.py", "train.py", "up.py"], names
+    before = code_hash(project, names)
+    (project / "runs" / "sweep-x" / "result.txt").write_text("2\n")
+    assert code_hash(project, code_files(spec, project)) == before    # outputs: the same code
+    (outside / "helper.py").write_text("X = 2\n")
+    assert code_hash(project, names) != before                         # the linked file changed: new code
+    snap = snapshot(project, names, tmp_path / "out" / "sweep-x" / "code" / code_hash(project, names))
+    assert not (snap / "helper.py").is_symlink() and (snap / "helper.py").read_text() == "X = 2\n"
+    assert not (snap / "up.py").is_symlink() and (snap / "same.py").is_symlink()
+    assert snapshot(project, names, snap) == snap                      # it holds the code its name says

@@ -57,15 +57,34 @@ def git_files(local_dir: Path) -> Optional[List[str]]:
     return names
 
 
-def output_top(spec: "JobSpec") -> Optional[str]:
-    """The top directory of a relative --output-dir (the local runs' outputs, never copied), or None."""
+def output_top(spec: "JobSpec", cwd: Optional[Path] = None) -> Optional[str]:
+    """The top directory of --output-dir (the runs' outputs, never copied, never code) inside the directory
+    submitted from (``cwd``: relative dirs always are; an absolute one when it lies inside it), or None."""
     out = Path(spec.output_dir)
+    if out.is_absolute() and cwd is not None:
+        try:
+            out = Path(os.path.realpath(out)).relative_to(os.path.realpath(cwd))
+        except ValueError:
+            return None
     return out.parts[0] if not out.is_absolute() and out.parts and out.parts[0] not in ("..", ".") else None
+
+
+def leaves(cwd: Path, name: str) -> bool:
+    """``name`` is a link that leads out of ``cwd`` (absolute, or up past it): its target is code here (hashed by
+    content, copied as a file), since a snapshot or a remote copy would not have it."""
+    path = cwd / name
+    if not path.is_symlink():
+        return False
+    target = os.readlink(path)
+    if os.path.isabs(target):
+        return True
+    inside = os.path.normpath(os.path.join(os.path.dirname(name), target))
+    return inside == ".." or inside.startswith("../")
 
 
 def selected_names(spec: "JobSpec", local_dir: Path) -> Optional[List[str]]:
     """What of ``local_dir`` is copied, as relative names (git's rules); None without git (rsync filters then)."""
-    out_top = output_top(spec)
+    out_top = output_top(spec, local_dir)
     names = git_files(local_dir)
     if names is None:
         return None
@@ -79,7 +98,7 @@ def code_files(spec: JobSpec, cwd: Path) -> List[str]:
     takes), never .git, __pycache__ or the output directory."""
     names = selected_names(spec, cwd)
     if names is None:  # no git: every file, less the same exclusions
-        top = output_top(spec)
+        top = output_top(spec, cwd)
         names = []
         for base, subdirs, files in os.walk(cwd):
             rel = os.path.relpath(base, cwd)
@@ -89,12 +108,13 @@ def code_files(spec: JobSpec, cwd: Path) -> List[str]:
 
 
 def code_hash(cwd: Path, names: Sequence[str]) -> str:
-    """One hash of the files' names and contents (links by their target): the code's identity in trial keys."""
+    """One hash of the files' names and contents (a link inside the directory by where it points, one that leads out
+    of it by its target's content): the code's identity in trial keys."""
     h, total = hashlib.sha256(), 0
     for name in names:
         path = cwd / name
         h.update(os.fsencode(name) + b"\0")
-        if path.is_symlink():
+        if path.is_symlink() and not leaves(cwd, name):
             h.update(b"link:" + os.fsencode(os.readlink(path)))
         elif path.is_file():
             total += path.stat().st_size

@@ -20,7 +20,7 @@ from ..contract import PLACEHOLDERS
 from ..datafiles import NotOwned, own_dir, write_atomic
 from ..errors import PreflightError, SpecError
 from ..job.clusters import Cluster
-from ..job.code import code_files, code_hash
+from ..job.code import code_files, code_hash, leaves
 from ..job.quoting import shown
 from ..job.spec import JobSpec
 from .grid import Axis, SweepJob, Trial, check_placeholders, check_sweep_name, trials
@@ -101,9 +101,9 @@ def snapshot(cwd: Path, names: Sequence[str], target: Path) -> Path:
         for name in names:
             src, dst = cwd / name, tmp / name
             dst.parent.mkdir(parents=True, exist_ok=True)
-            if src.is_symlink():
+            if src.is_symlink() and not leaves(cwd, name):
                 os.symlink(os.readlink(src), dst)
-            elif src.is_file():
+            elif src.is_file():  # (a link that leads out of the project: its target, copied)
                 shutil.copy2(src, dst)
         tmp.rename(target)
     finally:

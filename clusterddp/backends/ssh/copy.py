@@ -141,7 +141,7 @@ def _filters(spec: "JobSpec", local_dir: Path) -> List[str]:
         raise PreflightError(f"without git, rsync reads the .gitignore files, and it reads {differs} otherwise "
                              "than git (a trailing space, a backslash escape or a negation): install git, which "
                              "then decides what is copied, or rewrite that line")
-    out_top = output_top(spec)
+    out_top = output_top(spec, local_dir)
     return ["--filter=:- .gitignore", "--exclude=/.git/", "--exclude=__pycache__/"] + \
         ([f"--exclude=/{out_top}/"] if out_top else [])
 
