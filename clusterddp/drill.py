@@ -58,9 +58,9 @@ def _child() -> None:
     from . import backends
     from .job.ids import LOCAL
 
-    fields = json.load(sys.stdin)
+    sent = json.load(sys.stdin)
     given = tuple((name, os.environ[name]) for name in contract.DRILL_VARIABLES if name in os.environ)
-    sys.exit(backends.get(LOCAL).run(JobSpec(**fields), quiet=False, drill_env=given))
+    sys.exit(backends.get(LOCAL).run(JobSpec(**sent["spec"]), quiet=False, drill_env=given, run_dir=sent["run_dir"]))
 
 
 def _events(directory: Path) -> Dict[int, List[dict]]:
@@ -92,7 +92,8 @@ class Drill:
 
     def run(self, scenario: str, part: str, spec: JobSpec, stop_at: Optional[int] = None,
             kill_node: Optional[int] = None) -> Run:
-        """One local run in the scenario's directory (its cwd: relative checkpoint paths stay apart)."""
+        """One local run in the scenario's directory (its cwd: relative checkpoint paths stay apart), in the
+        scenario's one run directory (kept across its runs, as a requeued or retried job keeps its own)."""
         where = self.base / scenario
         record = where / f"drill-{part}"
         record.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,7 @@ class Drill:
                                     cwd=where, env=env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps(fields).encode())
+            proc.stdin.write(json.dumps({"spec": fields, "run_dir": str(where / "runs" / "job")}).encode())
             proc.stdin.close()
             deadline = time.monotonic() + self.timeout_s
             killed = kill_node is None
@@ -153,14 +154,11 @@ class Drill:
                              f"step {saves[0]['n']}: the drill stops a run after its first checkpoint and before its "
                              "end; give it more steps (a short epoch) or checkpoint earlier")
         where = (self.base / "reference").resolve()
-        if all(Path(e["path"]).resolve().is_relative_to(where / "runs") for e in saves):
-            raise DrillError("the script writes its checkpoints into its run directory ($CLUSTERDDP_RUN_DIR), which a "
-                             "requeued or retried Slurm job keeps but every local run makes anew: give the drill a "
-                             "relative checkpoint directory (e.g. -- --ckpt-dir ckpt)")
         if not all(Path(e["path"]).resolve().is_relative_to(where) for e in saves):
             raise DrillError(f"the script writes its checkpoints outside the directory it runs in ({saves[0]['path']}):"
-                             " each scenario runs in a directory of its own, so give the checkpoint directory as a "
-                             "relative path")
+                             " each scenario runs in a directory of its own, so keep them under $CLUSTERDDP_RUN_DIR "
+                             "(the run directory: a requeued or retried job keeps it, each sweep trial has its own) "
+                             "or give a relative checkpoint directory")
         return ref, steps
 
     def scenarios(self, ref: Run, steps: int, only: Sequence[str] = SCENARIOS) -> List[Verdict]:

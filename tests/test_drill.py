@@ -114,11 +114,13 @@ def test_only_takes_the_scenario_kinds_and_names_them_when_wrong(tmp_path):
 
 @ranks
 def test_the_example_passes_the_drill_with_small_arguments(tmp_path):
+    """Its checkpoints where the README's contract puts them, under $CLUSTERDDP_RUN_DIR (issue 41: each scenario
+    keeps one run directory across its runs, as a requeued or retried job does)."""
     shutil.copy(ROOT / "examples" / "train_ddp.py", tmp_path)
     proc = subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--nodes", "2", "--procs-per-node", "1",
                            "train_ddp.py", "--", "--images", "4", "--image-size", "64", "--patch", "32", "--width",
-                           "8", "--depth", "2", "--batch-size", "4", "--epochs", "2", "--ckpt-dir", "ckpt",
-                           "--ckpt-every", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+                           "8", "--depth", "2", "--batch-size", "4", "--epochs", "2", "--ckpt-every", "2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1] == "clusterddp drill: every scenario bit-identical: the script resumes exactly"
 

@@ -70,7 +70,8 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     after the first checkpoint and retried; the drill compares the steps, the values the script reports
     (runtime.all_reduce_mean) and the last checkpoints (runtime.Checkpointer) with the uninterrupted run's.
 
-    Give it small arguments (a short epoch, a tiny model) and a relative checkpoint directory. Exit 0 when every
+    Give it small arguments (a short epoch, a tiny model); checkpoints under $CLUSTERDDP_RUN_DIR (kept across a
+    scenario's runs, as a requeued job keeps it) or in a relative directory. Exit 0 when every
     scenario is bit-identical, 1 otherwise.
     """
     from ..drill import Drill, drill_base, report  # not at start-up: every other command would pay for it

@@ -172,7 +172,9 @@ def recorded(run_dir: Path) -> List[logscan.Traceback]:
         secondary = short in _COLLATERAL_TYPES or any(s in message for s in logscan.SECONDARY)
         found.append((r["restart"], float(r["time"]), logscan.Traceback(
             secondary, f"rank {r['rank']}", [], f"{short}: {message}" + (f" (at {where})" if where else ""))))
-    latest = max((restart for restart, _, _ in found), default=0)
+    # This restart's only: a requeued job (or the drill's next run) keeps its run directory and the records in it.
+    latest = max([restart for restart, _, _ in found] + [h["restart"] for h in read_hellos(Path(run_dir)).values()],
+                 default=0)
     return [t for restart, _, t in sorted(found, key=lambda f: f[1]) if restart == latest and not t.secondary]
 
 

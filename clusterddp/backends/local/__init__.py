@@ -37,16 +37,19 @@ class LocalBackend(BackendBase):
 
     def run(self, spec: "JobSpec", quiet: bool = False, echo: Callable[[str], None] = print,
             note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None,
-            drill_env: Sequence[Tuple[str, str]] = ()) -> int:
+            drill_env: Sequence[Tuple[str, str]] = (), run_dir: Optional[str] = None) -> int:
         """Run ``spec`` here to its end (retries after an emulated node's fault included); its exit code.
-        ``drill_env``: the drill's variables for its ranks (from this process's environment they are dropped)."""
+        ``drill_env``: the drill's variables for its ranks (from this process's environment they are dropped);
+        ``run_dir``: a run directory kept across runs (the drill's scenarios: run again there, as a requeued job is,
+        with the next restart count), else a new one."""
         from .plan import not_applied_line
         from .submit import submit_local
 
         line = not_applied_line(spec)
         if line:
             note(line)
-        return submit_local(spec, quiet=quiet, echo=echo, note=note, prepare=prepare, drill_env=drill_env)
+        return submit_local(spec, quiet=quiet, echo=echo, note=note, prepare=prepare, drill_env=drill_env,
+                            run_dir=run_dir)
 
     def submit(self, spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
                note: Callable[[str], None] = lambda line: None) -> "JobRecord":

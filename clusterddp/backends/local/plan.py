@@ -83,7 +83,7 @@ def cpu_count() -> int:
 
 
 def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_available: Sequence[str],
-              emulated: Sequence[int] = ()) -> Plan:
+              emulated: Sequence[int] = (), restart: int = 0) -> Plan:
     """Everything that will run, as data (pure: the dry run prints it). ``emulated``: which of the job's emulated
     nodes (its ``nodes`` and spares) this attempt uses, in order; their GPUs are theirs."""
     n, per = spec.nodes, spec.tasks_per_node
@@ -105,8 +105,8 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
     launch = {"torchrun": _torchrun_procs, "srun": _srun_procs, "spawn": _spawn_procs}[spec.launcher]
     procs = launch(spec, Path(run_dir), port, job_id, devices)
     gpus = [d for node in range(n) for _, ids in devices(node) for d in ids.split(",")] if use_gpus else None
-    return Plan(spec, run_dir, port, gpus, tuple(_common_env(spec, run_dir, port, threads, use_gpus)), tuple(procs),
-                note)
+    common = _common_env(spec, run_dir, port, threads, use_gpus, restart)
+    return Plan(spec, run_dir, port, gpus, tuple(common), tuple(procs), note)
 
 
 Devices = Callable[[int], List[Tuple[str, str]]]
@@ -116,7 +116,8 @@ def _python(spec: JobSpec) -> str:
     return sys.executable if spec.python == "python3" else spec.python
 
 
-def _common_env(spec: JobSpec, run_dir: str, port: int, threads: int, use_gpus: bool) -> List[Tuple[str, str]]:
+def _common_env(spec: JobSpec, run_dir: str, port: int, threads: int, use_gpus: bool,
+                restart: int = 0) -> List[Tuple[str, str]]:
     """The environment of every process: what the batch script promises the ranks (contract.py)."""
     common: List[Tuple[str, str]] = [
         ("PYTHONUNBUFFERED", "1"), (contract.LOCAL, "1"), (contract.LAUNCHER, spec.launcher),
@@ -124,8 +125,8 @@ def _common_env(spec: JobSpec, run_dir: str, port: int, threads: int, use_gpus: 
         (contract.PROCS_PER_NODE, str(spec.tasks_per_node)), (contract.WORLD_SIZE, str(spec.world_size)),
         (contract.RUN_DIR, run_dir), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
         ("OMP_NUM_THREADS", str(threads)),
-        (contract.STOP_FILE, str(Path(run_dir) / contract.STOP_FILE_NAME.format(restarts=0))),
-        (contract.RESTARTS, "0"), (contract.HANG_TIMEOUT, str(spec.hang_timeout_seconds)),
+        (contract.STOP_FILE, str(Path(run_dir) / contract.STOP_FILE_NAME.format(restarts=restart))),
+        (contract.RESTARTS, str(restart)), (contract.HANG_TIMEOUT, str(spec.hang_timeout_seconds)),
         (contract.WATCH_KEY, secrets.token_hex(16)),  # a secret of this run (a new plan for every run)
     ]
     if not use_gpus:

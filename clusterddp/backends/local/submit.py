@@ -11,6 +11,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ... import contract
 from ...contract import default_port
+from ...datafiles import own_dir
 from ...healing.faults import Fault
 from ...job.spec import JobSpec
 from .plan import Plan, describe, make_plan, pick_port, visible_gpus
@@ -51,7 +52,7 @@ def local_fault(plan: Plan, outcome: dict, names: Sequence[str]) -> Optional[Fau
 
 def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
                  echo: Callable[[str], None], note: Callable[[str], None],
-                 drill_env: Sequence[Tuple[str, str]] = ()) -> int:
+                 drill_env: Sequence[Tuple[str, str]] = (), restart: int = 0) -> int:
     """The batch script's attempt loop on this machine, decided by the same supervisor (healing/supervise.py):
     after a node fault (an emulated node's ranks ended by a signal) the job runs again from its last checkpoint
     on healthy emulated nodes, a spare first; after an ambiguous one once in place. (No requeue, no health gate.)"""
@@ -64,7 +65,7 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
     bad: Tuple[str, ...] = ()
     attempt = 0
     while True:
-        plan = make_plan(spec, run_dir, port, job_id, gpus, [hosts.index(n) for n in chosen])
+        plan = make_plan(spec, run_dir, port, job_id, gpus, [hosts.index(n) for n in chosen], restart)
         if drill_env:
             plan = dataclasses.replace(plan, common=plan.common + tuple(drill_env))
         if attempt:
@@ -73,25 +74,24 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
         start = int(time.time())
         code = run_plan(plan, quiet, echo, note, outcome)
         fault = local_fault(plan, outcome, chosen) if code not in (0, contract.EXIT["INTERRUPTED"]) else None
-        record = attempts.Attempt(0, attempt, start, int(time.time()), chosen, code, "", (), "", contract.NEXT_END)
+        record = attempts.Attempt(restart, attempt, start, int(time.time()), chosen, code, "", (), "",
+                                  contract.NEXT_END)
         if fault is None:
-            if spec.retries or spec.spare_nodes:
-                attempts.append(Path(run_dir), record)
+            attempts.append(Path(run_dir), record)
             return code
         fault = after_work(Path(run_dir), fault)
         note(f"clusterddp: attempt {attempt + 1} failed: {fault.line()}")
         action = supervise.after_failure(fault, history=attempts.read(Path(run_dir)), policy=policy, hosts=hosts,
-                                         bad=bad, ran_on=chosen, restart=0, room=None, exit_code=code)
+                                         bad=bad, ran_on=chosen, restart=restart, room=None, exit_code=code)
         judged = action.fault or fault
         record = record._replace(fault=judged.kind, fault_nodes=judged.nodes, why=judged.why, next=action.next)
-        if spec.retries or spec.spare_nodes:
-            attempts.append(Path(run_dir), record)
+        attempts.append(Path(run_dir), record)
         for line in action.say:
             note(line)
         picked = supervise.choose(hosts, action.bad, spec.nodes)
         if action.act not in (supervise.Act.GATE, supervise.Act.RUN) or picked is None:
             return code
-        kept = attempts.set_aside(Path(run_dir), 0, attempt)
+        kept = attempts.set_aside(Path(run_dir), restart, attempt)
         note(f"clusterddp: the failed attempt's logs: {kept}/")
         chosen, bad, attempt = picked, action.bad, attempt + 1
         port = pick_port(port + 1)
@@ -115,9 +115,16 @@ def dry_run(spec: JobSpec) -> str:
 
 def submit_local(spec: JobSpec, quiet: bool = False, echo: Callable[[str], None] = print,
                  note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None,
-                 drill_env: Sequence[Tuple[str, str]] = ()) -> int:
+                 drill_env: Sequence[Tuple[str, str]] = (), run_dir: Optional[str] = None) -> int:
     """The local equivalent of sbatch + wait: returns the job's exit code. (Callers say what it does not apply:
-    LocalBackend.not_applied.)"""
-    run_dir, port, job_id, gpus = _where(spec)
+    LocalBackend.not_applied.) ``run_dir``: run again in that one (the next restart), as a requeued job does."""
+    from ...healing import attempts
+
+    new_dir, port, job_id, gpus = _where(spec)
+    restart = 0
+    if run_dir is not None:
+        own_dir(run_dir)
+        restart = max((a.restart + 1 for a in attempts.read(Path(run_dir))), default=0)
+    run_dir = run_dir or new_dir
     prepare(run_dir)  # (a sweep writes its trial's file there)
-    return run_attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note, drill_env)
+    return run_attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note, drill_env, restart)
