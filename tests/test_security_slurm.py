@@ -167,7 +167,9 @@ def test_option_table_matches_the_installed_sbatch(slurm_env, slurm_release):
 def test_a_reused_job_id_never_mixes_with_an_earlier_jobs_files(work, check):
     """A reset id counter (or a second cluster sharing the directory) hands out an id whose log and run
     directory already exist: they are kept under another name and the new job gets fresh ones. With the
-    pre-flight checks the job is submitted held until then; with --no-check the files move right after sbatch."""
+    pre-flight checks the job is submitted held until then; with --no-check the files move right after sbatch.
+    Issue 41: a link planted at the batch log's path (dangling: slurmstepd would create its target as the user)
+    is moved aside the same way; nothing is written through it."""
     d, env = work
     flags = [] if check else ["--no-check"]
     first = submitted(run_cli("submit", *flags, "--wait", "--launcher", "srun", "plumbing.py", cwd=d, env=env))
@@ -175,16 +177,17 @@ def test_a_reused_job_id_never_mixes_with_an_earlier_jobs_files(work, check):
     nxt = str(int(first["job_id"]) + (2 if check else 1))
     old_log = d / "clusterddp-runs" / f"plumbing-{nxt}.out"
     old_run = d / "clusterddp-runs" / f"plumbing-{nxt}"
-    old_log.write_text("an earlier job's log\n")
+    victim = d / "victim.txt"
+    old_log.symlink_to(victim)
     old_run.mkdir()
     (old_run / "rank-0.out").write_text("an earlier job's rank log\n")
     proc = run_cli("submit", *flags, "--wait", "--launcher", "srun", "plumbing.py", cwd=d, env=env)
     job = submitted(proc)
     assert job["job_id"] == nxt, "the test expects consecutive ids"
     assert f"kept as {old_log}.1" in proc.stderr and f"kept as {old_run}.1" in proc.stderr
-    assert Path(f"{old_log}.1").read_text() == "an earlier job's log\n"
+    assert os.readlink(f"{old_log}.1") == str(victim) and not os.path.lexists(victim)
     assert Path(f"{old_run}.1/rank-0.out").read_text() == "an earlier job's rank log\n"
-    assert "an earlier job" not in old_log.read_text() and "MASTER_ADDR" in old_log.read_text()
+    assert not old_log.is_symlink() and "MASTER_ADDR" in old_log.read_text()
     assert "ended COMPLETED" in proc.stderr
 
 

@@ -107,13 +107,14 @@ class Here:
                             f"{exc.strerror}; choose a writable directory") from None
 
     def move_aside(self, paths: Sequence[str]) -> List[Tuple[str, str]]:
-        """Rename an existing batch log and run directory to NAME.1, NAME.2, ... (first free)."""
+        """Rename an existing batch log and run directory to NAME.1, NAME.2, ... (first free). A link there too,
+        dangling or not (someone's plant: slurmstepd would write the batch log through it)."""
         moved = []
         for name in paths:
             path = Path(name)
-            if path.exists():
+            if os.path.lexists(path):
                 n = 1
-                while path.with_name(f"{path.name}.{n}").exists():
+                while os.path.lexists(path.with_name(f"{path.name}.{n}")):
                     n += 1
                 path.rename(path.with_name(f"{path.name}.{n}"))
                 moved.append((str(path), str(path.with_name(f"{path.name}.{n}"))))

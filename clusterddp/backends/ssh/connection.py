@@ -282,9 +282,9 @@ def write(cluster: Cluster, path: str, text: str) -> None:
 
 _MOVE_ASIDE = r"""
 for p in "$@"; do
-    [ -e "$p" ] || continue
+    [ -e "$p" ] || [ -L "$p" ] || continue
     n=1
-    while [ -e "$p.$n" ]; do n=$((n + 1)); done
+    while [ -e "$p.$n" ] || [ -L "$p.$n" ]; do n=$((n + 1)); done
     mv -- "$p" "$p.$n" && printf '%s\t%s\n' "$p" "$p.$n"
 done
 """
