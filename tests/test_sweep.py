@@ -347,3 +347,16 @@ def test_what_counts_as_code_outputs_inside_and_links_out_of_the_project(tmp_pat
     assert not (snap / "helper.py").is_symlink() and (snap / "helper.py").read_text() == "X = 2\n"
     assert not (snap / "up.py").is_symlink() and (snap / "same.py").is_symlink()
     assert snapshot(project, names, snap) == snap                      # it holds the code its name says
+
+
+def test_an_array_script_slurm_would_refuse_is_one_line_before_anything_is_made(project):
+    """Issue 41: about 20,000 trials make an array script over Slurm's default 4 MiB max_script_size; sbatch would
+    refuse it. Said with the number of trials that fit (a submission checks it before its snapshot or record)."""
+    values = ",".join(str(i) for i in range(20000))
+    for extra in (["--dry-run"],):
+        result = CliRunner().invoke(cli, ["sweep", *extra, "--grid", f"lr={values}", "trial.py", "--", "--lr", "{lr}"])
+        assert result.exit_code == 2, result.output
+        lines = [ln for ln in result.output.splitlines() if ln]
+        assert len(lines) == 1 and "Slurm refuses batch scripts over 4 MiB (max_script_size" in lines[0], lines
+        assert "for 20000 trials" in lines[0] and "sweeps of at most about" in lines[0]
+        assert not (project / "clusterddp-runs").exists() and not (project.parent / "state").exists()

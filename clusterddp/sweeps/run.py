@@ -169,6 +169,9 @@ def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord
     from .. import backends
 
     spec = p.spec
+    # The array script's size first (Slurm's max_script_size): nothing is made for a sweep sbatch would refuse.
+    backends.get(cluster).script(spec.replace(output_dir=record.sweep_dir, sweep=SweepJob(p.name, tuple(todo)),
+                                              array=SweepJob(p.name, tuple(todo)).array(max_parallel)), template_dirs)
     if not cluster.remote:  # here: the job runs the snapshot's script, from the directory submitted from
         code_dir = snapshot(cwd, p.names, Path(record.sweep_dir) / "code" / p.code)
         note(f"the sweep's trials run the code as it is now, from its snapshot {code_dir}")

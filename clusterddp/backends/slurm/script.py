@@ -18,7 +18,7 @@ import jinja2
 
 from ... import contract, dirs
 from ...contract import PORT_BASE, PORT_SPAN
-from ...errors import TemplateError
+from ...errors import SpecError, TemplateError
 from ...job.quoting import sbatch_quote, shell_quote, shown
 from ...job.spec import JobSpec
 
@@ -217,6 +217,10 @@ def context(spec: JobSpec) -> Dict[str, Any]:
     }
 
 
+#: Slurm's default max_script_size (SchedulerParameters): sbatch refuses a larger batch script.
+MAX_SCRIPT_BYTES = 4 << 20
+
+
 def render(spec: JobSpec, template: Optional[str] = None, template_dirs: Sequence[str] = ()) -> str:
     """The sbatch script for ``spec`` (template defaults to ``spec.template`` or the launcher's own)."""
     spec.require_entry_point()
@@ -240,8 +244,16 @@ def render_part(spec: JobSpec, name: str, template_dirs: Sequence[str] = ()) -> 
     except OSError as exc:  # a name too long for the file system, for one
         raise TemplateError(f"template {shown(name)}: {exc.strerror}") from None
     try:
-        return tmpl.render(context(spec))
+        text = tmpl.render(context(spec))
     except jinja2.UndefinedError as exc:
         raise TemplateError(f"template {name!r} uses an undefined value: {exc.message}") from None
     except jinja2.TemplateError as exc:
         raise TemplateError(f"template {name!r} failed to render: {exc}") from None
+    size = len(text.encode("utf-8"))
+    if spec.sweep is not None and size > MAX_SCRIPT_BYTES:
+        trials = len(spec.sweep.trials)
+        fits = max(1, trials * MAX_SCRIPT_BYTES // size * 9 // 10)
+        raise SpecError(f"this sweep's array script would be {size / 2 ** 20:.1f} MiB for {trials} trials: Slurm "
+                        f"refuses batch scripts over {MAX_SCRIPT_BYTES >> 20} MiB (max_script_size, unless the site "
+                        f"raised it); submit it as sweeps of at most about {fits} trials each")
+    return text
