@@ -210,3 +210,28 @@ def test_background_checkpoints_survive_a_kill_bit_identical(tmp_path, reference
         lines = resumed[rank]
         rerun = next(i for i in range(1, len(lines)) if int(lines[i][0]) <= int(lines[i - 1][0]))
         assert lines[rerun][0] == str(saved[-1] + 1) and lines[rerun:] == reference_steps[rank][saved[-1]:], rank
+
+
+@pytest.mark.slurm
+@pytest.mark.slurm_releases("26.05")
+def test_the_time_limit_signal_during_the_health_gate_still_ends_srun_after_the_grace(work):
+    """Issue 41: USR2 arrives while the health gate runs, before srun exists. srun is still ended --stop-grace
+    after it starts (the grace timer once died on an unset srun pid and the job ran on to its time limit): the job
+    ends with the requeue limit's exit code within seconds, not after the script's two minutes."""
+    shutil.copy(SCRIPTS / "sleeper.py", work)
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "1", "--gpus", "1", "--time", "10", "--stop-grace", "5",
+                   "--max-requeues", "0", "--health-check", "sleep 8", "sleeper.py", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    run_dir = work / "clusterddp-runs" / f"sleeper-{job_id}"
+    deadline = time.monotonic() + 60
+    while not (run_dir / "health" / "0.0").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+    sent = time.monotonic()
+    final = slurm.wait(job_id)
+    assert time.monotonic() - sent < 60 and final.exit_code == 75, final
+    batch_log = (work / "clusterddp-runs" / f"sleeper-{job_id}.out").read_text()
+    assert "SIGUSR2 received" in batch_log and "requeue limit reached (0 of 0 requeues used)" in batch_log
+    assert (run_dir / "rank-0.out").read_text().startswith("started") and "slept" not in (
+        run_dir / "rank-0.out").read_text()

@@ -103,13 +103,16 @@ echo "clusterddp: per-rank logs in $RUN_DIR"
 # a trap only once its foreground child is done, hence srun in the background and `wait` in a loop below.
 # The ranks see the stop request through $CLUSTERDDP_STOP_FILE (clusterddp.runtime.should_stop()).
 export CLUSTERDDP_STOP_FILE="$RUN_DIR/stop-requested-$CLUSTERDDP_RESTARTS"
-CLUSTERDDP_SIGNAL=""
-CLUSTERDDP_TIMER_PID=""
+CLUSTERDDP_SIGNAL="" CLUSTERDDP_TIMER_PID="" CLUSTERDDP_SRUN_PID=""
 clusterddp_stop() {
     [ -z "$CLUSTERDDP_SIGNAL" ] || return 0
     CLUSTERDDP_SIGNAL="$1"
     echo "clusterddp: SIG$1 received (restart count $CLUSTERDDP_RESTARTS): every rank checkpoints and stops; srun is ended after 90 s"
     touch -- "$CLUSTERDDP_STOP_FILE"
+    clusterddp_timer
+}
+clusterddp_timer() {  # srun ends --stop-grace after the request (one that came before srun started: after its start)
+    [ -n "$CLUSTERDDP_SIGNAL" ] && [ -n "$CLUSTERDDP_SRUN_PID" ] && [ -z "$CLUSTERDDP_TIMER_PID" ] || return 0
     ( sleep 90; kill -TERM "$CLUSTERDDP_SRUN_PID" 2>/dev/null ) &
     CLUSTERDDP_TIMER_PID=$!
 }
@@ -202,12 +205,14 @@ srun --nodes=2 --ntasks=4 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=
     clusterddp-rank python3 train.py &
 CLUSTERDDP_SRUN_PID=$!
     exec 2>&"$CLUSTERDDP_ERR_FD" {CLUSTERDDP_ERR_FD}>&-
+    clusterddp_timer
 
     # srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
     # a trap interrupts `wait`, so wait again while srun is still there.
     while CLUSTERDDP_STATUS=0; wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?; kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do :; done
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null && sleep 0.1 || break; done  # tee has srun's last lines
     [ -z "$CLUSTERDDP_TIMER_PID" ] || kill "$CLUSTERDDP_TIMER_PID" 2>/dev/null || true
+    CLUSTERDDP_TIMER_PID="" CLUSTERDDP_SRUN_PID=""
     [ "$CLUSTERDDP_STATUS" -eq 0 ] || clusterddp_room
     clusterddp_next ended --status "$CLUSTERDDP_STATUS" --signal "$CLUSTERDDP_SIGNAL" --start "$CLUSTERDDP_START" \
         --ran-on "$CLUSTERDDP_STEP_NODES"
