@@ -26,6 +26,25 @@ def test_a_failed_background_write_is_an_error_on_every_rank(tmp_path):
                                           "are untouched"}, raised
 
 
+@pytest.mark.ranks
+def test_a_failed_last_write_fails_a_script_that_never_calls_shutdown(tmp_path):
+    """Issue 41: the script returns without shutdown() while its last background write fails: the process exits
+    with 1 and says which checkpoint (it once exited 0, the failure unseen)."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    proc = subprocess.run([sys.executable, str(SCRIPTS / "ckpt_background.py"), "--dir", str(tmp_path / "ck"),
+                           "--no-shutdown"], capture_output=True, text=True, timeout=180,
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)})
+    assert "RETURNED without shutdown" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (f"clusterddp: the checkpoint {tmp_path / 'ck' / 'ckpt-0000000004.pt'} could not be written by rank 0 "
+            "(FileExistsError") in proc.stderr and "exiting with 1" in proc.stderr, proc.stderr
+
+
 def test_a_background_save_keeps_the_state_of_its_step(tmp_path):
     """save() returns before the write; the parameters change at once; what is on disk is the state at save()."""
     import torch

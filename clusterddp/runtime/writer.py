@@ -3,6 +3,9 @@
 every rank at that point (rank 0 alone knows, so its answer travels on the control channel)."""
 from __future__ import annotations
 
+import atexit
+import os
+import sys
 import threading
 from typing import Any, Callable, Dict, Optional
 
@@ -33,7 +36,25 @@ def start(path: str, write: Callable[[], None]) -> None:
     # Not a daemon: a script that returns without shutdown() still gets its last checkpoint written at exit.
     thread = threading.Thread(target=run, name=f"clusterddp-checkpoint {path}", daemon=False)
     state.update(thread=thread, path=path, error=None)
+    global _WATCHED
+    if not _WATCHED:
+        _WATCHED = True
+        atexit.register(_at_exit)
     thread.start()
+
+
+_WATCHED = False
+
+
+def _at_exit() -> None:
+    """A script that returned without shutdown(): its last write (joined by now: the thread is no daemon) must not
+    fail unseen, so the process exits with 1 and says why."""
+    state = STATE.get("writer") or {}
+    if state.get("thread") is not None and state.get("error") is not None:
+        sys.stdout.flush()
+        print(f"clusterddp: the checkpoint {state['path']} could not be written by rank 0 ({state['error']}); the "
+              "checkpoints before it are untouched; exiting with 1", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def failed() -> bool:

@@ -32,6 +32,7 @@ def mend_directory(directory: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
+    p.add_argument("--no-shutdown", action="store_true", help="return after the last failed write, no shutdown()")
     args = p.parse_args()
     runtime.init(timeout=60, allow_single=True)
     model = runtime.wrap(nn.Linear(4, 2))
@@ -58,6 +59,9 @@ def main() -> None:
     ckpt.save(4, model)
     with torch.no_grad():
         model.module.weight.add_(1.0) if hasattr(model, "module") else model.weight.add_(1.0)
+    if args.no_shutdown:
+        print("RETURNED without shutdown", flush=True)
+        return
     try:
         runtime.shutdown()
     except RuntimeEnvError as exc:
