@@ -140,6 +140,13 @@ def test_map_array_records_its_trials_for_sweep_status(tmp_path, monkeypatch):
         ({"lr": "2"}, "COMPLETED", {"loss": 2.0}, {"loss": 2.0})]
     again = run_cli("sweep", "api-sweep", "--rerun", "failed", "--local", cwd=tmp_path)
     assert again.returncode == 2 and "submitted by clusterddp.map_array" in again.stderr
+    # Issue 41: a later call with the same name adds to the record; the earlier trials stay
+    more = clusterddp.map_array(report_job, JobSpec(gpus_per_node=0, procs_per_node=2), [{"lr": 3}],
+                                backend="local", name="api-sweep")
+    assert [j.result() for j in more] == [{"lr": 3}]
+    rows = json.loads(run_cli("sweep", "status", "api-sweep", "--local", "--json", cwd=tmp_path).stdout)
+    assert sorted((r["params"]["lr"], r["state"]) for r in rows) == [("0.5", "COMPLETED"), ("2", "COMPLETED"),
+                                                                     ("3", "COMPLETED")], rows
 
 
 @pytest.mark.slurm

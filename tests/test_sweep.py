@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -360,3 +361,35 @@ def test_an_array_script_slurm_would_refuse_is_one_line_before_anything_is_made(
         assert len(lines) == 1 and "Slurm refuses batch scripts over 4 MiB (max_script_size" in lines[0], lines
         assert "for 20000 trials" in lines[0] and "sweeps of at most about" in lines[0]
         assert not (project / "clusterddp-runs").exists() and not (project.parent / "state").exists()
+
+
+def test_a_sweep_record_is_data_and_has_one_writer_at_a_time(project, tmp_path):
+    """Issue 41: a damaged record (or another user's, or a link) is one line naming the file, for a rerun and for
+    status; two submissions of one sweep take turns on its record (an flock beside it), so the second sees the
+    first one's trials instead of submitting them again."""
+    import subprocess
+    import sys
+
+    from clusterddp.sweeps.run import SweepRecord
+
+    path = SweepRecord.path(".local", "broken")
+    path.parent.mkdir(parents=True)
+    for damage in ("{not json", '{"name": "broken", "cluster": ".local", "sweep_dir": "/x", "spec": {}, '
+                                '"trials": {"k": {"index": "0", "params": []}}}', '["a list"]'):
+        path.write_text(damage)
+        for args in (["sweep", "broken", "--rerun", "failed", "--local"], ["sweep", "status", "broken", "--local"]):
+            proc = run_cli(*args, cwd=project)
+            lines = [ln for ln in proc.stderr.splitlines() if ln]
+            assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+            assert f"the sweep record {path} is damaged (" in lines[0] and "Traceback" not in proc.stderr
+    code = ("import time\nfrom clusterddp.sweeps.run import RecordLock\nwith RecordLock('.local', 'busy'):\n"
+            "    print('held', flush=True)\n    time.sleep(2)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ})
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    from clusterddp.sweeps.run import RecordLock
+
+    started = time.monotonic()
+    with RecordLock(".local", "busy"):
+        waited = time.monotonic() - started
+    holder.wait(timeout=30)
+    assert waited > 1.0, waited  # it waited for the other writer

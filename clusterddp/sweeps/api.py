@@ -68,16 +68,23 @@ class TrialCall:
 
 
 def record(name: str, spec: Any, trials: Sequence[Trial], job_ids: Sequence[str], local: bool) -> None:
-    """The sweep's record, as `clusterddp sweep` writes it (its origin: map_array, which reruns by being called)."""
-    from .run import LOCAL_RECORDS, SweepRecord, spec_fields, sweep_dir_for
+    """The sweep's record, as `clusterddp sweep` writes it (its origin: map_array, which reruns by being called).
+    A later call with the same name adds its trials and its array to the record; earlier ones stay."""
+    from ..errors import SpecError
+    from .run import LOCAL_RECORDS, RecordLock, SweepRecord, spec_fields, sweep_dir_for
 
     check_sweep_name(name)
+    where = LOCAL_RECORDS if local else HERE
     array = job_ids[0].split("_")[0] if job_ids else ""
-    rec = SweepRecord(name, LOCAL_RECORDS if local else HERE, sweep_dir_for(spec, name, False), spec_fields(spec),
-                      submitted_from=os.getcwd(), origin="map_array")
-    rec.trials = {t.key: {"index": t.index, "params": [list(p) for p in t.params], "code": ""} for t in trials}
-    if local:
-        rec.submissions = [{"job_id": LOCAL, "time": int(time.time()), "tasks": {}}]
-    else:
-        rec.submissions = [{"job_id": array, "time": int(time.time()), "tasks": {str(t.index): t.key for t in trials}}]
-    rec.save()
+    with RecordLock(where, name):
+        path = SweepRecord.path(where, name)
+        rec = SweepRecord.read(path) if os.path.lexists(path) else SweepRecord(
+            name, where, sweep_dir_for(spec, name, False), spec_fields(spec), submitted_from=os.getcwd(),
+            origin="map_array")
+        if rec.origin != "map_array":
+            raise SpecError(f"sweep {name} was submitted by `clusterddp sweep`: give map_array another name")
+        rec.trials.update({t.key: {"index": t.index, "params": [list(p) for p in t.params], "code": ""}
+                           for t in trials})
+        rec.submissions.append({"job_id": LOCAL if local else array, "time": int(time.time()),
+                                "tasks": {} if local else {str(t.index): t.key for t in trials}})
+        rec.save()

@@ -24,6 +24,7 @@ from .run import (
     LOCAL_RECORDS,
     Note,
     Plan,
+    RecordLock,
     SweepRecord,
     check_array_size,
     new_record,
@@ -54,21 +55,25 @@ def run(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cluster: Clust
         raise SpecError(f"--max-parallel must be at least 1, got {max_parallel}")
     cwd = Path.cwd()
     p = plan(spec, axes, name, cwd)
-    record = new_record(p, cluster, local)
-    known = {s.key: s for s in states(record)} if record.trials else {}
-    todo = [t for t in p.trials if t.key not in known or not known[t.key].has_result]
-    skipped = len(p.trials) - len(todo)
-    if not todo:
-        note(f"nothing to submit: all {len(p.trials)} trial(s) of sweep {p.name} with these parameters and this code "
-             f"have a result or are queued (clusterddp sweep status {p.name}; --rerun failed runs failed ones again)")
-        return Outcome(p.name, None, [], skipped)
-    if skipped:
-        note(f"{skipped} of {len(p.trials)} trial(s) already have a result or are queued: submitting the other "
-             f"{len(todo)}")
-    if local:
-        return _run_local(p, record, todo, skipped, note, echo, cwd, max_parallel or 1)
-    check_array_size(todo, count(axes), cluster)
-    job_id = submit(p, cluster, todo, record, max_parallel, template_dirs, check, note, cwd)
+    # One writer of the record at a time: a second submission of the same sweep waits, then finds these trials.
+    with RecordLock(LOCAL_RECORDS if local else cluster.name, p.name):
+        record = new_record(p, cluster, local)
+        known = {s.key: s for s in states(record)} if record.trials else {}
+        todo = [t for t in p.trials if t.key not in known or not known[t.key].has_result]
+        skipped = len(p.trials) - len(todo)
+        if not todo:
+            note(f"nothing to submit: all {len(p.trials)} trial(s) of sweep {p.name} with these parameters and this "
+                 f"code have a result or are queued (clusterddp sweep status {p.name}; --rerun failed runs failed "
+                 "ones again)")
+            return Outcome(p.name, None, [], skipped)
+        if skipped:
+            note(f"{skipped} of {len(p.trials)} trial(s) already have a result or are queued: submitting the other "
+                 f"{len(todo)}")
+        if local:
+            # (held to the end: a local trial running has no result yet, and a second run would start it again)
+            return _run_local(p, record, todo, skipped, note, echo, cwd, max_parallel or 1)
+        check_array_size(todo, count(axes), cluster)
+        job_id = submit(p, cluster, todo, record, max_parallel, template_dirs, check, note, cwd)
     return Outcome(p.name, job_id, todo, skipped)
 
 
@@ -80,7 +85,14 @@ def rerun(name: str, which: Sequence[str], cluster: Optional[Cluster], max_paral
     bad = [w for w in which if w not in RERUN_CHOICES]
     if bad or not which:
         raise SpecError(f"--rerun takes {' or '.join(RERUN_CHOICES)}, got {', '.join(bad) or 'nothing'}")
-    record = SweepRecord.load(name, LOCAL_RECORDS if local else cluster.name if cluster else None)
+    found = SweepRecord.load(name, LOCAL_RECORDS if local else cluster.name if cluster else None)
+    with RecordLock(found.cluster, name):  # read again under the lock: another submission may have just written it
+        return _rerun(SweepRecord.load(name, found.cluster), which, max_parallel, template_dirs, check, note, echo)
+
+
+def _rerun(record: SweepRecord, which: Sequence[str], max_parallel: Optional[int], template_dirs: Sequence[str],
+           check: bool, note: Note, echo: Note) -> Outcome:
+    name = record.name
     if record.origin != "sweep":
         raise SpecError(f"sweep {name} was submitted by clusterddp.map_array: rerun its configs by calling it again")
     wanted = {"failed": lambda s: s.state == JobState.FAILED, "missing": lambda s: s.state == JobState.MISSING}

@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import dirs
 from ..contract import PLACEHOLDERS
-from ..datafiles import NotOwned, own_dir, write_atomic
-from ..errors import PreflightError, SpecError
+from ..datafiles import NotOwned, own_dir, read_json, write_atomic
+from ..errors import ClusterDDPError, PreflightError, SpecError
 from ..job.clusters import Cluster
 from ..job.code import code_files, code_hash, leaves
 from ..job.quoting import shown
@@ -64,7 +64,20 @@ class SweepRecord:
         if len(found) > 1:
             raise SpecError(f"sweep {name!r} exists for several clusters ({', '.join(found)}): choose one with "
                             "--cluster NAME (--local runs: --local)")
-        data = json.loads(cls.path(found[0], name).read_text())
+        return cls.read(cls.path(found[0], name))
+
+    @classmethod
+    def read(cls, path: Path) -> "SweepRecord":
+        """A record file as data: bounded, this user's, every field of its type; a damaged one is one line."""
+        try:
+            info = os.lstat(path)
+        except OSError as exc:
+            raise ClusterDDPError(f"cannot read the sweep record {path}: {exc.strerror}") from None
+        data = read_json(path, 64 << 20) if info.st_uid == os.getuid() else None
+        bad = "not this user's file" if info.st_uid != os.getuid() else _damage(data)
+        if bad is not None or not isinstance(data, dict):
+            raise ClusterDDPError(f"the sweep record {path} is damaged ({bad}): move it aside and submit the sweep "
+                                 "again (its trials with a result are found again)")
         return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
 
     def job_spec(self) -> JobSpec:
@@ -73,6 +86,49 @@ class SweepRecord:
     def trial(self, key: str) -> Trial:
         t = self.trials[key]
         return Trial(int(t["index"]), tuple((k, v) for k, v in t["params"]), key)
+
+
+def _damage(data: Any) -> Optional[str]:
+    """What is wrong with a sweep record's data, or None."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    types = {"name": str, "cluster": str, "sweep_dir": str, "spec": dict, "trials": dict, "submissions": list,
+             "submitted_from": str, "origin": str}
+    missing = [k for k in ("name", "cluster", "sweep_dir", "spec") if k not in data]
+    if missing:
+        return f"no {missing[0]!r}"
+    wrong = [f"{k!r} is not a {t.__name__}" for k, t in types.items() if k in data and not isinstance(data[k], t)]
+    if wrong:
+        return wrong[0]
+    if not all(isinstance(t, dict) and isinstance(t.get("index"), int) and isinstance(t.get("params"), list)
+               for t in data.get("trials", {}).values()):
+        return "a trial is not an index with its parameters"
+    return None
+
+
+class RecordLock:
+    """One sweep record's writers, one at a time (a second `clusterddp sweep` of the same name waits, then finds
+    the first one's trials queued): an flock on a file beside the record, in this user's state directory."""
+
+    def __init__(self, cluster: str, name: str) -> None:
+        self.path = SweepRecord.path(cluster, name).with_suffix(".lock")
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> "RecordLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # (closing drops the lock)
+            self.fd = None
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def spec_fields(spec: JobSpec) -> Dict[str, Any]:
