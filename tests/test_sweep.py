@@ -393,3 +393,27 @@ def test_a_sweep_record_is_data_and_has_one_writer_at_a_time(project, tmp_path):
         waited = time.monotonic() - started
     holder.wait(timeout=30)
     assert waited > 1.0, waited  # it waited for the other writer
+
+
+def test_sweep_status_reads_odd_trial_files_and_metrics_as_data(project):
+    """Issue 41: a trial.json whose key is a list, metrics.jsonl lines that are lists, an int of 400 digits, a
+    step that is a boolean: status shows what is usable and never a traceback."""
+    from clusterddp.sweeps.run import SweepRecord
+
+    sweep_dir = project / "clusterddp-runs" / "sweep-odd"
+    rec = SweepRecord("odd", ".local", str(sweep_dir), {"script": "trial.py"},
+                      trials={"k0": {"index": 0, "params": [["lr", "0.1"]], "code": "c"}},
+                      submissions=[{"job_id": "local", "time": 0, "tasks": {}}], submitted_from=str(project))
+    rec.save()
+    (sweep_dir / "odd-1").mkdir(parents=True)
+    (sweep_dir / "odd-1" / "trial.json").write_text(json.dumps({"sweep": "odd", "key": ["k0"]}))
+    good = sweep_dir / "odd-2"
+    good.mkdir()
+    (good / "trial.json").write_text(json.dumps({"sweep": "odd", "key": "k0"}))
+    (good / "metrics.jsonl").write_text("\n".join([
+        json.dumps([1, 2]), json.dumps({"metrics": [1]}), '{"step": 1, "metrics": {"loss": 1' + "0" * 400 + "}}",
+        json.dumps({"step": True, "metrics": {"loss": 0.5, "acc": "x"}}), "not json"]) + "\n")
+    proc = run_cli("sweep", "status", "odd", "--local", "--json", cwd=project)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["run_dir"] == str(good) and row["last"] == {"loss": 0.5}, row

@@ -101,8 +101,13 @@ def _damage(data: Any) -> Optional[str]:
     if wrong:
         return wrong[0]
     if not all(isinstance(t, dict) and isinstance(t.get("index"), int) and isinstance(t.get("params"), list)
+               and all(isinstance(kv, list) and len(kv) == 2 for kv in t["params"])
                for t in data.get("trials", {}).values()):
         return "a trial is not an index with its parameters"
+    if not all(isinstance(s, dict) and isinstance(s.get("job_id"), str) and isinstance(s.get("tasks"), dict)
+               and all(isinstance(k, str) and isinstance(v, str) for k, v in s["tasks"].items())
+               for s in data.get("submissions", [])):
+        return "a submission is not a job id with its tasks"
     return None
 
 

@@ -100,7 +100,7 @@ def _numeric(v: Any) -> bool:
     try:
         float(v)
         return True
-    except ValueError:
+    except (ValueError, OverflowError):  # (an int of 400 digits is JSON, and no float)
         return False
 
 
@@ -111,7 +111,8 @@ def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence
     runs: Dict[str, List[Tuple[float, Path]]] = {}
     for trial_file in base.glob(f"*/{contract.TRIAL_FILE}") if base.is_dir() else []:
         data = read_json(trial_file, 1 << 16)
-        if isinstance(data, dict) and data.get("sweep") == record.name and data.get("key") in record.trials:
+        if isinstance(data, dict) and data.get("sweep") == record.name and isinstance(data.get("key"), str) \
+                and data["key"] in record.trials:
             runs.setdefault(data["key"], []).append((trial_file.stat().st_mtime, trial_file.parent))
     task_of = {key: f"{s['job_id']}_{index}" for s in record.submissions for index, key in s["tasks"].items()}
     out = []
