@@ -189,6 +189,10 @@ def project(tmp_path, monkeypatch):
     (["--grid", "lr=1", "--max-parallel", "0", "trial.py"], "--max-parallel must be at least 1"),
     (["--sweep-file", "nope.toml", "trial.py"], "cannot read nope.toml"),
     (["nosuch", "--rerun", "failed"], "no sweep named 'nosuch'"),
+    (["--launcher", "spawn", "--grid", "a={world_size}", "trial.py", "--", "--x", "{a}"],
+     "holds a spawn placeholder the spawn launcher would fill in again"),
+    (["--launcher", "spawn", "--grid", "a={master", "--grid", "b=_port}", "trial.py", "--", "--x", "{a}{b}"],
+     "becomes '{master_port}', which holds a spawn placeholder"),
 ])
 def test_bad_input_is_one_line_and_submits_nothing(project, extra, message):
     result = CliRunner().invoke(cli, ["sweep", *extra])

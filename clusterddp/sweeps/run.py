@@ -200,11 +200,15 @@ def plan(spec: JobSpec, axes: Sequence[Axis], name: Optional[str], cwd: Path) ->
                 "shape": [spec.nodes, spec.tasks_per_node, spec.launcher]}
     planned = trials(axes, identity)
     if spec.launcher == "spawn":
+        # The spawn launcher fills its placeholders after the sweep filled its values: a placeholder that a value
+        # holds, or that values put side by side compose ("{master" + "_port}"), would be filled in again.
+        token = re.compile(r"\{(" + "|".join(map(re.escape, PLACEHOLDERS)) + r")\}")
         for t in planned:
-            for n, v in t.params:
-                if re.search(r"\{(" + "|".join(map(re.escape, PLACEHOLDERS)) + r")\}", v):
-                    raise SpecError(f"value {shown(v)} of {n!r} holds a spawn placeholder, which the spawn launcher "
-                                    "would fill in again: choose another value")
+            for written, filled in zip(spec.args, t.args(spec.args)):
+                if len(token.findall(filled)) > len(token.findall(written)):
+                    raise SpecError(f"trial {t.index} ({', '.join(f'{n}={v}' for n, v in t.params)}): the argument "
+                                    f"{shown(written)} becomes {shown(filled)}, which holds a spawn placeholder "
+                                    "the spawn launcher would fill in again: choose other values")
     return Plan(name, spec, tuple(planned), code, tuple(names))
 
 
