@@ -123,6 +123,11 @@ cmd_install_host() {
     done
 }
 
+pair_line() {
+    # pair: two nodes and none to spare (a requeue without one of them could never start: tests/test_self_healing.py)
+    [ "${#NODES[@]}" -lt 2 ] || echo "PartitionName=pair Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=INFINITE State=UP"
+}
+
 node_lines() {
     local i=1
     for n in "${NODES[@]}"; do
@@ -179,8 +184,7 @@ MessageTimeout=20
 GresTypes=gpu
 $(node_lines)
 PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
-# pair: two nodes and none to spare (a requeue without one of them could never start: tests/test_self_healing.py)
-PartitionName=pair Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=INFINITE State=UP
+$(pair_line)
 EOF
     cat >"$DIR/gres.conf" <<EOF
 AutoDetect=off
