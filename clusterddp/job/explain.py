@@ -111,11 +111,14 @@ def node_faults(spec: JobSpec) -> List[str]:
         return ["retries: off (--retries 0): a node fault ends the job"]
     then = (f"on a spare while one is left ({spec.spare_nodes} spare node(s): Slurm allocates {spec.alloc_nodes}, "
             f"each attempt runs on {spec.nodes})" if spec.spare_nodes else "no spare nodes (--spare-nodes)")
-    last = ("then the job requeues itself with the node(s) at fault excluded (within --max-requeues)"
+    last = ("then the job requeues itself with the node(s) at fault excluded (within --max-requeues) when its "
+            "partition still has room without them, else runs again in place if the health gate passes them"
             if spec.requeues else "then the job ends (requeue is off: --time or --requeue turns it on)")
-    out = [f"retries: up to {spec.retries} after a node fault (a rank killed with no traceback, a lost node, a hang, "
-           "ranks that never arrived), from the last checkpoint, without the node(s) at fault; a Python exception "
-           "is never retried (--retries)", f"  {then}; {last}",
+    out = [f"retries: up to {spec.retries} after a node fault (srun's node failure, every rank of a node killed, a "
+           "hang's odd ranks, ranks that never arrived), from the last checkpoint, without the node(s) at fault; "
+           "once in place after an ambiguous one (one rank killed, a segfault, nothing else said); a Python "
+           "exception, abort(), an out-of-memory kill are the program's: never retried (--retries)",
+           f"  {then}; {last}",
            "health gate: before " + ("every attempt" if spec.health_check or spec.spare_nodes else "each retry")
            + ", each candidate node checks that the run directory is writable there and its GPUs are visible "
            "(nvidia-smi)" + (f", and runs --health-check {spec.health_check!r}" if spec.health_check else "")
