@@ -120,6 +120,27 @@ class NotOwned(Exception):
     """A directory that must be this user's own is not (a link, another user's, writable by group or others)."""
 
 
+def _writers(mode: int) -> str:
+    return " and ".join(who for bit, who in ((0o020, "group"), (0o002, "others")) if mode & bit)
+
+
+def _others_write(info: os.stat_result) -> bool:
+    """Someone else may write this directory: others may, or its group may and the group is not this user's private
+    one (a user-private group, as umask 002 systems give every user, has that user alone)."""
+    if info.st_mode & 0o002:
+        return True
+    if not info.st_mode & 0o020:
+        return False
+    try:
+        import grp
+        import pwd
+
+        group, me = grp.getgrgid(info.st_gid), pwd.getpwuid(os.getuid()).pw_name
+    except (KeyError, ImportError):
+        return True
+    return not (group.gr_name == me and set(group.gr_mem) <= {me})
+
+
 def own_dir(path: Union[str, Path]) -> Path:
     """``path`` as a directory of this user's own: made now (missing parents too; group and others may read, never
     write), or, where it exists, a directory reached without a link, owned by this user and writable by nobody else.
@@ -138,7 +159,29 @@ def own_dir(path: Union[str, Path]) -> Path:
     if info.st_uid != os.getuid():
         raise NotOwned(f"{target} belongs to another user (uid {info.st_uid}): someone made it before you; use "
                        "another directory")
-    if info.st_mode & 0o022:
-        raise NotOwned(f"{target} is writable by {'group' if info.st_mode & 0o020 else 'others'}: others could plant "
-                       f"files there; chmod go-w {target}, or use another directory")
+    if _others_write(info):
+        raise NotOwned(f"{target} is writable by {_writers(info.st_mode)}: others could plant files there; chmod go-w "
+                       f"{target}, or use another directory")
     return target
+
+
+def own_run_dir(path: Union[str, Path]) -> Path:
+    """Make (or check) a job's run directory: its own (datafiles.own_dir) and below directories nobody else can
+    change: each one above it belongs to this user or root, and none that others may write lets them rename what it
+    holds (a sticky one, like /tmp, does not). Else NotOwned: in such a place the run directory could be swapped
+    after this check, and the ranks would write into someone else's. Missing parents are made as own_dir makes it."""
+    target = Path(os.path.abspath(path))
+    for above in reversed(target.parents):
+        try:
+            info = os.lstat(above)
+        except FileNotFoundError:
+            own_dir(above)
+            continue
+        if info.st_uid not in (0, os.getuid()):
+            raise NotOwned(f"{above} above it belongs to another user (uid {info.st_uid})")
+        if stat.S_ISDIR(info.st_mode) and _others_write(info) and not info.st_mode & stat.S_ISVTX:
+            raise NotOwned(f"{above} above it is writable by {_writers(info.st_mode)}, who could swap it")
+    try:
+        return own_dir(target)
+    except NotOwned as exc:
+        raise NotOwned(str(exc).replace(f"{target} ", "it ", 1)) from None

@@ -117,11 +117,12 @@ def test_a_planted_roll_call_never_fails_a_job_that_succeeded(tmp_path, rank_exi
     assert ("hang watchdog ended the job" in proc.stderr) == (job_exit == 79)
 
 
-@pytest.mark.parametrize("plant", ["another user's", "a link", "group-writable"])
+@pytest.mark.parametrize("plant", ["another user's", "a link", "group-writable", "a parent others can write"])
 def test_a_run_directory_that_is_not_the_jobs_own_is_refused(tmp_path, plant):
     """Class 3: `mkdir -p` took a run directory someone else made first (a predictable name in a shared output
     directory); the batch script and the local backend now refuse one that is a link, another user's, or writable
-    by others, before any rank writes into it."""
+    by others, before any rank writes into it. Issue 41: or one below a directory others can write without the
+    sticky bit (they could rename it after the check and put theirs in its place)."""
     from clusterddp.backends.local.plan import make_plan
     from clusterddp.backends.local.run import run_plan
     from clusterddp.errors import LocalRunError
@@ -142,12 +143,17 @@ def test_a_run_directory_that_is_not_the_jobs_own_is_refused(tmp_path, plant):
         run_dir.mkdir()
         if plant == "another user's":
             os.chown(run_dir, 65534, 65534)
-        else:
+        elif plant == "group-writable":  # (a group of others': a user-private group is the user's alone)
             run_dir.chmod(0o775)
+            os.chown(run_dir, -1, 65534)
+        else:
+            runs.chmod(0o777)
     spec = JobSpec(str(tmp_path / "t.py"), launcher="srun", gpus_per_node=0, python=sys.executable,
                    output_dir=str(runs), requeue=False)
     proc = run_rendered(spec, tmp_path, expect_ok=False)
     assert proc.returncode == 1 and "is not this job's own" in proc.stderr, proc.stdout + proc.stderr
+    if plant == "a parent others can write":
+        assert f"({runs} above it is writable by group and others, who could swap it)" in proc.stderr, proc.stderr
     assert not any(run_dir.iterdir()) and "ran" not in proc.stdout
     plan = make_plan(spec, str(run_dir), 20011, 1, [])
     with pytest.raises(LocalRunError, match="is not this job's own"):

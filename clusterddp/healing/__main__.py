@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from .. import contract
-from ..datafiles import read_bounded
+from ..datafiles import NotOwned, own_run_dir, read_bounded, write_atomic
 from ..hostlist import expand, is_node_name
 from ..rollcall import printable, runtime_failure
 from . import attempts, faults, supervise
@@ -51,7 +51,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--signal", default="")
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--ran-on", default="")
+    p.add_argument("--trial", default="", help="start: a sweep trial's record, for RUN_DIR/trial.json")
     return p
+
+
+def _prepare(run_dir: Path, trial: str) -> Optional[str]:
+    """The run directory before anything is written there: made, or checked as the job's own (datafiles.own_run_dir);
+    a sweep's trial file (its record from the array task's arm). The refusal's line, or None."""
+    try:
+        own_run_dir(run_dir)
+    except (NotOwned, OSError) as exc:
+        return (f"clusterddp: the run directory {run_dir} is not this job's own ({exc}): refusing to use it; choose "
+                "another --output-dir")
+    if trial:
+        write_atomic(run_dir / contract.TRIAL_FILE, trial + "\n")
+    (run_dir / "health").mkdir(exist_ok=True)
+    return None
 
 
 def _room(args: argparse.Namespace) -> Optional[supervise.Room]:
@@ -163,6 +178,11 @@ def _next(args: argparse.Namespace) -> int:
     bad = _nodes(args.bad)
     history = attempts.read(Path(args.run_dir))
     if args.phase == "start":
+        refused = _prepare(Path(args.run_dir), args.trial)
+        if refused:
+            print(refused, file=sys.stderr)
+            print(f"end\n\n\n{contract.EXIT['RUNTIME']}")
+            return 0
         chosen = supervise.choose(hosts, bad, policy.nodes)
         if policy.gate:
             action = Action(Act.GATE, tuple(h for h in hosts if h not in bad), tuple(bad))

@@ -75,14 +75,23 @@ MASTER_PORT="$(python3 -c "$CLUSTERDDP_PORT_PY" "$MASTER_PORT" "$CLUSTERDDP_PORT
 export MASTER_PORT
 
 RUN_DIR=clusterddp-runs/train-"$SLURM_JOB_ID"
-mkdir -p -- "$RUN_DIR"
-# The run directory is the job's own: not a link, this user's, writable by nobody else. (In a directory others can
-# write, the ranks would write through links planted there and read planted reports back.)
-if [ -L "$RUN_DIR" ] || [ "$(stat -c %u -- "$RUN_DIR")" != "$(id -u)" ] || [ -n "$(find "$RUN_DIR" -maxdepth 0 -perm /022)" ]; then
-    echo "clusterddp: the run directory $RUN_DIR is not this job's own (a link, another user's, or writable by group or others): refusing to use it" >&2
-    exit 1
-fi
 export CLUSTERDDP_RUN_DIR="$RUN_DIR"
+CLUSTERDDP_ATTEMPT=0 CLUSTERDDP_BAD="" CLUSTERDDP_STATUS=1
+clusterddp_next() {  # PHASE [OPTION...]: the supervisor's answer in CLUSTERDDP_DO, _STEP_NODES, _BAD and _STATUS
+    local out
+    out="$(python3 -m clusterddp.healing next "$@" --run-dir "$RUN_DIR" \
+        --hosts "${CLUSTERDDP_HOSTS//$'\n'/,}" --bad "$CLUSTERDDP_BAD" --restart "$CLUSTERDDP_RESTARTS" \
+        --attempt "$CLUSTERDDP_ATTEMPT" --partition "${SLURM_JOB_PARTITION:-}" --nodes 2 --per-node 8 --retries 2 --max-requeues 3)" || {
+        echo "clusterddp: the supervisor (python -m clusterddp.healing next $1) failed where the batch script runs: the job ends here, nothing is retried; its logs are in $RUN_DIR" >&2
+        out=$'end\n\n\n'"$CLUSTERDDP_STATUS"
+    }
+    { IFS= read -r CLUSTERDDP_DO; IFS= read -r CLUSTERDDP_STEP_NODES; IFS= read -r CLUSTERDDP_BAD; IFS= read -r CLUSTERDDP_STATUS; } <<<"$out" || true
+    case "$CLUSTERDDP_STATUS" in ''|*[!0-9]*) CLUSTERDDP_STATUS=1 ;; esac
+}
+# The run directory, before anything is written there: the job's own (not a link, this user's, writable by nobody
+# else, below directories nobody else can change), else the job ends here.
+clusterddp_next start
+[ "$CLUSTERDDP_DO" != end ] || exit "$CLUSTERDDP_STATUS"
 # NCCL: PyTorch's flight recorder keeps every rank's last collectives and writes them here when one times out
 # (or the hang watchdog ends the job); a failed collective aborts the job instead of hanging it.
 # (--no-flight-recorder leaves these out; a value given with -e is kept.)
@@ -100,22 +109,7 @@ echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
 # reason in this log and in $RUN_DIR/attempts.tsv); this shell only carries it out. After a node fault the step runs
 # again from the last checkpoint without the node (2 retries at most: --retries; a spare first: --spare-nodes 0),
 # after an ambiguous one once in place; a fault of the program is never retried.
-CLUSTERDDP_ATTEMPT=0
 CLUSTERDDP_SIGNAL="${CLUSTERDDP_SIGNAL:-}"
-CLUSTERDDP_BAD=""
-CLUSTERDDP_STATUS=1
-mkdir -p -- "$RUN_DIR/health"
-clusterddp_next() {  # PHASE [OPTION...]: the answer in CLUSTERDDP_DO, _STEP_NODES, _BAD and _STATUS
-    local out
-    out="$(python3 -m clusterddp.healing next "$@" --run-dir "$RUN_DIR" \
-        --hosts "${CLUSTERDDP_HOSTS//$'\n'/,}" --bad "$CLUSTERDDP_BAD" --restart "$CLUSTERDDP_RESTARTS" \
-        --attempt "$CLUSTERDDP_ATTEMPT" --partition "${SLURM_JOB_PARTITION:-}" --nodes 2 --per-node 8 --retries 2 --max-requeues 3)" || {
-        echo "clusterddp: the supervisor (python -m clusterddp.healing next $1) failed where the batch script runs: the job ends here, nothing is retried; its logs are in $RUN_DIR" >&2
-        out=$'end\n\n\n'"$CLUSTERDDP_STATUS"
-    }
-    { IFS= read -r CLUSTERDDP_DO; IFS= read -r CLUSTERDDP_STEP_NODES; IFS= read -r CLUSTERDDP_BAD; IFS= read -r CLUSTERDDP_STATUS; } <<<"$out" || true
-    case "$CLUSTERDDP_STATUS" in ''|*[!0-9]*) CLUSTERDDP_STATUS=1 ;; esac
-}
 clusterddp_gate() {
     # The health gate: one task on each of these nodes (clusterddp/healing/gate.py); a node whose check fails, or
     # that says nothing within 120 s, gets no rank (the supervisor reads NODE.ok and NODE.out in the directory).
@@ -127,7 +121,6 @@ clusterddp_gate() {
 }
 clusterddp_room() { :; }
 
-clusterddp_next start
 while :; do
     case "$CLUSTERDDP_DO" in
         run) ;;

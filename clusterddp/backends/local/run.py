@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import stat
 import subprocess
 import threading
 import time
@@ -180,19 +179,22 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def own_run_dir(path: Path) -> None:
-    """Refuse a run directory that is not the job's own (as the batch script does): a link, another user's, or one
-    that group or others can write (the ranks would write through links planted there)."""
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise LocalRunError(f"the run directory {path} is not this job's own (a link, another user's, or writable by "
-                            "group or others): refusing to use it; choose another --output-dir")
+    """Refuse a run directory that is not the job's own, as the batch script's supervisor does (datafiles.own_run_dir:
+    a link, another user's, one others can write, or below a directory others could swap it in)."""
+    from ...datafiles import NotOwned
+    from ...datafiles import own_run_dir as check
+
+    try:
+        check(path)
+    except NotOwned as exc:
+        raise LocalRunError(f"the run directory {path} is not this job's own ({exc}): refusing to use it; choose "
+                            "another --output-dir") from None
 
 
 def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = print,
              note: Callable[[str], None] = print, outcome: Optional[Dict[str, Any]] = None) -> int:
     """Run the plan to its end; returns the job's exit code (130 after Ctrl-C). ``outcome`` gets the index of the
     process that failed first and its return code ("first", "returncode")."""
-    Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
     own_run_dir(Path(plan.run_dir))
     trace = dict(plan.common).get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     if trace:  # torch opens its dump file without making the directory: no directory, no dump
