@@ -462,3 +462,26 @@ def test_each_drill_gets_a_new_private_directory(tmp_path):
     assert first != second and first.parent == second.parent == tmp_path / "drills"
     assert first.name.startswith("train-2") and len(first.name) > len("train-20261203-120000-") + 4
     assert all(p.stat().st_mode & 0o777 == 0o700 for p in (first, second))
+
+
+def test_a_group_writable_directory_of_the_user_s_private_group_is_the_user_s_own(tmp_path):
+    """Issue 41's whole-path rule and umask-002 systems: a directory writable by the user's private group (its name
+    the user's, no other member) is the user's alone; writable by another group it is not."""
+    import grp
+    import pwd
+
+    from clusterddp.datafiles import NotOwned, own_run_dir
+
+    me = pwd.getpwuid(os.getuid())
+    mine = grp.getgrgid(me.pw_gid)
+    if mine.gr_name != me.pw_name or set(mine.gr_mem) - {me.pw_name}:
+        pytest.skip("this user has no private group")
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o775)
+    os.chown(project, -1, me.pw_gid)
+    assert own_run_dir(project / "runs" / "t-1").is_dir()
+    assert (project / "runs").stat().st_mode & 0o022 == 0  # made without group or other write
+    os.chown(project, -1, 65534)
+    with pytest.raises(NotOwned, match="above it is writable by group, who could swap it"):
+        own_run_dir(project / "runs" / "t-2")
