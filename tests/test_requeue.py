@@ -233,5 +233,5 @@ def test_the_time_limit_signal_during_the_health_gate_still_ends_srun_after_the_
     assert time.monotonic() - sent < 60 and final.exit_code == 75, final
     batch_log = (work / "clusterddp-runs" / f"sleeper-{job_id}.out").read_text()
     assert "SIGUSR2 received" in batch_log and "requeue limit reached (0 of 0 requeues used)" in batch_log
-    assert (run_dir / "rank-0.out").read_text().startswith("started") and "slept" not in (
-        run_dir / "rank-0.out").read_text()
+    ranks = (run_dir / "rank-0.out").read_text()
+    assert "started pid" in ranks and "done" not in ranks, ranks  # srun ran it, and ended it early
