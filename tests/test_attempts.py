@@ -191,3 +191,16 @@ def test_a_rank_that_failed_after_its_work_ended_blames_no_one(tmp_path):
     (run / "stacks" / "ranks" / "rank-3.json").write_text(json.dumps(hello))
     kind, nodes, why = fault_report(run, "srun: error: node2: task 3: Aborted (core dumped)\n")
     assert (kind, nodes) == ("program", "") and "SIGABRT" in why, why
+
+
+def test_ranks_srun_kills_while_ending_the_step_are_not_the_cause(tmp_path):
+    """One of node2's two ranks killed; srun ends the step and, under load, kills the ranks slow to leave on SIGTERM
+    ("task 2: Killed" after "Terminating"): still one rank lost (ambiguous), not the node (seen on the CI machine)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    kind, nodes, why = fault_report(run, "srun: error: node2: task 3: Killed\nsrun: Terminating StepId=163.1\n"
+                                         "srun: error: node2: task 2: Killed\nsrun: error: node1: tasks 0-1: Killed\n"
+                                         "srun: Force Terminated StepId=163.1\n")
+    assert (kind, nodes) == ("ambiguous", "node2") and "1 of the node's 2 ranks" in why, why
+    kind, nodes, _ = fault_report(run, "srun: error: node2: tasks 2-3: Killed\nsrun: Terminating StepId=161.0\n")
+    assert (kind, nodes) == ("infrastructure", "node2")

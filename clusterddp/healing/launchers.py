@@ -67,9 +67,13 @@ def srun_first(lines: Iterable[str]) -> Optional[Tuple[str, str, str]]:
 
 
 def signalled_on(lines: Sequence[str], node: str, word: str) -> List[int]:
-    """Every task srun saw ``node`` lose to the signal ``word``, over the whole attempt (one line or several)."""
+    """Every task srun saw ``node`` lose to the signal ``word`` before srun began ending the step (one line or
+    several). After "srun: Terminating StepId=..." the rest are srun's own doing: tasks slow to leave on SIGTERM
+    are killed then ("task 2: Killed"), collateral that must not make one lost rank look like a lost node."""
     tasks: List[int] = []
     for line in lines:
+        if line.startswith("srun: Terminating") or line.startswith("srun: Force Terminated"):
+            break
         m = SRUN_TASKS.match(line)
         if m and m.group(1) == node and m.group(3).startswith(word):
             tasks.extend(expand(m.group(2)))

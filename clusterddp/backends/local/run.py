@@ -91,6 +91,10 @@ class _Runner:
                 # its collateral (a peer gone), as faults.py reads srun and torchrun.
                 signalled = [i for i in failed if (codes[i] or 0) < 0 and codes[i] != -signal.SIGTERM]
                 first = (signalled or failed)[0]
+                # Which processes the cause ended: a node's ranks die within moments of each other (a second look
+                # after 0.2 s), what stop() kills after its grace is not the cause.
+                time.sleep(0.2)
+                self.seen = [p.poll() for p in self.popens]
                 self.stop()
                 return codes[first] or 1, first
             if all(c == 0 for c in codes):
@@ -227,7 +231,7 @@ def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = pr
     runner.join_output()
     if first is not None and outcome is not None:
         outcome.update(first=first, returncode=runner.popens[first].returncode)
-        outcome["codes"] = [popen.returncode for popen in runner.popens]
+        outcome["codes"] = list(getattr(runner, "seen", []))
     if first is not None:
         from ...healing.logscan import summary, tracebacks
         from ...rollcall import runtime_failure
