@@ -41,7 +41,6 @@ from .launchers import (
     srun_is_first_for,
     tail,
     terminate_words,
-    terminated,
     torchrun_roots,
 )
 
@@ -94,14 +93,6 @@ def out_of_memory(lines: Sequence[str]) -> Optional[Fault]:
                                                 "the program, not the node; it needs less memory per rank or more "
                                                 "(--mem)"), "Out Of Memory")
     return None
-
-
-def native_abort(log: Optional[Path]) -> Optional[Fault]:
-    """A program fault when ``log`` (of the rank, or node, that failed first) ends in libstdc++'s abort."""
-    said = terminated(log) if log is not None else None
-    return None if said is None else Fault(PROGRAM, (), printable(
-        f"{log.name if log else ''}: {said}: the program's native code ended it (abort), as it would on any node"),
-        "Aborted")
 
 
 def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],

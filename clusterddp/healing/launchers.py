@@ -103,12 +103,6 @@ def torchrun_roots(paths: Iterable[Path]) -> List[dict]:
     return sorted(found, key=lambda r: r.get("time", ""))
 
 
-def terminated(log: Path) -> Optional[str]:
-    """libstdc++'s "terminate called ..." line in a rank's (or node's) log, when it is not collateral."""
-    said = terminate_words(log)
-    return said[0] if said is not None and not said[1] else None
-
-
 def terminate_words(log: Optional[Path]) -> Optional[Tuple[str, bool]]:
     """(libstdc++'s "terminate called ..." words, whether torch's distributed watchdog said them) or None."""
     if log is None:
