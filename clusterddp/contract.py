@@ -17,6 +17,7 @@ WORLD_SIZE = "CLUSTERDDP_WORLD_SIZE"            # what the job was rendered for;
 RUN_DIR = "CLUSTERDDP_RUN_DIR"                  # the job's run directory (logs, checkpoints)
 STOP_FILE = "CLUSTERDDP_STOP_FILE"              # exists once the job is asked to stop (time limit, preemption)
 LOCAL = "CLUSTERDDP_LOCAL"                      # set by the local backend
+LOCAL_NODE = "local{index}"                     # the local backend's emulated nodes' names
 RESTARTS = "CLUSTERDDP_RESTARTS"                # how often Slurm requeued this job (0 at first)
 HANG_TIMEOUT = "CLUSTERDDP_HANG_TIMEOUT"        # seconds without progress on any rank before the watchdog acts
 #: Read by the runtime, set by the user (not by the script): the rendezvous must complete within it.
@@ -49,6 +50,13 @@ HELLO_FILE = "stacks/ranks/rank-{rank}.json"  # written by each rank at init(): 
 #: Written by a rank's exception hook (installed by init()) when an exception ends it: its type, where, when; the
 #: supervisor's evidence of a program fault (a record, not text the program printed).
 EXCEPTION_FILE = "stacks/ranks/exception-{rank}.json"
+#: Step telemetry (runtime/telemetry.py writes, observe/telemetry.py reads): per rank and attempt, where its steps'
+#: time went. ``CLUSTERDDP_TELEMETRY=0`` turns it off (no comm hook, no file).
+TELEMETRY = "CLUSTERDDP_TELEMETRY"
+TELEMETRY_FILE = "telemetry/restart-{restarts}/rank-{rank}.json"
+#: One recent step: its number (counted across resumes), when it ended (Unix time), its seconds, then the phases'.
+TELEMETRY_ROW = ("step", "end", "total", "data", "compute", "comm", "opt", "ckpt")
+TELEMETRY_PHASES = ("data", "compute", "comm", "opt", "ckpt")
 REQUEST_FILE = "stacks/request"              # `clusterddp stacks` writes a dump name here; every rank answers
 DUMP_DIR = "stacks/{name}"                   # rank-N.json (for tools) and rank-N.txt (for people) per rank
 HANG_DIR = "stacks/hang-{restarts}"          # the watchdog's dumps and roll call (rollcall.txt, rollcall.json)

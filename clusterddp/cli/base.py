@@ -69,6 +69,7 @@ COMMANDS: Dict[str, str] = {
     "logs": "clusterddp.cli.follow:logs_command",
     "cancel": "clusterddp.cli.follow:cancel_command",
     "stacks": "clusterddp.cli.follow:stacks_command",
+    "top": "clusterddp.cli.follow:top_command",
     "nodes": "clusterddp.cli.follow:nodes_command",
     "doctor": "clusterddp.cli.checks:doctor_command",
     "drill": "clusterddp.cli.checks:drill_command",

@@ -1,4 +1,4 @@
-"""``clusterddp status | nodes | stacks | cancel | logs``: following jobs that run or ran."""
+"""``clusterddp status | nodes | stacks | top | cancel | logs``: following jobs that run or ran."""
 from __future__ import annotations
 
 import sys
@@ -113,6 +113,59 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, clu
     call, text = roll_call(job, cluster, timeout, not no_py_spy, note=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(call, indent=1) if as_json else text.rstrip("\n"))
     if not call["groups"]:
+        sys.exit(EXIT["RUNTIME"])
+
+
+@click.command("top", cls=Command)
+@click.argument("job")
+@click.option("--once", is_flag=True, help="Print the table once and return (the default when not a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the table's data once, as JSON (for tools).")
+@click.option("--interval", type=click.FloatRange(0.2, 3600), default=2.0, show_default=True, metavar="SECONDS",
+              help="Seconds between refreshes.")
+@CLUSTER_OPTION
+def top_command(job: str, once: bool, as_json: bool, interval: float, cluster: Optional[str]) -> None:
+    """How fast is each rank, and why? A live table per rank (grouped by node) from the ranks' step telemetry:
+    steps/s, step time p50/p95, and where the time goes: waiting for data, computing, waiting in the gradient
+    all-reduce, the optimizer step, checkpoints. Below it, the straggler: the rank that holds the others back
+    (in DDP every rank waits for the slowest one, so the straggler is the rank that waits least).
+
+    JOB is a job id, or the run directory of a --local run. Steps are what clusterddp.runtime counts: one per
+    runtime.should_stop() (or runtime.step()) call; wrap() times the all-reduce, loader() the data.
+
+    \b
+      clusterddp top 123456
+      clusterddp top --once clusterddp-runs/train-local-20261130-120000-4242
+    """
+    import json
+
+    from ..observe.top import follow, remote_snapshot, snapshot, where
+
+    run_dir, backend, job_id = where(job, cluster, note=lambda line: click.echo(line, err=True))
+    if backend is not None and backend.host is None:
+        raise backend.unsupported("showing a job's step telemetry (clusterddp top)")
+    if backend is not None and backend.host.remote:
+        from ..backends.record import JobRecord
+
+        record = JobRecord.load(str(job_id), backend.cluster.name)
+        python = record.python if record is not None else "python3"
+
+        def get() -> dict:
+            return remote_snapshot(backend, python, run_dir)
+    else:
+        def get() -> dict:
+            return snapshot(run_dir)
+
+    def running() -> bool:
+        return backend is None or not backend.info(job_id).done
+
+    if as_json:
+        click.echo(json.dumps(get(), indent=1))
+        return
+    try:
+        snap = follow(get, click.echo, once or not sys.stdout.isatty(), interval, running)
+    except KeyboardInterrupt:
+        return
+    if not snap["ranks"]:
         sys.exit(EXIT["RUNTIME"])
 
 

@@ -9,7 +9,8 @@ or a login-side module (a test holds it so).
 
 One concern per module: ``env`` (the pure DistEnv), ``group`` (process group, device, collectives, wrap),
 ``data`` (the resumable loader), ``checkpoint``, ``stop`` (stop requests agreed by all ranks), ``report`` (a sweep
-trial's metrics), ``doctor`` (the in-job half of ``clusterddp doctor``).
+trial's metrics), ``telemetry`` (where each step's time goes), ``doctor`` (the in-job half of
+``clusterddp doctor``).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from .group import (
 )
 from .report import report
 from .stop import should_stop
+from .telemetry import step
 
 _LAZY = {"loader", "EpochLoader", "ResumableSampler"}  # clusterddp.runtime.data imports torch at module level
 
@@ -53,4 +55,4 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["DistEnv", "Joined", "init", "shutdown", "wrap", "unwrap", "loader", "is_main", "print0", "log",
            "barrier", "all_reduce_mean", "save_on_main", "device", "rank", "world_size", "select_device", "spawn",
-           "should_stop", "report", "heartbeat", "Checkpointer", "DEFAULT_TIMEOUT_S"]
+           "should_stop", "step", "report", "heartbeat", "Checkpointer", "DEFAULT_TIMEOUT_S"]

@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import RuntimeEnvError
-from . import drill, writer
+from . import drill, telemetry, writer
 from .collect import broadcast_json, gather_json
 from .group import atomic_save, is_main, print0, rank, save_on_main, unwrap, world_size
 
@@ -185,6 +185,10 @@ class Checkpointer:
     def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
         """Write checkpoint ``step`` (collective: call it on every rank); returns its path (in the background:
         the path it will have once written)."""
+        with telemetry.phase("ckpt"):  # the time training waited for it (a background write: the copy only)
+            return self._save(step, model, optimizer, loader, extra)
+
+    def _save(self, step: int, model: Any, optimizer: Any, loader: Any, extra: Dict[str, Any]) -> str:
         if self.background:
             writer.used()
             writer.settle()  # one write in flight at most; a failed one raises here, on every rank
@@ -195,6 +199,9 @@ class Checkpointer:
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "loader": loader.state_dict() if loader is not None else None,
                    "rng": states, "world_size": world_size(), "extra": extra}
+        steps = telemetry.current()
+        if steps is not None:  # steps done, counted across resumes: a resumed run's redone steps are known
+            payload["telemetry_steps"] = steps.position()
         if not self.background:
             save_on_main(payload, path)  # atomic, then a barrier
             if is_main():
@@ -295,6 +302,10 @@ class Checkpointer:
             print0("clusterddp: this model is wrapped with static_graph=True, so DDP lays out its gradient buckets "
                    "again after this first step: with 3 or more ranks the resumed run can differ from an "
                    "uninterrupted one in the last bits (runtime.wrap without static_graph resumes exactly)")
+        steps = telemetry.current()
+        if steps is not None:
+            done = payload.get("telemetry_steps")
+            steps.resumed(done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None)
         payload["path"] = path
         given = {"model": model, "optimizer": optimizer, "loader": loader}
         drill.record({"e": "load", "step": payload["step"], "path": os.path.abspath(path),

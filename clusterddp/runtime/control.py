@@ -24,6 +24,7 @@ from ..datafiles import write_atomic
 from ..errors import RuntimeEnvError
 from ..hostlist import HostlistError, expand
 from ..rollcall import read_dumps, read_hellos, write_dump
+from . import telemetry
 from .env import DistEnv
 
 POLL_S = 1.0          # how often a rank looks for a stack request
@@ -198,9 +199,11 @@ class Control:
         sent, total, progressed = 0, -1, False
         last_progress: Optional[float] = None  # the clock starts at the first beat, whatever the store says then
         complained = False
+        written = [0.0]
         while not self.stopping.wait(POLL_S):
             try:
                 self._answer_request()
+                telemetry.flush_now(written)
                 now = time.monotonic()
                 if self.store is None:
                     if now - self.started > self.rendezvous_timeout:

@@ -11,8 +11,11 @@ from typing import Any, Dict, Iterator, Mapping
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from . import telemetry
 from .control import heartbeat
 from .group import rank, world_size
+
+_END = object()
 
 
 class ResumableSampler(DistributedSampler):
@@ -51,7 +54,12 @@ class EpochLoader(DataLoader):
         self.batches_done, self._skip_batches = self._skip_batches, 0
         self._active = True
         try:
-            for batch in super().__iter__():
+            batches = super().__iter__()
+            while True:
+                with telemetry.phase("data"):
+                    batch = next(batches, _END)
+                if batch is _END:
+                    return
                 self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it
                 heartbeat()
                 yield batch

@@ -13,7 +13,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
-from . import drill
+from . import drill, telemetry
 from .control import heartbeat
 from .env import DistEnv
 from .state import STATE, channel, device, distributed, is_main, rank, world_size
@@ -133,6 +133,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
         raise RuntimeEnvError(f"{rendezvous_report(env, control.run_dir, time.monotonic() - control.started, environ)}"
                               f" ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
     control.joined(dist.distributed_c10d._get_default_store())
+    telemetry.start(env.rank, env.world_size, env.local_world_size, control.restart, control.run_dir, environ)
     joined = Joined(**{f: getattr(env, f) for f in env.__dataclass_fields__})
     STATE.update(env=joined, device=device, backend=backend, wrapped=weakref.WeakSet(), control=control,
                   channel=channel)
@@ -160,6 +161,7 @@ def shutdown() -> None:
         if getattr(model, "reducer", None) is not None:
             model.reducer = None
     gc.collect()  # reference cycles (autograd hooks) holding reducer state go now, not at interpreter exit
+    telemetry.stop()
     stop.uninstall()
     if "control" in STATE:
         STATE["control"].stop()
@@ -242,6 +244,7 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
     wrapped = DDP(model, **ddp_kwargs)
     STATE["wrapped"].add(wrapped)
     wrapped.register_forward_pre_hook(_beat_hook)  # every forward pass is progress for the hang watchdog
+    telemetry.attach(wrapped)
     if ddp_kwargs.get("find_unused_parameters") or ddp_kwargs.get("static_graph"):
         return wrapped
     if any(_sparse_gradient(m) for m in wrapped.module.modules()):
@@ -303,6 +306,9 @@ def _fix_bucket_layout(ddp: Any) -> None:
 
 def _beat_hook(module: Any, args: Any) -> None:
     heartbeat()
+    steps = telemetry.current()
+    if steps is not None:
+        steps.begin()
 
 
 def unwrap(model: Any) -> Any:

@@ -6,7 +6,7 @@ import signal
 from typing import Any, Dict
 
 from .. import contract
-from . import drill, writer
+from . import drill, telemetry, writer
 from .control import heartbeat
 from .state import STATE, channel, distributed
 
@@ -68,8 +68,12 @@ def should_stop() -> bool:
         # read back with .item() would synchronise the CUDA stream at every call. The second flag: rank 0's
         # background checkpoint write failed (every rank raises at this same call).
         flags = torch.tensor([1 if local else 0, 1 if write_failed else 0], dtype=torch.int32)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=channel())
+        with telemetry.phase("comm"):  # waiting here for the slowest rank is waiting too
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=channel())
         local, write_failed = bool(flags[0].item()), bool(flags[1].item())
     if write_failed or (local and "writer" in STATE):
         writer.settle()  # stopping: the checkpoint in flight is on disk before the script saves its last one
+    steps = telemetry.current()
+    if steps is not None:
+        steps.end()
     return local

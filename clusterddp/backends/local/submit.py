@@ -19,7 +19,7 @@ from .run import run_plan
 
 
 def node_name(emulated: int) -> str:
-    return f"local{emulated}"
+    return contract.LOCAL_NODE.format(index=emulated)
 
 
 def local_fault(plan: Plan, outcome: dict, names: Sequence[str]) -> Optional[Fault]:

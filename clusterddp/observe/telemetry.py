@@ -1,0 +1,226 @@
+"""The ranks' step telemetry, read as data (login side; pure over files): per-rank numbers and the straggler.
+
+Files: ``contract.TELEMETRY_FILE`` in the run directory, one per rank and attempt, written by the ranks' control
+threads (runtime/telemetry.py). Everything in them is checked before use: a file someone else wrote, or one cut
+short, is skipped, never trusted.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import contract
+from ..datafiles import read_bounded
+from ..rollcall import printable
+
+WINDOW = 40            # steps the numbers and the straggler verdict look at
+SLOWER = 0.20          # a phase this much above the others' median, ...
+PERSISTENT = 0.75      # ... in this share of the window's steps, ...
+MIN_EXCESS_S = 0.002   # ... and by at least this much (clock noise on tiny steps is not a straggler)
+_MAX_FILE = 1 << 20
+_ROWS = 4 * 256
+_RESTART_DIR = re.compile(r"restart-([0-9]{1,6})")
+_RANK_FILE = re.compile(r"rank-([0-9]{1,7})\.json")
+Row = Tuple[float, ...]  # contract.TELEMETRY_ROW
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """One rank's file: who, where, how many steps, and the recent ones."""
+
+    rank: int
+    node: str
+    restart: int
+    steps: int                       # steps this attempt ended
+    base: int                        # steps done before it (resumed from a checkpoint); -1: unknown
+    first: Optional[float]           # Unix time its first step began
+    written: float                   # Unix time of the file
+    sums: Dict[str, float]
+    recent: List[Row] = field(default_factory=list)
+
+    def column(self, name: str, rows: Sequence[Row]) -> List[float]:
+        i = contract.TELEMETRY_ROW.index(name)
+        return [r[i] for r in rows]
+
+
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and 0 <= value < 1e11 else None
+
+
+def parse(raw: bytes) -> Optional[RankSteps]:
+    """One rank's file, or None when it is not one (damaged, of another shape, out of range)."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("version") != 1:
+        return None
+    ints = [data.get(k) for k in ("rank", "restart", "steps", "base")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10**9 for v in ints):
+        return None
+    rank, restart, steps, base = (int(v) for v in ints)  # type: ignore[arg-type]
+    written = _number(data.get("written"))
+    first = _number(data.get("first")) if data.get("first") is not None else None
+    sums_in: Dict[str, Any] = data["sums"] if isinstance(data.get("sums"), dict) else {}
+    sums = {k: _number(sums_in.get(k)) for k in contract.TELEMETRY_ROW[2:]}
+    rows_in: List[Any] = data["recent"] if isinstance(data.get("recent"), list) else []
+    rows: List[Row] = []
+    for row in rows_in[-_ROWS:]:
+        if isinstance(row, list) and len(row) == len(contract.TELEMETRY_ROW):
+            values = [_number(v) for v in row]
+            if all(v is not None for v in values):
+                rows.append(tuple(v for v in values if v is not None))
+    if written is None or any(v is None for v in sums.values()):
+        return None
+    node = printable(str(data.get("node", "?")))[:64] or "?"
+    return RankSteps(rank, node, restart, steps, base if data.get("based") is not False else -1, first, written,
+                     {k: v for k, v in sums.items() if v is not None}, rows)
+
+
+def restarts(run_dir: Path) -> List[int]:
+    """The attempts (Slurm restart counts) that wrote telemetry, oldest first."""
+    try:
+        names = [p.name for p in (Path(run_dir) / "telemetry").iterdir()]
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_RESTART_DIR.fullmatch, names) if m)
+
+
+def read(run_dir: Path, restart: Optional[int] = None) -> List[RankSteps]:
+    """Every rank's file of one attempt (the newest when ``restart`` is None), by rank."""
+    if restart is None:
+        found = restarts(run_dir)
+        if not found:
+            return []
+        restart = found[-1]
+    directory = Path(run_dir) / contract.TELEMETRY_FILE.format(restarts=restart, rank=0).rsplit("/", 1)[0]
+    out: Dict[int, RankSteps] = {}
+    try:
+        names = sorted(p.name for p in directory.iterdir())[:1 << 16]
+    except OSError:
+        return []
+    for name in names:
+        m = _RANK_FILE.fullmatch(name)
+        raw = read_bounded(directory / name, _MAX_FILE) if m else None
+        parsed = parse(raw) if raw is not None else None
+        if parsed is not None and m and parsed.rank == int(m.group(1)) and parsed.restart == restart:
+            out[parsed.rank] = parsed
+    return [out[r] for r in sorted(out)]
+
+
+def _share(values: Sequence[float], totals: Sequence[float]) -> float:
+    total = sum(totals)
+    return sum(values) / total if total > 0 else 0.0
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def rank_table(ranks: Sequence[RankSteps], window: int = WINDOW) -> List[Dict[str, Any]]:
+    """Per rank over its last ``window`` steps: steps/s, step time p50/p95, and each phase's share of the time."""
+    out = []
+    for r in ranks:
+        rows = r.recent[-window:]
+        totals = r.column("total", rows)
+        span = (rows[-1][1] - rows[0][1]) if len(rows) > 1 else 0.0
+        entry: Dict[str, Any] = {
+            "rank": r.rank, "node": r.node, "steps": r.base + r.steps if r.base >= 0 else r.steps,
+            "steps_per_s": round((len(rows) - 1) / span, 3) if span > 0 else None,
+            "step_p50_s": round(_pct(totals, 0.5), 6), "step_p95_s": round(_pct(totals, 0.95), 6),
+            "age_s": None}
+        for phase in contract.TELEMETRY_PHASES:
+            entry[f"{phase}_pct"] = round(100 * _share(r.column(phase, rows), totals), 1)
+        out.append(entry)
+    return out
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    node: str
+    phase: str            # compute | data
+    slower_pct: float     # its phase time above the others' median
+    others_wait_pct: float
+    steps: int            # the window it was judged over
+
+    def line(self, world_size: int) -> str:
+        what = {"compute": "computes", "data": "waits for its data"}[self.phase]
+        return (f"rank {self.rank} ({self.node}) {what} {self.slower_pct:.0f}% slower than the median for the last "
+                f"{self.steps} steps; the other {world_size - 1} ranks wait {self.others_wait_pct:.0f}% of each "
+                "step for it")
+
+
+def _median_without(ordered: Sequence[float], value: float) -> float:
+    """The median of ``ordered`` (sorted) with one occurrence of ``value`` left out: O(log n)."""
+    pos = bisect.bisect_left(ordered, value)
+
+    def at(i: int) -> float:
+        return ordered[i] if i < pos else ordered[i + 1]
+    m = len(ordered) - 1
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
+
+
+def stragglers(ranks: Sequence[RankSteps], window: int = WINDOW) -> List[Straggler]:
+    """The ranks that hold the others back: over the steps every rank recorded (the last ``window``), a rank whose
+    compute or data time is above the others' median by SLOWER in PERSISTENT of the steps, while the others
+    wait for it in the all-reduce at least half of its excess. In DDP everyone's step takes as long as the slowest
+    rank's: the straggler is the one that waits least."""
+    if len(ranks) < 2:
+        return []
+    by_rank = [{int(row[0]): row for row in r.recent} for r in ranks]
+    common = sorted(set.intersection(*(set(steps) for steps in by_rank)))[-window:]
+    if len(common) < min(window, 10):
+        return []
+    idx = contract.TELEMETRY_ROW.index
+    rows = [[steps[s] for s in common] for steps in by_rank]  # [rank][step] -> row
+    wait_sum = [sum(row[idx("comm")] for row in mine) for mine in rows]
+    total_sum = [sum(row[idx("total")] for row in mine) for mine in rows]
+    found = []
+    for phase in ("compute", "data"):
+        column = [[mine[j][idx(phase)] for mine in rows] for j in range(len(common))]  # [step][rank]
+        ordered = [sorted(values) for values in column]
+        for i, r in enumerate(ranks):
+            slow_steps, excess, ratios = 0, [], []
+            for j in range(len(common)):
+                value = column[j][i]
+                median = _median_without(ordered[j], value)
+                if value > median * (1 + SLOWER) and value - median >= MIN_EXCESS_S:
+                    slow_steps += 1
+                excess.append(value - median)
+                ratios.append(value / median if median > 0 else math.inf)
+            if slow_steps < PERSISTENT * len(common):
+                continue
+            waits = sum(wait_sum) - wait_sum[i]
+            totals = sum(total_sum) - total_sum[i]
+            if waits / ((len(ranks) - 1) * len(common)) < 0.5 * statistics.median(excess):
+                continue  # the others do not wait for it: slower, but holding no one back
+            ratio = statistics.median(ratios)
+            slower = 100 * (ratio - 1) if math.isfinite(ratio) else 999.0
+            share = 100 * waits / totals if totals > 0 else 0.0
+            found.append(Straggler(r.rank, r.node, phase, round(slower, 1), round(share, 1), len(common)))
+    return sorted(found, key=lambda f: (f.rank, f.phase))
+
+
+def straggler_text(ranks: Sequence[RankSteps], found: Sequence[Straggler]) -> str:
+    """The straggler line: who, or 'none' (or why it cannot be told yet)."""
+    if len(ranks) < 2:
+        return "stragglers: none (one rank)"
+    if not found:
+        common = set.intersection(*({int(row[0]) for row in r.recent} for r in ranks))
+        if len(common) < min(WINDOW, 10):
+            return f"stragglers: not known yet ({len(common)} steps recorded by every rank; 10 needed)"
+        return f"stragglers: none over the last {min(WINDOW, len(common))} steps"
+    return "stragglers: " + "; ".join(s.line(len(ranks)) for s in found)

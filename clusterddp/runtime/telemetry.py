@@ -1,0 +1,267 @@
+"""Step telemetry: where each step's time goes on this rank, for ``clusterddp top`` and ``report``.
+
+A step ends at each ``should_stop()`` (or ``runtime.step()``). Within it the runtime times what it can see: waiting
+for data (its loader), the gradient all-reduce the rank waits for after its backward (a DDP communication hook that
+wraps the default one, so the arithmetic is DDP's own), the optimizer step (torch's global optimizer hooks), the
+stop agreement and checkpoint saves; compute is the rest. In DDP a slow rank shows up in the others' waiting: the
+straggler waits least. Work per step: a few clock reads and one row in a bounded list; the control thread writes
+the file (``contract.TELEMETRY_FILE``), never a collective. ``CLUSTERDDP_TELEMETRY=0`` turns it all off.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional
+
+from .. import contract
+from ..datafiles import write_atomic
+from ..errors import RuntimeEnvError
+from .state import STATE
+
+KEEP = 256          # recent steps kept per rank (the file stays under ~20 KB)
+WRITE_S = 2.0       # the control thread writes at most this often
+_clock = time.perf_counter
+
+
+def node(rank: int, local_world_size: int, environ: Mapping[str, str]) -> str:
+    """This rank's node: Slurm's name for it, the local backend's emulated one, else the host name."""
+    if environ.get(contract.LOCAL):
+        return contract.LOCAL_NODE.format(index=rank // max(1, local_world_size))
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def enabled(environ: Mapping[str, str]) -> bool:
+    """On unless CLUSTERDDP_TELEMETRY is 0 / off / false / no."""
+    return environ.get(contract.TELEMETRY, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+class Steps:
+    """This rank's step clock and its recent steps."""
+
+    def __init__(self, rank: int, world_size: int, local_world_size: int, restart: int,
+                 run_dir: Optional[Path] = None) -> None:
+        self.run_dir = run_dir
+        self.meta = {"rank": rank, "world_size": world_size, "local_world_size": local_world_size,
+                     "restart": restart, "node": node(rank, local_world_size, os.environ), "pid": os.getpid(),
+                     "init": time.time()}
+        self.lock = threading.Lock()
+        self.acc = dict.fromkeys(("data", "comm", "opt", "ckpt"), 0.0)
+        self.sums = dict.fromkeys(("total",) + contract.TELEMETRY_PHASES, 0.0)
+        self.recent: Deque[List[float]] = deque(maxlen=KEEP)
+        self.start: Optional[float] = None   # when the step in progress began (None: no work seen yet)
+        self.first: Optional[float] = None   # wall time the first step began
+        self.open = False                    # work seen since the last boundary
+        self.count = 0                       # steps ended in this attempt
+        self.base = 0                        # steps done before it (the checkpoint it resumed from)
+        self.based: Optional[bool] = None    # resumed from a checkpoint that knew its step count (None: no resume)
+        self.pending: List[Any] = []         # CUDA event pairs of all-reduces not finished yet
+        self.version = self.written = 0
+        self.hooks: List[Any] = []
+
+    def begin(self) -> None:
+        """Work of a step was seen (a batch fetched, a forward pass, an optimizer step)."""
+        if not self.open:
+            self.open = True
+            if self.start is None:
+                self.start, self.first = _clock(), time.time()
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self.lock:
+            self.acc[phase] += seconds
+
+    def position(self) -> int:
+        """Steps done so far, counted across resumes, the step in progress included (what a checkpoint holds)."""
+        return self.base + self.count + (1 if self.open else 0)
+
+    def resumed(self, steps: Optional[int]) -> None:
+        """A checkpoint was loaded: the steps before it are not this attempt's (None: a checkpoint without count)."""
+        self.base, self.based = int(steps or 0), steps is not None
+
+    def end(self) -> None:
+        """A step boundary."""
+        now = _clock()
+        self._settle_cuda()
+        if not self.open and self.count == 0:  # should_stop() before any work: the clock starts here
+            self.start = now
+            return
+        start = now if self.start is None else self.start
+        total = max(0.0, now - start)
+        with self.lock:
+            acc, self.acc = self.acc, dict.fromkeys(self.acc, 0.0)
+        compute = max(0.0, total - sum(acc.values()))
+        row = [self.base + self.count + 1, round(time.time(), 3), total, acc["data"], compute, acc["comm"],
+               acc["opt"], acc["ckpt"]]
+        self.recent.append([row[0], row[1]] + [round(v, 6) for v in row[2:]])
+        for name, value in zip(contract.TELEMETRY_ROW[2:], row[2:]):
+            self.sums[name] += value
+        self.count += 1
+        self.start, self.open = now, False
+        self.version += 1
+
+    def _settle_cuda(self) -> None:
+        keep = []
+        for begun, ended in self.pending:
+            if ended.query():
+                self.add("comm", begun.elapsed_time(ended) / 1000.0)
+            else:
+                keep.append((begun, ended))
+        self.pending = keep
+
+    def snapshot(self) -> Dict[str, Any]:
+        return dict(self.meta, version=1, first=self.first, steps=self.count, base=self.base, based=self.based,
+                    written=time.time(), sums={k: round(v, 6) for k, v in self.sums.items()},
+                    fields=list(contract.TELEMETRY_ROW), recent=list(self.recent))
+
+    def flush(self) -> None:
+        """Write the file if steps ended since the last write (the control thread; shutdown; exit)."""
+        if self.run_dir is None or self.version == self.written:
+            return
+        version = self.version
+        path = self.run_dir / contract.TELEMETRY_FILE.format(restarts=self.meta["restart"], rank=self.meta["rank"])
+        write_atomic(path, json.dumps(self.snapshot(), separators=(",", ":")))
+        self.written = version
+
+
+def current() -> Optional[Steps]:
+    return STATE.get("telemetry")
+
+
+def start(rank: int, world_size: int, local_world_size: int, restart: int, run_dir: Optional[Path],
+          environ: Mapping[str, str]) -> None:
+    """init(): the clock and torch's optimizer hooks (removed by stop())."""
+    if not enabled(environ):
+        return
+    import atexit
+
+    import torch.optim.optimizer as optim
+
+    steps = STATE["telemetry"] = Steps(rank, world_size, local_world_size, restart, run_dir)
+    atexit.register(_last_words, steps)  # a script that never calls shutdown(): its last steps still written
+    began: List[float] = []
+
+    def before(optimizer: Any, args: Any, kwargs: Any) -> None:
+        steps.begin()
+        began.append(_clock())
+
+    def after(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if began:
+            steps.add("opt", _clock() - began.pop())
+
+    steps.hooks = [optim.register_optimizer_step_pre_hook(before), optim.register_optimizer_step_post_hook(after)]
+
+
+def stop() -> None:
+    """shutdown(): the last steps written, the hooks removed."""
+    steps = STATE.get("telemetry")
+    if steps is None:
+        return
+    for hook in steps.hooks:
+        hook.remove()
+    _last_words(steps)
+
+
+def _last_words(steps: Steps) -> None:
+    try:
+        steps.flush()
+    except OSError:
+        pass
+
+
+def flush_now(last: List[float]) -> None:
+    """The control thread, once a second: the file rewritten at most every WRITE_S (``last``: when it was)."""
+    steps = current()
+    now = _clock()
+    if steps is not None and now - last[0] >= WRITE_S:
+        last[0] = now
+        steps.flush()
+
+
+def step() -> None:
+    """End a step here (for loops that do not call ``should_stop()`` once per step)."""
+    steps = current()
+    if steps is not None:
+        steps.begin()
+        steps.end()
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time the block as ``name`` (data, comm, opt or ckpt) of the step in progress."""
+    steps = current()
+    if steps is None:
+        yield
+        return
+    steps.begin()
+    began = _clock()
+    try:
+        yield
+    finally:
+        steps.add(name, _clock() - began)
+
+
+def timed(inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A DDP comm hook that runs ``inner`` unchanged and times the wait from the last bucket's launch (the rank's
+    backward is done then) to its result: how long this rank waited for the others."""
+    import torch
+
+    def hook(state: Any, bucket: Any) -> Any:
+        fut = inner(state, bucket)
+        steps = current()
+        if steps is None or not bucket.is_last():
+            return fut
+        if bucket.buffer().is_cuda:  # a CUDA future completes at enqueue: events on the stream tell the real wait
+            begun = torch.cuda.Event(enable_timing=True)
+            begun.record()
+
+            def ended(f: Any) -> Any:
+                done = torch.cuda.Event(enable_timing=True)
+                done.record()
+                steps.pending.append((begun, done))
+                return f.value()
+            return fut.then(ended)
+        began = _clock()
+
+        def done(f: Any) -> Any:
+            steps.add("comm", _clock() - began)
+            return f.value()
+        return fut.then(done)
+
+    hook.__name__ = hook.__qualname__ = f"clusterddp_timed_{getattr(inner, '__name__', 'hook')}"
+    hook.__annotations__ = {}  # DDP checks them, and they are strings here (from __future__ import annotations)
+    return hook
+
+
+def attach(ddp: Any) -> None:
+    """Time ``ddp``'s gradient all-reduce: DDP's default hook (or one the script registers before its first forward
+    pass) wrapped by ``timed``, registered at the first forward pass (DDP takes one comm hook, once)."""
+    if current() is None:
+        return
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    original = ddp.register_comm_hook
+    taken = [False]
+
+    def register_comm_hook(state: object, hook: Callable[..., Any]) -> None:
+        if taken[0]:
+            raise RuntimeEnvError("register_comm_hook after the model's first forward pass: clusterddp's step "
+                                  "telemetry registered its timed all-reduce then (DDP takes one hook); register "
+                                  "yours before the first forward pass (it is then timed), or set "
+                                  f"{contract.TELEMETRY}=0")
+        ddp._check_comm_hook(hook)
+        taken[0] = True
+        original(state, timed(hook))
+
+    def first_forward(module: Any, args: Any) -> None:
+        if not taken[0]:
+            taken[0] = True
+            original(ddp.process_group, timed(allreduce_hook))
+        handle.remove()
+
+    ddp.register_comm_hook = register_comm_hook
+    handle = ddp.register_forward_pre_hook(first_forward)
