@@ -97,7 +97,8 @@ def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
         n += 1
         to = base.with_name(f"{base.name}-{n}")
     to.mkdir(parents=True)
-    for path in sorted(run.glob("rank-*.out")) + sorted(run.glob("node-*.out")) + [run / "stacks", run / "torchrun"]:
+    for path in sorted(run.glob("rank-*.out")) + sorted(run.glob("node-*.out")) + [run / "stacks", run / "torchrun",
+                                                                                       run / "telemetry"]:
         if path.exists() and not path.is_symlink():
             path.rename(to / path.name)
     return to

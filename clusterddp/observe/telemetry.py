@@ -102,7 +102,7 @@ def read(run_dir: Path, restart: Optional[int] = None) -> List[RankSteps]:
         if not found:
             return []
         restart = found[-1]
-    directory = Path(run_dir) / contract.TELEMETRY_FILE.format(restarts=restart, rank=0).rsplit("/", 1)[0]
+    directory = attempt_dir(run_dir, restart)
     out: Dict[int, RankSteps] = {}
     try:
         names = sorted(p.name for p in directory.iterdir())[:1 << 16]
@@ -115,6 +115,30 @@ def read(run_dir: Path, restart: Optional[int] = None) -> List[RankSteps]:
         if parsed is not None and m and parsed.rank == int(m.group(1)) and parsed.restart == restart:
             out[parsed.rank] = parsed
     return [out[r] for r in sorted(out)]
+
+
+_POS = re.compile(rb"([0-9]{12}) ([0-9]{13}\.[0-9]{3})\n")
+
+
+def positions(directory: Path) -> Dict[int, Tuple[int, float]]:
+    """Each rank's position file in an attempt's telemetry directory: rank -> (steps done, Unix time)."""
+    out: Dict[int, Tuple[int, float]] = {}
+    try:
+        names = sorted(p.name for p in Path(directory).iterdir())[:1 << 16]
+    except OSError:
+        return out
+    for name in names:
+        m = re.fullmatch(r"rank-([0-9]{1,7})\.pos", name)
+        raw = read_bounded(Path(directory) / name, 64) if m else None
+        found = _POS.fullmatch(raw) if raw is not None else None
+        if m and found:
+            out[int(m.group(1))] = (int(found.group(1)), float(found.group(2)))
+    return out
+
+
+def attempt_dir(run_dir: Path, restart: int) -> Path:
+    """Where one attempt's telemetry files are, below a run directory (or an attempt's set-aside directory)."""
+    return Path(run_dir) / contract.TELEMETRY_FILE.format(restarts=restart, rank=0).rsplit("/", 1)[0]
 
 
 def _share(values: Sequence[float], totals: Sequence[float]) -> float:

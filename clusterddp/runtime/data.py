@@ -56,10 +56,11 @@ class EpochLoader(DataLoader):
         try:
             batches = super().__iter__()
             while True:
-                with telemetry.phase("data"):
-                    batch = next(batches, _END)
-                if batch is _END:
+                began = telemetry.clock()
+                batch = next(batches, _END)
+                if batch is _END:  # (the loop's last look is no step's work)
                     return
+                telemetry.took("data", began)
                 self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it
                 heartbeat()
                 yield batch

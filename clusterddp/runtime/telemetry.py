@@ -63,6 +63,7 @@ class Steps:
         self.pending: List[Any] = []         # CUDA event pairs of all-reduces not finished yet
         self.version = self.written = 0
         self.hooks: List[Any] = []
+        self.fd = -1                         # the position file (-2: cannot be written)
 
     def begin(self) -> None:
         """Work of a step was seen (a batch fetched, a forward pass, an optimizer step)."""
@@ -70,6 +71,7 @@ class Steps:
             self.open = True
             if self.start is None:
                 self.start, self.first = _clock(), time.time()
+            self._mark(self.base + self.count + 1, time.time())  # a step counts as run once it began
 
     def add(self, phase: str, seconds: float) -> None:
         with self.lock:
@@ -103,6 +105,22 @@ class Steps:
         self.count += 1
         self.start, self.open = now, False
         self.version += 1
+        self._mark(row[0], row[1])
+
+    def _mark(self, position: int, end: float) -> None:
+        """The position file: steps done and when, rewritten in place at every step (one pwrite: still there when
+        the process is killed a moment later, where the summary file is up to WRITE_S old)."""
+        if self.run_dir is None or self.fd == -2:
+            return
+        try:
+            if self.fd == -1:
+                path = self.run_dir / contract.TELEMETRY_POS.format(restarts=self.meta["restart"],
+                                                                     rank=self.meta["rank"])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            os.pwrite(self.fd, f"{position:012d} {end:017.3f}\n".encode(), 0)
+        except OSError:
+            self.fd = -2  # a run directory that cannot be written: the summary file's writer says so
 
     def _settle_cuda(self) -> None:
         keep = []
@@ -164,6 +182,9 @@ def stop() -> None:
     for hook in steps.hooks:
         hook.remove()
     _last_words(steps)
+    if steps.fd >= 0:
+        os.close(steps.fd)
+        steps.fd = -2
 
 
 def _last_words(steps: Steps) -> None:
@@ -203,6 +224,18 @@ def phase(name: str) -> Iterator[None]:
         yield
     finally:
         steps.add(name, _clock() - began)
+
+
+def took(name: str, began: float) -> None:
+    """Count the time since ``began`` (``clock()``) as ``name`` of the step in progress (which it begins)."""
+    steps = current()
+    if steps is not None:
+        steps.begin()
+        steps.add(name, _clock() - began)
+
+
+def clock() -> float:
+    return _clock()
 
 
 def timed(inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
