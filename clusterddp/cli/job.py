@@ -113,7 +113,14 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
                 click.echo(line, err=True)
             _print_script(backend.script(spec, template_dirs))
             return
-        sys.exit(backend.run(spec, quiet=quiet, echo=click.echo, note=lambda line: click.echo(line, err=True)))
+        ran: list = []
+        code = backend.run(spec, quiet=quiet, echo=click.echo, note=lambda line: click.echo(line, err=True),
+                           prepare=ran.append)
+        from ..observe.goodput import lines
+
+        for line in lines(Path(ran[0])) if ran else []:
+            click.echo(f"clusterddp: {line}", err=True)
+        sys.exit(code)
     if dry_run:
         _print_script(backend.script(spec, template_dirs))
         where = f" (for cluster {cluster.name})" if cluster.remote else ""

@@ -12,6 +12,7 @@ import click
 from ..backends.jobinfo import FAULT_STATES, JobState
 from ..contract import EXIT
 from ..job.ids import HERE
+from . import goodput
 
 #: The end states a fault class is looked for in (a cancelled job or one at its time limit had none).
 
@@ -47,7 +48,10 @@ def wait(backend: Any, job_id: str, on_interrupt: str, record: Optional[Any]) ->
     code = final.return_code
     click.echo(f"clusterddp: job {job_id} ended {final.state}, exit code {code}", err=True)
     if record is not None:
-        follower.finish(backend.readable(record, reports_only=True))
+        reports = backend.readable(record, reports_only=True)
+        follower.finish(reports)
+        for line in goodput.lines(Path(reports.run_dir)):
+            click.echo(f"clusterddp: {line}", err=True)
     if code != 0 and record is not None:
         readable = backend.readable(record)
         show_failure(readable)
@@ -181,10 +185,12 @@ def job_faults(backend: Any, job_id: str, cluster: str, job: Any) -> Tuple[List[
     if record is None:
         return lines, blamed
     if job.done or cluster in ("", HERE):
-        found = read(Path(backend.readable(record, reports_only=True).run_dir))
+        run_dir = Path(backend.readable(record, reports_only=True).run_dir)
+        found = read(run_dir)
         if len(found) > 1 or any(a.fault for a in found):
             lines += [a.line() for a in found]
         blamed += at_fault(found)
+        lines += goodput.lines(run_dir)
     if job.done and job.return_code and job.state in FAULT_STATES:
         fault = fault_of(backend.readable(record), job.node_list, job.state)
         if fault is not None:

@@ -182,9 +182,11 @@ class Straggler:
 
     def line(self, world_size: int) -> str:
         what = {"compute": "computes", "data": "waits for its data"}[self.phase]
-        return (f"rank {self.rank} ({self.node}) {what} {self.slower_pct:.0f}% slower than the median for the last "
-                f"{self.steps} steps; the other {world_size - 1} ranks wait {self.others_wait_pct:.0f}% of each "
-                "step for it")
+        how = f"{self.slower_pct:.0f}% longer than" if self.slower_pct < 200 else \
+            f"{1 + self.slower_pct / 100:.0f} times as long as"
+        return (f"rank {self.rank} ({self.node}) {what} {how} the median for the last {self.steps} steps "
+                f"({self.phase}); the other {world_size - 1} ranks wait {self.others_wait_pct:.0f}% of each step "
+                "for it")
 
 
 def _median_without(ordered: Sequence[float], value: float) -> float:

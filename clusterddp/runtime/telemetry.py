@@ -105,7 +105,7 @@ class Steps:
         self.count += 1
         self.start, self.open = now, False
         self.version += 1
-        self._mark(row[0], row[1])
+        self._mark(self.base + self.count, row[1])
 
     def _mark(self, position: int, end: float) -> None:
         """The position file: steps done and when, rewritten in place at every step (one pwrite: still there when

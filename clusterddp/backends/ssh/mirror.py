@@ -55,10 +55,15 @@ def fetch(record: "JobRecord") -> "JobRecord":
                    script_path=record.script_path)
 
 
-#: What `status` needs of an ended job: the roll call and the rendezvous report, nothing else.
+#: What `status` needs of an ended job: the roll call, the rendezvous report, the attempts and their step telemetry
+#: (for the goodput line), nothing else.
 REPORT_FILTER = ["--include=/*/", "--include=/*/stacks/", "--include=/*/stacks/hang-*/",
                  "--include=/*/stacks/hang-*/rollcall.*", "--include=/*/stacks/rendezvous-*.txt",
-                 "--include=/*/attempts.tsv", "--exclude=*"]
+                 "--include=/*/attempts.tsv", "--include=/*/telemetry/", "--include=/*/telemetry/restart-*/",
+                 "--include=/*/telemetry/restart-*/rank-*.*", "--include=/*/attempts/",
+                 "--include=/*/attempts/*/", "--include=/*/attempts/*/telemetry/",
+                 "--include=/*/attempts/*/telemetry/restart-*/", "--include=/*/attempts/*/telemetry/restart-*/rank-*.*",
+                 "--exclude=*"]
 _FINAL = ".reports-final"
 
 
