@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract
 from ..datafiles import read_bounded
-from ..rollcall import printable
 
 WINDOW = 40            # steps the numbers and the straggler verdict look at
 SLOWER = 0.20          # a phase this much above the others' median, ...
@@ -81,7 +80,7 @@ def parse(raw: bytes) -> Optional[RankSteps]:
                 rows.append(tuple(v for v in values if v is not None))
     if written is None or any(v is None for v in sums.values()):
         return None
-    node = printable(str(data.get("node", "?")))[:64] or "?"
+    node = re.sub(r"[^A-Za-z0-9._-]", "?", str(data.get("node", "?")))[:64] or "?"  # one word, whatever it held
     return RankSteps(rank, node, restart, steps, base if data.get("based") is not False else -1, first, written,
                      {k: v for k, v in sums.items() if v is not None}, rows)
 

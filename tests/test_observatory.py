@@ -1,0 +1,243 @@
+"""Issue 42 without processes: the straggler rule, the files read as data, the goodput ledger's arithmetic, `top`
+through Click, and the runtime's step clock. The real jobs (4 ranks, a slow rank, a killed node) are in
+test_observatory_jobs.py and test_self_healing.py."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clusterddp import contract
+from clusterddp.cli import cli
+from clusterddp.observe import goodput, telemetry, top
+from clusterddp.runtime.telemetry import Steps
+
+T0 = 1_796_000_000.0
+
+
+def rank_file(rank_: int, rows: list, node: str = "", restart: int = 0, base: int = 0, **over) -> dict:
+    rank = rank_
+    sums = {k: sum(r[i + 2] for r in rows) for i, k in enumerate(contract.TELEMETRY_ROW[2:])}
+    data = {"version": 1, "rank": rank, "world_size": 4, "local_world_size": 2, "restart": restart,
+            "node": node or f"node{rank // 2 + 1}", "pid": 1, "init": T0, "first": rows[0][1] - rows[0][2] if rows
+            else None, "steps": len(rows), "base": base, "based": True, "written": T0 + 100, "sums": sums,
+            "fields": list(contract.TELEMETRY_ROW), "recent": rows}
+    data.update(over)
+    return data
+
+
+def steps_of(n: int, compute: float, data: float = 0.001, wait: float = 0.0, start: int = 1, seed: int = 0,
+             t0: float = T0) -> list:
+    """n steps of one rank: [step, end, total, data, compute, comm, opt, ckpt] with a little noise."""
+    rng = random.Random(seed)
+    rows, t = [], t0
+    for i in range(n):
+        c = compute * (1 + rng.uniform(-0.05, 0.05))
+        total = data + c + wait + 0.001
+        t += total
+        rows.append([start + i, round(t, 3), total, data, c, wait, 0.001, 0.0])
+    return rows
+
+
+def write_run(run_dir: Path, files: list, restart: int = 0, positions: dict = None) -> None:
+    directory = telemetry.attempt_dir(run_dir, restart)
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        (directory / f"rank-{f['rank']}.json").write_text(json.dumps(f))
+    for rank, (pos, when) in (positions or {}).items():
+        (directory / f"rank-{rank}.pos").write_text(f"{pos:012d} {when:017.3f}\n")
+
+
+def even_job(n: int = 40, slow: int = -1, phase: str = "compute") -> list:
+    """4 ranks: the others wait in the all-reduce for the slow one (when there is one)."""
+    out = []
+    for rank in range(4):
+        extra = 0.030 if rank == slow else 0.0
+        wait = 0.0 if rank == slow or slow < 0 else 0.028
+        if phase == "compute":
+            rows = steps_of(n, 0.020 + extra, wait=wait, seed=rank)
+        else:
+            rows = steps_of(n, 0.020, data=0.001 + extra, wait=wait, seed=rank)
+        out.append(rank_file(rank, rows))
+    return out
+
+
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=2, max_size=30), st.data())
+def test_median_without_one_is_the_median_of_the_others(values, data):
+    i = data.draw(st.integers(0, len(values) - 1))
+    others = values[:i] + values[i + 1:]
+    assert telemetry._median_without(sorted(values), values[i]) == pytest.approx(statistics.median(others))
+
+
+@pytest.mark.parametrize("phase", ["compute", "data"])
+def test_the_slow_rank_is_named_with_its_node_and_phase(tmp_path, phase):
+    write_run(tmp_path, even_job(slow=2, phase=phase))
+    ranks = telemetry.read(tmp_path)
+    (found,) = telemetry.stragglers(ranks)
+    assert (found.rank, found.node, found.phase, found.steps) == (2, "node2", phase, 40)
+    line = telemetry.straggler_text(ranks, [found])
+    assert line.startswith("stragglers: rank 2 (node2) ") and f"({phase})" in line, line
+    assert "the other 3 ranks wait" in line and 40 < found.others_wait_pct < 60, line
+
+
+def test_an_even_run_names_no_one_and_a_short_one_says_it_cannot_tell_yet(tmp_path):
+    write_run(tmp_path, even_job())
+    ranks = telemetry.read(tmp_path)
+    assert telemetry.stragglers(ranks) == []
+    assert telemetry.straggler_text(ranks, []) == "stragglers: none over the last 40 steps"
+    write_run(tmp_path / "short", even_job(n=6, slow=1))
+    short = telemetry.read(tmp_path / "short")
+    assert telemetry.stragglers(short) == []
+    assert "not known yet (6 steps recorded by every rank; 10 needed)" in telemetry.straggler_text(short, [])
+
+
+def test_a_slower_rank_nobody_waits_for_is_no_straggler(tmp_path):
+    files = [rank_file(r, steps_of(40, 0.050 if r == 3 else 0.020, seed=r)) for r in range(4)]  # no one waits
+    write_run(tmp_path, files)
+    assert telemetry.stragglers(telemetry.read(tmp_path)) == []
+
+
+def test_only_the_steps_every_rank_recorded_are_compared(tmp_path):
+    files = even_job(slow=1)
+    files[0]["recent"] = files[0]["recent"][:25]  # rank 0's file is older: steps 1..25 only
+    write_run(tmp_path, files)
+    (found,) = telemetry.stragglers(telemetry.read(tmp_path))
+    assert (found.rank, found.steps) == (1, 25)
+
+
+@pytest.mark.parametrize("bad", [
+    b"not json", b"[]", b'{"version": 2}',
+    json.dumps(rank_file(0, steps_of(3, 0.01), rank="0")).encode(),
+    json.dumps(rank_file(0, steps_of(3, 0.01), steps=-1)).encode(),
+    json.dumps(rank_file(0, steps_of(3, 0.01), written=float("inf"))).encode().replace(b"Infinity", b"1e400"),
+    json.dumps(rank_file(0, steps_of(3, 0.01), sums={"total": "1"})).encode(),
+    json.dumps(rank_file(0, steps_of(3, 0.01), rank=True)).encode(),
+])
+def test_files_of_another_shape_are_skipped(tmp_path, bad):
+    assert telemetry.parse(bad) is None
+
+
+def test_reading_keeps_what_is_sound_and_drops_the_rest(tmp_path):
+    files = even_job(n=12)
+    files[1]["recent"][3] = [1, 2, "x", 0, 0, 0, 0, 0]      # one bad row: dropped, not the file
+    files[2]["node"] = "node2\x1b[2J\nrank 0 is slow"        # text is data: made printable, bounded
+    write_run(tmp_path, files)
+    directory = telemetry.attempt_dir(tmp_path, 0)
+    (directory / "rank-3.json").rename(directory / "rank-7.json")  # a name that does not match its rank
+    os.symlink(directory / "rank-0.json", directory / "rank-5.json")   # a link: never followed
+    ranks = telemetry.read(tmp_path)
+    assert [r.rank for r in ranks] == [0, 1, 2]
+    assert len(ranks[1].recent) == 11 and "\x1b" not in ranks[2].node and "\n" not in ranks[2].node
+
+
+def test_the_newest_attempt_is_read_unless_one_is_asked_for(tmp_path):
+    write_run(tmp_path, [rank_file(0, steps_of(5, 0.01), restart=0)], restart=0)
+    write_run(tmp_path, [rank_file(0, steps_of(7, 0.01), restart=2)], restart=2)
+    assert telemetry.restarts(tmp_path) == [0, 2]
+    assert telemetry.read(tmp_path)[0].steps == 7 and telemetry.read(tmp_path, 0)[0].steps == 5
+
+
+def test_top_prints_the_table_and_the_straggler_and_json_for_tools(tmp_path):
+    write_run(tmp_path, even_job(slow=3))
+    run = runner()
+    once = run.invoke(cli, ["top", "--once", str(tmp_path)])
+    assert once.exit_code == 0, once.output
+    lines = once.stdout.splitlines()
+    assert lines[1].split()[:3] == ["NODE", "RANK", "STEPS"] and len(lines) == 2 + 4 + 1
+    assert lines[-1].startswith("stragglers: rank 3 (node2) computes"), lines[-1]
+    as_json = json.loads(run.invoke(cli, ["top", "--json", str(tmp_path)]).stdout)
+    assert [r["rank"] for r in as_json["ranks"]] == [0, 1, 2, 3]
+    assert as_json["stragglers"][0]["rank"] == 3 and as_json["ranks"][3]["comm_pct"] < 10
+    assert 40 < as_json["ranks"][0]["comm_pct"] < 60  # the others wait for rank 3
+
+
+def test_top_without_telemetry_says_why_in_one_line(tmp_path):
+    result = runner().invoke(cli, ["top", "--once", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.stdout.strip().startswith(f"no step telemetry in {tmp_path}: ") and "\n" not in result.stdout.strip()
+    bad = runner().invoke(cli, ["top", str(tmp_path / "nowhere")])
+    assert bad.exit_code == 2 and "neither a job id (digits) nor an existing run directory" in bad.stderr
+
+
+def test_top_over_64_ranks(tmp_path):
+    """64 ranks' files of 256 steps each: read, analysed and laid out (the timing is bench/top.py's)."""
+    files = [rank_file(r, steps_of(256, 0.02 + (0.03 if r == 37 else 0), wait=0 if r == 37 else 0.028, seed=r),
+                       node=f"node{r // 8}") for r in range(64)]
+    write_run(tmp_path, files)
+    snap = top.snapshot(tmp_path)
+    assert len(snap["ranks"]) == 64 and [s["rank"] for s in snap["stragglers"]] == [37]
+    assert len(top.text(snap).splitlines()) == 2 + 64 + 1
+
+
+def runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:  # Click >= 8.2 always keeps them apart
+        return CliRunner()
+
+
+def attempts_tsv(run_dir: Path, rows: list) -> None:
+    (run_dir / contract.ATTEMPTS_FILE).write_text("".join("\t".join(map(str, r)) + "\n" for r in rows))
+
+
+def test_the_ledger_splits_every_attempt_and_adds_up(tmp_path):
+    """Attempt 1 (2 nodes, 100 s): 10 s start-up, steps 1-40 over 80 s (checkpoint at 30), killed 10 s later; a
+    5 s gate; attempt 2 resumes at step 30 and runs 31-60 over 60 s, then 5 s of tail."""
+    s0 = int(T0)
+    attempts_tsv(tmp_path, [(0, 0, s0, s0 + 100, "node1,node2", 137, "infrastructure", "node2", "killed", "retry"),
+                            (0, 1, s0 + 105, s0 + 180, "node1,node3", 0, "", "", "", "end")])
+    first = rank_file(0, steps_of(40, 1.999, data=0.0, t0=T0 + 10), first=T0 + 10)
+    first["sums"]["ckpt"], first["sums"]["total"] = 0.8, 80.0   # 1% of the steps' time saving
+    write_run(tmp_path / "attempts" / "0.0", [first], positions={0: (40, T0 + 90)})
+    second = rank_file(0, steps_of(30, 2.0, start=31, t0=T0 + 115), base=30, first=T0 + 115)
+    write_run(tmp_path, [second], positions={0: (60, T0 + 175)})
+    ledger = goodput.ledger(tmp_path)
+    parts = ledger.parts
+    assert ledger.total == pytest.approx(2 * 100 + 2 * 5 + 2 * 75)
+    assert parts["start-up"] == pytest.approx(2 * 10 + 2 * 10)
+    assert parts["failed"] == pytest.approx(2 * 10) and parts["gate"] == pytest.approx(2 * 5)
+    assert parts["tail"] == pytest.approx(2 * 5) and parts["checkpoint"] == pytest.approx(2 * 0.8)
+    assert (ledger.steps, ledger.redone_steps) == (70, 10)
+    assert parts["redone"] == pytest.approx(2 * (60 - 0) * 10 / 30)   # steps 31-40 again, a third of attempt 2
+    assert sum(parts.values()) == pytest.approx(ledger.total)
+    line = ledger.line()
+    assert line.startswith(f"goodput {100 * ledger.goodput:.0f}%: ") and "node-minutes trained" in line, line
+    assert "(10 of 70 steps redone)" in line and "start-up 11%" in line, line
+
+
+def test_a_hang_and_an_attempt_without_steps_are_their_own_parts(tmp_path):
+    s0 = int(T0)
+    attempts_tsv(tmp_path, [(0, 0, s0, s0 + 50, "node1", contract.HANG_EXIT, "program", "", "hang", "end"),
+                            (1, 0, s0 + 200, s0 + 230, "node1", 1, "program", "", "error", "end")])
+    write_run(tmp_path, [rank_file(0, steps_of(10, 1.0, t0=T0 + 5), first=T0 + 5)], positions={0: (10, T0 + 20)})
+    ledger = goodput.ledger(tmp_path)
+    assert ledger.parts["hang"] == pytest.approx(30) and ledger.parts["failed"] == pytest.approx(30)
+    assert ledger.total == pytest.approx(80)
+    assert goodput.ledger(tmp_path / "none") is None and goodput.lines(tmp_path / "none") == []
+
+
+def test_the_step_clock_counts_begun_steps_and_resumes(tmp_path):
+    steps = Steps(rank=1, world_size=2, local_world_size=1, restart=3, run_dir=tmp_path)
+    steps.end()                      # should_stop() before any work: no step
+    assert steps.count == 0 and steps.position() == 0
+    steps.resumed(30)
+    steps.begin()
+    assert steps.position() == 31    # a step in progress counts (a checkpoint saved now holds it)
+    steps.add("data", 0.01)
+    time.sleep(0.02)
+    steps.end()
+    (row,) = steps.recent
+    assert row[0] == 31 and row[2] >= 0.02 and row[3] == 0.01 and row[4] == pytest.approx(row[2] - 0.01, abs=1e-5)
+    steps.flush()
+    directory = telemetry.attempt_dir(tmp_path, 3)
+    assert telemetry.positions(directory)[1][0] == 31
+    (read,) = telemetry.read(tmp_path, 3)
+    assert (read.rank, read.steps, read.base, read.restart) == (1, 1, 30, 3)

@@ -1,0 +1,65 @@
+"""Issue 42 with real jobs: 4 ranks on 2 emulated nodes (`submit --local`, real gloo), one rank made slow on purpose.
+`top --once` names it with its node and phase; an even run names no one; the timed all-reduce leaves DDP's
+arithmetic bit for bit as it was (telemetry on and off). The same on the Slurm cluster, with a killed node and the
+goodput ledger: test_self_healing.py; on emulated nodes: test_local_healing.py."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from clusterddp import contract
+
+from .conftest import SCRIPTS, run_cli
+
+pytestmark = pytest.mark.ranks
+SHAPE = ["--nodes", "2", "--procs-per-node", "2"]
+
+
+def run(work: Path, name: str, *args: str, telemetry: bool = True) -> Path:
+    env = dict(os.environ)
+    env[contract.TELEMETRY] = "1" if telemetry else "0"
+    out = work / name
+    proc = run_cli("submit", "--local", *SHAPE, "--output-dir", str(out), str(SCRIPTS / "paced.py"), "--",
+                   "--steps", "20", "--out", str(work / f"{name}.pt"), *args, cwd=work, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "[rank 0] DONE 20 steps" in proc.stdout, proc.stdout
+    (run_dir,) = out.glob("paced-local-*")
+    return run_dir
+
+
+def top_once(run_dir: Path) -> list:
+    proc = run_cli("top", "--once", str(run_dir), cwd=run_dir)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_a_slow_rank_is_named_and_telemetry_leaves_the_arithmetic_alone(tmp_path):
+    on = run(tmp_path, "on", "--slow-rank", "2", "--slow", "compute", "--slow-s", "0.05")
+    lines = top_once(on)
+    assert len(lines) == 2 + 4 + 1, lines
+    rows = {int(line.split()[1]): line.split() for line in lines[2:6]}
+    assert [rows[r][0] for r in range(4)] == ["local0", "local0", "local1", "local1"]
+    assert all(rows[r][2] == "20" for r in range(4)), rows
+    assert lines[-1].startswith("stragglers: rank 2 (local1) computes ") and "(compute)" in lines[-1], lines[-1]
+    assert "the other 3 ranks wait" in lines[-1]
+    snap = json.loads(run_cli("top", "--json", str(on), cwd=tmp_path).stdout)
+    waits = {r["rank"]: r["comm_pct"] for r in snap["ranks"]}
+    assert waits[2] < min(waits[r] for r in (0, 1, 3)) / 2, waits  # the straggler waits least
+    off = run(tmp_path, "off", "--slow-rank", "2", "--slow", "compute", "--slow-s", "0.05", telemetry=False)
+    assert not (off / "telemetry").exists()
+    a, b = torch.load(tmp_path / "on.pt"), torch.load(tmp_path / "off.pt")
+    assert a.keys() == b.keys()
+    for key in a:  # bit for bit: the timed hook runs DDP's own all-reduce
+        assert a[key].numpy().tobytes() == b[key].numpy().tobytes(), key
+
+
+def test_a_slow_data_loader_is_named_and_an_even_run_names_no_one(tmp_path):
+    slow = run(tmp_path, "data", "--slow-rank", "1", "--slow", "data", "--slow-s", "0.05")
+    line = top_once(slow)[-1]
+    assert line.startswith("stragglers: rank 1 (local0) waits for its data ") and "(data)" in line, line
+    even = run(tmp_path, "even")
+    assert top_once(even)[-1] == "stragglers: none over the last 20 steps"
