@@ -381,6 +381,14 @@ def item15_sweep_calls(rows: List[Row], work: Path) -> None:
     rows.extend(calls(work))
 
 
+def item16_observatory(rows: List[Row], work: Path) -> None:
+    """Issue 42: step telemetry on / off; one `top` refresh over 64 ranks (bench/observatory.py)."""
+    from .observatory import telemetry_cost, top_cost
+
+    top_cost(rows, work)
+    telemetry_cost(rows, work, ROOT, _throughput)
+
+
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
                  "skipped: no GPU on this machine", ""))
@@ -404,7 +412,7 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     which = set(args.only.split(","))
@@ -422,7 +430,7 @@ def main() -> int:
                  ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work)),
                  ("11", lambda: item11_ssh(rows, work)), ("12", lambda: item12_checkpoints(rows, work)),
                  ("13", lambda: item13_self_healing(rows, work)), ("14", lambda: item14_drill(rows, work)),
-                 ("15", lambda: item15_sweep_calls(rows, work))]
+                 ("15", lambda: item15_sweep_calls(rows, work)), ("16", lambda: item16_observatory(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from clusterddp.healing import attempts
+from clusterddp.observe import goodput
 
 from .conftest import SCRIPTS, run_cli
 from .procs import children
@@ -70,6 +71,16 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     assert "clusterddp: retrying on local0,local2 without local1 (retry 1 of 2), from the last checkpoint" in err, err
     assert f"RESUME from step {EVERY}" in out
     assert (run_dir / "attempts" / "0.0").is_dir()
+    # issue 42: the ledger's redone steps are the steps that ran twice; its parts add up to the attempts' spans
+    ledger = goodput.ledger(run_dir)
+    ran = [step for _, step in steps(tmp_path / "run.log")]
+    assert ledger.redone_steps == len(ran) - len(set(ran)) > 0, (ledger.as_json(), ran)
+    assert ledger.steps == len(ran)
+    spans = sum(len(a.nodes) * (a.end - a.start) for a in (first, second))
+    gate = len(second.nodes) * (second.start - first.end)
+    assert abs(ledger.total - spans - gate) <= 0.02 * spans and ledger.parts["gate"] == gate, ledger.as_json()
+    assert ledger.parts["failed"] > 0 and ledger.parts["productive"] > 0
+    assert f"clusterddp: {ledger.line()}" in err and f"({ledger.redone_steps} of {len(ran)} steps redone)" in err
 
 
 def test_without_a_spare_a_killed_emulated_node_ends_the_job(tmp_path):

@@ -18,6 +18,7 @@ import pytest
 import clusterddp
 from clusterddp.backends.slurm.commands import Slurm, parse_scontrol
 from clusterddp.healing import attempts
+from clusterddp.observe import goodput
 
 from .conftest import SCRIPTS, run_cli
 from .test_faults import _rank_pids
@@ -100,6 +101,19 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert "clusterddp: attempt 2 on node1,node3: MASTER_ADDR=node1 MASTER_PORT=" in batch
     dry = run_cli("submit", "--dry-run", "--nodes", "1", "resumable.py", cwd=work)
     assert "#SBATCH --exclude=node2" in dry.stdout.splitlines(), dry.stdout
+    # issue 42: the goodput ledger (redone = the steps that ran twice) in --wait and status; top by job id
+    ledger = goodput.ledger(run_dir)
+    ran = [step for _, step in steps(work / "run.log")]
+    assert ledger.redone_steps == len(ran) - len(set(ran)) > 0 and ledger.steps == len(ran), ledger.as_json()
+    spans = sum(len(a.nodes) * (a.end - a.start) for a in (first, second))
+    gate = len(second.nodes) * (second.start - first.end)
+    assert abs(ledger.total - spans - gate) <= 0.02 * spans and ledger.parts["gate"] == gate, ledger.as_json()
+    assert f"clusterddp: {ledger.line()}" in err and ledger.line() in status.stdout.splitlines(), status.stdout
+    shown = run_cli("top", "--once", job_id, cwd=work)
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.splitlines()[2:6]]
+    assert sorted((r[0], r[1]) for r in rows) == [("node1", "0"), ("node1", "1"), ("node3", "2"), ("node3", "3")]
+    assert shown.stdout.splitlines()[-1].startswith("stragglers: ")
 
 
 def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work, reference):

@@ -23,10 +23,11 @@ SLOWER = 0.20          # a phase this much above the others' median, ...
 PERSISTENT = 0.75      # ... in this share of the window's steps, ...
 MIN_EXCESS_S = 0.002   # ... and by at least this much (clock noise on tiny steps is not a straggler)
 _MAX_FILE = 1 << 20
-_ROWS = 4 * 256
+_ROWS = 64            # recent steps read per rank: the window and room for files written a moment apart
 _RESTART_DIR = re.compile(r"restart-([0-9]{1,6})")
 _RANK_FILE = re.compile(r"rank-([0-9]{1,7})\.json")
 Row = Tuple[float, ...]  # contract.TELEMETRY_ROW
+_NUMBERS = {int, float}
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ def _number(value: Any) -> Optional[float]:
     return value if math.isfinite(value) and 0 <= value < 1e11 else None
 
 
-def parse(raw: bytes) -> Optional[RankSteps]:
-    """One rank's file, or None when it is not one (damaged, of another shape, out of range)."""
+def parse(raw: bytes, keep: int = _ROWS) -> Optional[RankSteps]:
+    """One rank's file, or None when it is not one (damaged, of another shape, out of range); its last ``keep``
+    steps."""
     try:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
@@ -73,11 +75,12 @@ def parse(raw: bytes) -> Optional[RankSteps]:
     sums = {k: _number(sums_in.get(k)) for k in contract.TELEMETRY_ROW[2:]}
     rows_in: List[Any] = data["recent"] if isinstance(data.get("recent"), list) else []
     rows: List[Row] = []
-    for row in rows_in[-_ROWS:]:
-        if isinstance(row, list) and len(row) == len(contract.TELEMETRY_ROW):
-            values = [_number(v) for v in row]
-            if all(v is not None for v in values):
-                rows.append(tuple(v for v in values if v is not None))
+    width = len(contract.TELEMETRY_ROW)
+    for row in rows_in[-keep:]:  # (the hot loop of a refresh: 64 ranks x 256 rows; type() leaves bools out)
+        if type(row) is list and len(row) == width and set(map(type, row)) <= _NUMBERS:
+            values = tuple(map(float, row))
+            if math.isfinite(sum(values)) and min(values) >= 0 and max(values) < 1e11:
+                rows.append(values)
     if written is None or any(v is None for v in sums.values()):
         return None
     node = re.sub(r"[^A-Za-z0-9._-]", "?", str(data.get("node", "?")))[:64] or "?"  # one word, whatever it held
@@ -94,7 +97,7 @@ def restarts(run_dir: Path) -> List[int]:
     return sorted(int(m.group(1)) for m in map(_RESTART_DIR.fullmatch, names) if m)
 
 
-def read(run_dir: Path, restart: Optional[int] = None) -> List[RankSteps]:
+def read(run_dir: Path, restart: Optional[int] = None, keep: int = _ROWS) -> List[RankSteps]:
     """Every rank's file of one attempt (the newest when ``restart`` is None), by rank."""
     if restart is None:
         found = restarts(run_dir)
@@ -110,7 +113,7 @@ def read(run_dir: Path, restart: Optional[int] = None) -> List[RankSteps]:
     for name in names:
         m = _RANK_FILE.fullmatch(name)
         raw = read_bounded(directory / name, _MAX_FILE) if m else None
-        parsed = parse(raw) if raw is not None else None
+        parsed = parse(raw, keep) if raw is not None else None
         if parsed is not None and m and parsed.rank == int(m.group(1)) and parsed.restart == restart:
             out[parsed.rank] = parsed
     return [out[r] for r in sorted(out)]
