@@ -63,3 +63,42 @@ def test_a_slow_data_loader_is_named_and_an_even_run_names_no_one(tmp_path):
     assert line.startswith("stragglers: rank 1 (local0) waits for its data ") and "(data)" in line, line
     even = run(tmp_path, "even")
     assert top_once(even)[-1] == "stragglers: none over the last 20 steps"
+
+
+HOOKS = """
+import os, torch
+from clusterddp import runtime
+from clusterddp.errors import RuntimeEnvError
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+runtime.init(allow_single=True)
+calls = []
+def mine(state, bucket):
+    calls.append(bucket.index())
+    return allreduce_hook(state, bucket)
+model = runtime.wrap(torch.nn.Linear(4, 2))
+model.register_comm_hook(None, mine)            # before the first forward pass: it runs, timed
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    runtime.should_stop()
+try:
+    model.register_comm_hook(None, mine)
+except RuntimeEnvError as exc:
+    print("REFUSED", exc)
+steps = runtime.telemetry.current()
+print("CALLS", len(calls), "STEPS", steps.count, "OPT", steps.sums["opt"] > 0, "POS", steps.position())
+runtime.shutdown()
+"""
+
+
+def test_a_comm_hook_of_the_script_is_timed_and_one_registered_too_late_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CLUSTERDDP_RUN_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", HOOKS], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "CALLS 3 STEPS 3 OPT True POS 3" in proc.stdout, proc.stdout
+    assert "REFUSED register_comm_hook after the model's first forward pass" in proc.stdout, proc.stdout
+    assert (tmp_path / contract.TELEMETRY_FILE.format(restarts=0, rank=0)).is_file()

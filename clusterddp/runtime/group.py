@@ -27,7 +27,6 @@ DEFAULT_TIMEOUT_S = 300.0
 TORCH_NCCL_DEFAULT_TIMEOUT_S = 600.0
 
 
-
 @dataclass(frozen=True)
 class Joined(DistEnv):
     """The DistEnv that ``init()`` returns: ``with runtime.init() as env:`` shuts the group down at the end."""
@@ -110,11 +109,8 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if env.source == "single" and env.master_port == 0:
         env = DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", _free_port(), "single")
-    if env.source == "torchrun":
-        # torchrun's workers share the agent's store (TORCHELASTIC_USE_AGENT_STORE): env:// knows how to join it.
-        init_method = "env://"
-    else:
-        init_method = f"tcp://{env.master_addr}:{env.master_port}"
+    # torchrun's workers share the agent's store (TORCHELASTIC_USE_AGENT_STORE): env:// knows how to join it.
+    init_method = "env://" if env.source == "torchrun" else f"tcp://{env.master_addr}:{env.master_port}"
     if dist.is_available() and dist.is_initialized():
         raise RuntimeEnvError("a process group is already initialised in this process (torch.distributed."
                               "init_process_group?): call clusterddp.runtime.init() instead of it, not after it")
@@ -306,9 +302,7 @@ def _fix_bucket_layout(ddp: Any) -> None:
 
 def _beat_hook(module: Any, args: Any) -> None:
     heartbeat()
-    steps = telemetry.current()
-    if steps is not None:
-        steps.begin()
+    telemetry.began()
 
 
 def unwrap(model: Any) -> Any:

@@ -203,6 +203,13 @@ def flush_now(last: List[float]) -> None:
         steps.flush()
 
 
+def began() -> None:
+    """Work of a step was seen (a forward pass)."""
+    steps = current()
+    if steps is not None:
+        steps.begin()
+
+
 def step() -> None:
     """End a step here (for loops that do not call ``should_stop()`` once per step)."""
     steps = current()
