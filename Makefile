@@ -40,6 +40,10 @@ install-test: install
 	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then tests/slurm/cluster.sh install && \
 		CLUSTERDDP_SLURM_RELEASE=26.05 tests/slurm/cluster.sh install; \
 	else echo "not root on Linux: the Slurm tests will be skipped"; fi
+	@# The report's test opens it in a real headless browser (Debian's chromium, no network needed at test time).
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+		echo "no chromium (apt-get install chromium as root): the report's browser test will be skipped"; }
 
 demo: install
 	$(PYTHON) -m clusterddp submit --local --nodes 2 --gpus 2 examples/train_ddp.py -- --epochs 2

@@ -81,6 +81,9 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     assert abs(ledger.total - spans - gate) <= 0.02 * spans and ledger.parts["gate"] == gate, ledger.as_json()
     assert ledger.parts["failed"] > 0 and ledger.parts["productive"] > 0
     assert f"clusterddp: {ledger.line()}" in err and f"({ledger.redone_steps} of {len(ran)} steps redone)" in err
+    shown = run_cli("top", "--once", str(run_dir), cwd=tmp_path).stdout.splitlines()
+    assert sorted((r.split()[0], r.split()[1]) for r in shown[2:6]) == [("local0", "0"), ("local0", "1"),
+                                                                      ("local2", "2"), ("local2", "3")], shown
 
 
 def test_without_a_spare_a_killed_emulated_node_ends_the_job(tmp_path):

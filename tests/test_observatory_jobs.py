@@ -102,3 +102,54 @@ def test_a_comm_hook_of_the_script_is_timed_and_one_registered_too_late_is_refus
     assert "CALLS 3 STEPS 3 OPT True POS 3" in proc.stdout, proc.stdout
     assert "REFUSED register_comm_hook after the model's first forward pass" in proc.stdout, proc.stdout
     assert (tmp_path / contract.TELEMETRY_FILE.format(restarts=0, rank=0)).is_file()
+
+
+def rendered_plots(html_file: Path, work: Path, plots_of: Path = None) -> list:
+    """The report opened in a real headless browser with no network (a network namespace of its own when root):
+    which of its plots (or of ``plots_of``'s) appear in the screenshot, pixel row for pixel row."""
+    import base64
+    import re
+    import shutil
+    import subprocess
+
+    from PIL import Image
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium here (make install-test installs it when root on Linux)")
+    shot = work / "shot.png"
+    argv = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--force-color-profile=srgb",
+            "--window-size=1100,4000", f"--screenshot={shot}", html_file.as_uri()]
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        argv = ["unshare", "-n", *argv]
+    subprocess.run(argv, capture_output=True, timeout=120, cwd=work, env=dict(os.environ, HOME=str(work)))
+    page = Image.open(shot).convert("RGB")
+    rows = [page.crop((0, y, page.width, y + 1)).tobytes() for y in range(page.height)]
+    found = []
+    for title, data in re.findall(r"<h2>([^<]*)</h2><img alt='[^']*' src='data:image/png;base64,([^']*)'>",
+                                  (plots_of or html_file).read_text()):
+        plot = Image.open(__import__("io").BytesIO(base64.b64decode(data))).convert("RGB")
+        needles = [plot.crop((0, y, plot.width, y + 1)).tobytes() for y in (plot.height // 4, plot.height // 2)]
+        if all(any(n in row for row in rows) for n in needles):
+            found.append(__import__("html").unescape(title))
+    return found
+
+
+def test_the_report_shows_every_plot_in_a_browser_without_network(tmp_path):
+    run_dir = run(tmp_path, "report", "--slow-rank", "3", "--slow", "compute", "--slow-s", "0.05")
+    proc = run_cli("report", str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "stragglers: rank 3 (local1) computes " in proc.stdout and "last metrics: loss " in proc.stdout
+    assert "goodput " in proc.stdout and "attempt 1 (restart 0) on local0,local1" in proc.stdout, proc.stdout
+    html_file = run_dir / "report.html"
+    text = html_file.read_text()
+    assert "http" not in text.replace("charset", "")  # nothing fetched from anywhere: no link, no script
+    titles = ["Step time per rank", "Where each rank's time goes", "Attempts", "Goodput", "Metrics (runtime.report)"]
+    assert rendered_plots(html_file, tmp_path) == titles
+    broken = tmp_path / "broken.html"  # the check can fail: a plot the browser cannot draw is not found
+    head = "alt='Goodput' src='data:image/png;base64,"
+    broken.write_text(text.replace(head, head + "AAAA"))
+    assert rendered_plots(broken, tmp_path, plots_of=html_file) == [t for t in titles if t != "Goodput"]
+    empty = run_cli("report", str(tmp_path), cwd=tmp_path)
+    assert empty.returncode == 1 and len(empty.stdout.strip().splitlines()) == 1, empty.stdout
+    assert empty.stdout.startswith(f"nothing to report in {tmp_path}: no step telemetry")

@@ -70,6 +70,7 @@ COMMANDS: Dict[str, str] = {
     "cancel": "clusterddp.cli.follow:cancel_command",
     "stacks": "clusterddp.cli.follow:stacks_command",
     "top": "clusterddp.cli.follow:top_command",
+    "report": "clusterddp.cli.follow:report_command",
     "nodes": "clusterddp.cli.follow:nodes_command",
     "doctor": "clusterddp.cli.checks:doctor_command",
     "drill": "clusterddp.cli.checks:drill_command",

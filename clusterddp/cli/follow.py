@@ -1,4 +1,4 @@
-"""``clusterddp status | nodes | stacks | top | cancel | logs``: following jobs that run or ran."""
+"""``clusterddp status | nodes | stacks | top | report | cancel | logs``: following jobs that run or ran."""
 from __future__ import annotations
 
 import sys
@@ -167,6 +167,40 @@ def top_command(job: str, once: bool, as_json: bool, interval: float, cluster: O
         return
     if not snap["ranks"]:
         sys.exit(EXIT["RUNTIME"])
+
+
+@click.command("report", cls=Command)
+@click.argument("job")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write the HTML report here instead of RUN_DIR/report.html.")
+@CLUSTER_OPTION
+def report_command(job: str, output: Optional[Path], cluster: Optional[str]) -> None:
+    """A job's story: one self-contained HTML file (plots embedded: it opens with no network) and a summary here.
+    Step time per rank over the whole job, where each rank's time goes, the attempts with their faults, the
+    goodput ledger, and the metrics the script recorded with runtime.report (loss curves).
+
+    JOB is a job id, or the run directory of a --local run. The plots need matplotlib
+    (pip install 'clusterddp[report]').
+
+    \b
+      clusterddp report 123456
+      clusterddp report clusterddp-runs/train-local-20261130-120000-4242 -o train.html
+    """
+    from ..observe.report import write
+    from ..observe.top import where
+
+    run_dir, backend, job_id = where(job, cluster, note=lambda line: click.echo(line, err=True))
+    if backend is not None and backend.host is not None and backend.host.remote:
+        from ..backends.record import JobRecord
+
+        record = JobRecord.load(str(job_id), backend.cluster.name)
+        if record is not None:
+            run_dir = Path(backend.readable(record).run_dir)
+    path, text = write(run_dir, output)
+    click.echo(text)
+    if path is None:
+        sys.exit(EXIT["RUNTIME"])
+    click.echo(f"clusterddp: report written to {path}", err=True)
 
 
 @click.command("cancel", cls=Command)

@@ -30,10 +30,13 @@ _clock = time.perf_counter
 
 
 def node(rank: int, local_world_size: int, environ: Mapping[str, str]) -> str:
-    """This rank's node: Slurm's name for it, the local backend's emulated one, else the host name."""
+    """This rank's node: Slurm's name for it (the local backend names its emulated nodes the same way), else the
+    host name."""
+    if environ.get("SLURMD_NODENAME"):
+        return environ["SLURMD_NODENAME"]
     if environ.get(contract.LOCAL):
         return contract.LOCAL_NODE.format(index=rank // max(1, local_world_size))
-    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return socket.gethostname()
 
 
 def enabled(environ: Mapping[str, str]) -> bool:

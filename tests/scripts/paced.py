@@ -72,6 +72,8 @@ def main() -> None:
         loss.backward()
         opt.step()
         step += 1
+        if step % 5 == 0:
+            runtime.report(step=step, loss=runtime.all_reduce_mean(loss.detach()))
         if ckpt and step % a.ckpt_every == 0:
             ckpt.save(step, model, opt, data)
         if runtime.should_stop():

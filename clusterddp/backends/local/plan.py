@@ -99,12 +99,15 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
         note = f"clusterddp: running {spec.world_size} ranks on CPU with gloo, {threads} thread(s) per rank"
 
     def devices(node: int) -> List[Tuple[str, str]]:
+        """Per emulated node: its name (as srun sets it in every task) and its GPUs."""
         first = emulated[node] * per
-        return [("CUDA_VISIBLE_DEVICES", ",".join(gpus_available[first:first + per]))] if use_gpus else []
+        named = [("SLURMD_NODENAME", contract.LOCAL_NODE.format(index=emulated[node]))]
+        return named + ([("CUDA_VISIBLE_DEVICES", ",".join(gpus_available[first:first + per]))] if use_gpus else [])
 
     launch = {"torchrun": _torchrun_procs, "srun": _srun_procs, "spawn": _spawn_procs}[spec.launcher]
     procs = launch(spec, Path(run_dir), port, job_id, devices)
-    gpus = [d for node in range(n) for _, ids in devices(node) for d in ids.split(",")] if use_gpus else None
+    gpus = [d for node in range(n) for name, ids in devices(node) if name == "CUDA_VISIBLE_DEVICES"
+            for d in ids.split(",")] if use_gpus else None
     common = _common_env(spec, run_dir, port, threads, use_gpus, restart)
     return Plan(spec, run_dir, port, gpus, tuple(common), tuple(procs), note)
 
