@@ -5,6 +5,7 @@ torchrun emulation."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -71,6 +72,8 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     assert "clusterddp: retrying on local0,local2 without local1 (retry 1 of 2), from the last checkpoint" in err, err
     assert f"RESUME from step {EVERY}" in out
     assert (run_dir / "attempts" / "0.0").is_dir()
+    ids = re.findall(r"tracker run id (\S+)", "".join(p.read_text() for p in run_dir.rglob("*.out")))
+    assert len(ids) == 2 and len(set(ids)) == 1 and ids[0] != "None", ids  # issue 42: one identity per job
     # issue 42: the ledger's redone steps are the steps that ran twice; its parts add up to the attempts' spans
     ledger = goodput.ledger(run_dir)
     ran = [step for _, step in steps(tmp_path / "run.log")]

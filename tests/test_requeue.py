@@ -111,6 +111,10 @@ def test_interrupted_job_resumes_bit_identical(work, reference, launcher):
     assert rank_steps(work / "run.log") == rank_steps(reference.parent / "ref.log")  # every rank, every loss
     batch_log = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
     assert "requeueing job" in batch_log and "(restart count 1)" in batch_log
+    # issue 42: the trackers' run id is the job's, the same before and after the requeue
+    ids = re.findall(r"tracker run id (\S+)", batch_log + "".join(
+        p.read_text() for p in (work / "clusterddp-runs" / f"resumable-{job_id}").rglob("*.out")))
+    assert len(ids) >= 2 and len(set(ids)) == 1 and ids[0].startswith(f"resumable-{job_id}-"), ids
 
 
 @pytest.mark.slurm

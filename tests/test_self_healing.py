@@ -99,6 +99,8 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     batch = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
     assert "clusterddp: retrying on node1,node3 without node2 (retry 1 of 2), from the last checkpoint" in batch
     assert "clusterddp: attempt 2 on node1,node3: MASTER_ADDR=node1 MASTER_PORT=" in batch
+    ids = re.findall(r"tracker run id (\S+)", "".join(p.read_text() for p in run_dir.rglob("*.out")))
+    assert len(ids) == 2 and len(set(ids)) == 1 and ids[0] != "None", ids  # issue 42: one identity per job
     dry = run_cli("submit", "--dry-run", "--nodes", "1", "resumable.py", cwd=work)
     assert "#SBATCH --exclude=node2" in dry.stdout.splitlines(), dry.stdout
     # issue 42: the goodput ledger (redone = the steps that ran twice) in --wait and status; top by job id

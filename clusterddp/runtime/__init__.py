@@ -38,7 +38,7 @@ from .group import (
     world_size,
     wrap,
 )
-from .report import report
+from .report import report, run_id
 from .stop import should_stop
 from .telemetry import step
 
@@ -55,4 +55,4 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["DistEnv", "Joined", "init", "shutdown", "wrap", "unwrap", "loader", "is_main", "print0", "log",
            "barrier", "all_reduce_mean", "save_on_main", "device", "rank", "world_size", "select_device", "spawn",
-           "should_stop", "step", "report", "heartbeat", "Checkpointer", "DEFAULT_TIMEOUT_S"]
+           "should_stop", "step", "report", "run_id", "heartbeat", "Checkpointer", "DEFAULT_TIMEOUT_S"]

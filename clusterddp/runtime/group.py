@@ -13,7 +13,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
-from . import drill, telemetry
+from . import drill, report, telemetry
 from .control import heartbeat
 from .env import DistEnv
 from .state import STATE, channel, device, distributed, is_main, rank, world_size
@@ -130,6 +130,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
                               f" ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
     control.joined(dist.distributed_c10d._get_default_store())
     telemetry.start(env.rank, env.world_size, env.local_world_size, control.restart, control.run_dir, environ)
+    report.export_run_id()
     joined = Joined(**{f: getattr(env, f) for f in env.__dataclass_fields__})
     STATE.update(env=joined, device=device, backend=backend, wrapped=weakref.WeakSet(), control=control,
                   channel=channel)
@@ -169,9 +170,8 @@ def shutdown() -> None:
 
 
 def collective_timeout(rendezvous_s: float, hang_s: float) -> float:
-    """torch's own timeout for collectives (and the store's): 2 min after the watchdog's longest limit, the start-up
-    window (``HANG_STARTUP_FACTOR`` x the timeout: NCCL's lazy set-up in wrap(), the first batch), so that users see
-    the report naming the stuck rank, never torch's abort. Watchdog off: at least NCCL's 10 min and the rendezvous."""
+    """torch's own timeout for collectives and the store: 2 min after the watchdog's longest limit (start-up included),
+    so users see the report naming the stuck rank, never torch's abort; watchdog off: NCCL's 10 min at least."""
     if hang_s > 0:
         return max(rendezvous_s, hang_s * contract.HANG_STARTUP_FACTOR + 120)
     return max(rendezvous_s, TORCH_NCCL_DEFAULT_TIMEOUT_S)

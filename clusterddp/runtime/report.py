@@ -1,4 +1,6 @@
-"""``runtime.report(step=..., **metrics)``: a trial's metrics in its run directory, for ``clusterddp sweep status``.
+"""``runtime.report(step=..., **metrics)``: a trial's metrics in its run directory, for ``clusterddp sweep status``
+and ``clusterddp report``; ``run_id()``: one identity per job for the trackers (W&B, MLflow), the same in every
+attempt, requeue and retry.
 
 Rank 0 writes, every other rank returns at once. One JSON object per line in RUN_DIR/metrics.jsonl, each line
 written by a single append (O_APPEND, one write), so a reader never sees half a line from a finished write, and a
@@ -51,3 +53,30 @@ def report(step: Optional[int] = None, **metrics: Any) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def run_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This job's identity for experiment trackers: the same in every attempt of the job (retries on other nodes,
+    Slurm requeues: they share the run directory), another for another job or sweep trial. None outside a job."""
+    import hashlib
+    import re
+
+    environ = os.environ if environ is None else environ
+    run_dir = environ.get(contract.RUN_DIR)
+    if not run_dir:
+        return None
+    path = os.path.abspath(run_dir).rstrip("/")
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", os.path.basename(path))[:40]
+    return f"{name}-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+
+
+def export_run_id() -> None:
+    """init(): the identity in the environment where trackers look for it (W&B: WANDB_RUN_ID with WANDB_RESUME=allow,
+    so a requeued job continues its run), unless the script's environment chose its own."""
+    found = run_id()
+    if found is None:
+        return
+    os.environ[contract.RUN_ID] = found
+    if "WANDB_RUN_ID" not in os.environ:
+        os.environ["WANDB_RUN_ID"] = found
+        os.environ.setdefault("WANDB_RESUME", "allow")

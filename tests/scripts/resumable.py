@@ -40,7 +40,8 @@ def main():
     state = ckpt.load_latest(model, opt, batches)
     step = state["step"] if state else 0
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-    runtime.print0(f"RESUME from step {step} (restart count {restart})" if state else "FRESH start")
+    runtime.print0((f"RESUME from step {step} (restart count {restart})" if state else "FRESH start")
+                   + f"; tracker run id {os.environ.get('WANDB_RUN_ID')}")
     for _epoch in range(batches.next_epoch, args.epochs):
         for x, y in batches:
             loss = nn.functional.mse_loss(model(x), y)
