@@ -1,0 +1,191 @@
+"""The LibCST passes of ``clusterddp migrate``: a survey (names and findings), then the rewrite. Imports libcst at
+module level: ``rules.migrate_source`` loads this module only once LibCST is known to be there."""
+from __future__ import annotations
+
+from typing import Any, List, Set, Tuple
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from .rules import IMPORT, _code, _is_loader, _kw, _METRIC, _positional, _training_loader, dotted
+
+Lines = List[Tuple[int, str]]
+
+
+def _line(visitor: Any, node: Any) -> int:
+    return int(visitor.get_metadata(PositionProvider, node).start.line)
+
+
+def _main_guard(node: Any) -> bool:
+    return isinstance(node, cst.If) and _code(node.test).replace(" ", "").replace("'", '"') == '__name__=="__main__"'
+
+
+class Survey(cst.CSTVisitor):
+    """What is there: the names the DataParallel model and the optimizers are bound to, and what to look at."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self) -> None:
+        self.wrapped: Set[str] = set()
+        self.optimizers: Set[str] = set()
+        self.findings: Lines = []
+        self.loops = 0
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        names = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
+        if isinstance(value, cst.Call) and dotted(value.func).split(".")[-1] == "DataParallel":
+            self.wrapped |= names
+        if isinstance(value, cst.Call) and ".optim." in f".{dotted(value.func)}" and "lr_scheduler" not in \
+                dotted(value.func):
+            self.optimizers |= names
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = dotted(node.func)
+        at = _line(self, node)
+        if name.endswith("cuda.device_count"):
+            self.findings.append((at, "torch.cuda.device_count(): under DDP each rank has one GPU and the job has "
+                                      "runtime.world_size() of them; use that where the model's logic depends on it"))
+        elif name in ("torch.load", "load") and name.startswith("torch"):
+            self.findings.append((at, "torch.load: resuming from a checkpoint? runtime.Checkpointer saves and loads "
+                                      "model, optimizer, data position and random state; clusterddp drill proves "
+                                      "the resume exact before a long job"))
+        elif name.endswith("manual_seed"):
+            self.findings.append((at, "the same seed on every rank: right for the model's initial weights; for "
+                                      "per-rank randomness (augmentation, dropout masks) add runtime.rank()"))
+        elif _is_loader(node) and (_kw(node, "sampler") or _kw(node, "batch_sampler")):
+            self.findings.append((at, "a DataLoader with its own sampler is not rewritten: give each rank its share "
+                                      "(a DistributedSampler around it, set_epoch every epoch)"))
+        elif _is_loader(node) and not _training_loader(node):
+            self.findings.append((at, "a DataLoader without shuffle=True (evaluation?) is left as it is: every rank "
+                                      "goes through the whole set; to share it, runtime.loader(..., shuffle=False) "
+                                      "and average the metric with runtime.all_reduce_mean"))
+
+    def visit_For(self, node: cst.For) -> None:
+        self._accumulation(node)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._accumulation(node)
+
+    def _accumulation(self, loop: Any) -> None:
+        """A backward in the loop and an optimizer step under an ``if ... % ...``: gradient accumulation."""
+        code = _code(loop.body)
+        if ".backward(" not in code or "no_sync" in code:
+            return
+        for statement in loop.body.body:
+            if isinstance(statement, cst.If) and "%" in _code(statement.test) and ".step(" in _code(statement.body):
+                self.findings.append((_line(self, statement), "gradient accumulation without model.no_sync(): every "
+                                      "backward all-reduces; wrap the backward of the steps that do not step the "
+                                      "optimizer in `with model.no_sync():`"))
+
+
+class ToDDP(cst.CSTTransformer):
+    """The rewrite; ``changes`` says what it did, line by line."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, survey: Survey, keep_global_batch: bool) -> None:
+        self.s, self.keep = survey, keep_global_batch
+        self.changes: Lines = []
+        self.guarded = False
+
+    def _did(self, node: Any, what: str) -> None:
+        self.changes.append((_line(self, node), what))
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
+        name = dotted(original.func)
+        last = name.split(".")[-1]
+        if last == "DataParallel" and _positional(original):
+            self._did(original, f"{_code(original)} -> runtime.wrap({_code(_positional(original)[0].value)})")
+            return cst.parse_expression(f"runtime.wrap({_code(_positional(updated)[0].value)})")
+        if isinstance(original.func, cst.Attribute) and original.func.attr.value == "cuda" and name != "torch.cuda":
+            self._did(original, f".cuda() -> .to(runtime.device()) (the rank's own GPU)")
+            rest = [a for a in updated.args if a.keyword is not None]
+            return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
+                                        args=[cst.Arg(cst.parse_expression("runtime.device()"))] + rest)
+        if name == "torch.device" and "cuda" in _code(original):
+            self._did(original, f"{_code(original)} -> runtime.device() (cuda:LOCAL_RANK, or the CPU)")
+            return cst.parse_expression("runtime.device()")
+        if _is_loader(original) and _training_loader(original) and not _kw(original, "sampler") \
+                and not _kw(original, "batch_sampler") and len(_positional(original)) <= 3:
+            self._did(original, "DataLoader -> runtime.loader (each rank its share; a new shuffle every epoch)")
+            args = [self._per_rank(a, i) for i, a in enumerate(updated.args)]
+            return updated.with_changes(func=cst.parse_expression("runtime.loader"), args=args)
+        if name == "torch.save" and len(updated.args) == 2 and all(a.keyword is None for a in updated.args):
+            self._did(original, "torch.save -> runtime.save_on_main (rank 0 writes, atomically; the others wait)")
+            return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"))
+        if name == "print":
+            averaged = updated.visit(_Average())
+            what = " (loss / accuracy averaged over the ranks)" if _code(averaged) != _code(updated) else ""
+            self._did(original, f"print -> runtime.print0 (rank 0 prints){what}")
+            return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
+        return updated
+
+    def _per_rank(self, arg: cst.Arg, index: int) -> cst.Arg:
+        is_batch = (arg.keyword is not None and arg.keyword.value == "batch_size") or (arg.keyword is None and
+                                                                                      index == 1)
+        if not self.keep or not is_batch:
+            return arg
+        return arg.with_changes(value=cst.parse_expression(f"max(1, ({_code(arg.value)}) // runtime.world_size())"))
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> Any:
+        if original.attr.value == "module" and isinstance(original.value, cst.Name) and \
+                original.value.value in self.s.wrapped:
+            self._did(original, f"{original.value.value}.module -> runtime.unwrap({original.value.value})")
+            return cst.parse_expression(f"runtime.unwrap({original.value.value})")
+        return updated
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Any:
+        only = original.body[0] if len(original.body) == 1 else None
+        if isinstance(only, cst.Expr) and isinstance(only.value, cst.Call) and \
+                isinstance(only.value.func, cst.Attribute) and only.value.func.attr.value == "step" and \
+                isinstance(only.value.func.value, cst.Name) and only.value.func.value.value in self.s.optimizers:
+            self._did(original, "runtime.step() after the optimizer step (clusterddp top and report count steps)")
+            return cst.FlattenSentinel([updated, cst.parse_statement("runtime.step()\n")])
+        return updated
+
+    def leave_If(self, original: cst.If, updated: cst.If) -> Any:
+        if not _main_guard(original) or not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        self.guarded = True
+        self._did(original, "the entry point runs between runtime.init() and runtime.shutdown()")
+        body = [cst.parse_statement("runtime.init()\n"), *updated.body.body, cst.parse_statement("runtime.shutdown()\n")]
+        return updated.with_changes(body=updated.body.with_changes(body=body))
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        body = list(updated.body)
+        at = 0
+        for i, statement in enumerate(body):
+            text = _code(statement).lstrip()
+            if text.startswith(("import ", "from ")) or (i == 0 and text.startswith(('"', "'"))):
+                at = i + 1
+        added = [cst.parse_statement(IMPORT + "\n")]
+        if not self.guarded:  # a script without a main guard: the whole module is the entry point
+            added.append(cst.parse_statement("runtime.init()\n"))
+            body.append(cst.parse_statement("runtime.shutdown()\n"))
+        self.changes.append((1, f"{IMPORT}" + ("" if self.guarded else "; runtime.init() after the imports, "
+                                               "runtime.shutdown() at the end")))
+        return updated.with_changes(body=body[:at] + added + body[at:])
+
+
+class _Average(cst.CSTTransformer):
+    """Inside a print: ``loss.item()`` -> ``runtime.all_reduce_mean(loss).item()`` (every rank takes part: the
+    arguments are evaluated on every rank before print0 decides who prints)."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
+        func = updated.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "item" and not updated.args and \
+                isinstance(func.value, cst.Name) and _METRIC.search(func.value.value):
+            inner = cst.parse_expression(f"runtime.all_reduce_mean({func.value.value})")
+            return updated.with_changes(func=func.with_changes(value=inner))
+        return updated
+
+
+def rewrite(module: cst.Module, keep_global_batch: bool) -> Tuple[str, Lines, Lines]:
+    """The new text, the changes and the findings."""
+    wrapper = MetadataWrapper(module)
+    survey = Survey()
+    wrapper.visit(survey)
+    transformer = ToDDP(survey, keep_global_batch)
+    new = wrapper.visit(transformer)
+    return new.code, transformer.changes, sorted(set(survey.findings))
