@@ -146,6 +146,10 @@ def fill_placeholders(arg: str, values: Mapping[str, str]) -> str:
 PARAM_PREFIX = "CLUSTERDDP_PARAM_"     # + the parameter's name in capitals: its value for this trial
 TRIAL = "CLUSTERDDP_TRIAL"             # the trial's index in its sweep (= the array task id)
 TRIAL_FILE = "trial.json"              # in the trial's run directory: sweep, index, key, parameters
+#: ``clusterddp migrate --check``: each runtime.loader stops an epoch after this many batches and records the
+#: sample indices it gave this rank (CHECK_FILE), so the check can say how the ranks' data differed.
+CHECK_STEPS = "CLUSTERDDP_CHECK_STEPS"
+CHECK_FILE = "check/rank-{rank}-loader-{loader}.json"
 RUN_ID = "CLUSTERDDP_RUN_ID"           # set by init(): the job's identity for trackers (runtime.run_id())
 METRICS_FILE = "metrics.jsonl"         # runtime.report(): one JSON object per line, appended by rank 0
 

@@ -78,6 +78,7 @@ COMMANDS: Dict[str, str] = {
     "config": "clusterddp.cli.project:config_group",
     "trust": "clusterddp.cli.project:trust_command",
     "new": "clusterddp.cli.project:new_command",
+    "migrate": "clusterddp.cli.migrate:migrate_command",
 }
 
 

@@ -11,21 +11,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Set, Tuple, Union
+from typing import List, Optional, Tuple
 
-from ..errors import ClusterDDPError, SpecError
-
-IMPORT = "from clusterddp import runtime"
-_METRIC = re.compile(r"loss|acc", re.IGNORECASE)
-
-
-def _cst() -> Any:
-    try:
-        import libcst
-    except ImportError:
-        raise ClusterDDPError("clusterddp migrate rewrites scripts with LibCST, which is not installed here: "
-                              "pip install 'clusterddp[migrate]'") from None
-    return libcst
+from ..errors import SpecError
+from .syntax import libcst_module
 
 
 @dataclass
@@ -38,41 +27,6 @@ class Migration:
     changes: List[Tuple[int, str]] = field(default_factory=list)
     findings: List[Tuple[int, str]] = field(default_factory=list)
     left_alone: str = ""
-
-
-def dotted(node: Any) -> str:
-    """'torch.nn.DataParallel' for the Name/Attribute chain ``node`` ('' for anything else)."""
-    cst = _cst()
-    if isinstance(node, cst.Name):
-        return str(node.value)
-    if isinstance(node, cst.Attribute):
-        head = dotted(node.value)
-        return f"{head}.{node.attr.value}" if head else ""
-    return ""
-
-
-def _code(node: Any) -> str:
-    return str(_cst().Module([]).code_for_node(node))
-
-
-def _kw(call: Any, name: str) -> Optional[Any]:
-    return next((a for a in call.args if a.keyword is not None and a.keyword.value == name), None)
-
-
-def _positional(call: Any) -> List[Any]:
-    return [a for a in call.args if a.keyword is None and not a.star]
-
-
-def _is_loader(call: Any) -> bool:
-    return dotted(call.func).split(".")[-1] == "DataLoader"
-
-
-def _training_loader(call: Any) -> bool:
-    shuffle = _kw(call, "shuffle")
-    positional = _positional(call)
-    if shuffle is None and len(positional) >= 3:
-        shuffle = positional[2]
-    return shuffle is not None and _code(shuffle.value).strip() == "True"
 
 
 def _already(source: str) -> str:
@@ -89,7 +43,7 @@ def _already(source: str) -> str:
 
 def migrate_source(source: str, filename: str = "<script>", keep_global_batch: bool = False) -> Migration:
     """Rewrite ``source``; raises SpecError with the position when it does not parse."""
-    cst = _cst()
+    cst = libcst_module()
     out = Migration(source)
     try:
         module = cst.parse_module(source)
@@ -119,11 +73,9 @@ def report(m: Migration, filename: str, keep_global_batch: bool) -> List[str]:
         lines.append(
             "batch size: " + ("--keep-global-batch: each rank takes batch_size // world size, so the global batch "
                               "stays what it was" if keep_global_batch else
-                              "batch_size is now per rank (per GPU, as DataParallel's was per step): the global "
-                              "batch grows with the world size (4 ranks: 4x); scale the learning rate with it (the "
-                              "linear rule, with warm-up), or migrate with --keep-global-batch"))
+                              "batch_size is now per rank; DataParallel split it over the GPUs, so the global batch "
+                              "is now batch_size x the world size (4 ranks: 4x); scale the learning rate with it "
+                              "(the linear rule, with warm-up), or migrate with --keep-global-batch"))
     lines += [f"{filename}:{line}: to check: {what}" for line, what in sorted(m.findings)]
     return lines
 
-
-Found = Union[Sequence[Tuple[int, str]], Set[Tuple[int, str]]]

@@ -7,7 +7,7 @@ from typing import Any, List, Set, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .rules import IMPORT, _code, _is_loader, _kw, _METRIC, _positional, _training_loader, dotted
+from .syntax import IMPORT, METRIC, code_of, dotted, is_loader, keyword, positional, training_loader
 
 Lines = List[Tuple[int, str]]
 
@@ -17,7 +17,7 @@ def _line(visitor: Any, node: Any) -> int:
 
 
 def _main_guard(node: Any) -> bool:
-    return isinstance(node, cst.If) and _code(node.test).replace(" ", "").replace("'", '"') == '__name__=="__main__"'
+    return isinstance(node, cst.If) and code_of(node.test).replace(" ", "").replace("'", '"') == '__name__=="__main__"'
 
 
 class Survey(cst.CSTVisitor):
@@ -53,10 +53,10 @@ class Survey(cst.CSTVisitor):
         elif name.endswith("manual_seed"):
             self.findings.append((at, "the same seed on every rank: right for the model's initial weights; for "
                                       "per-rank randomness (augmentation, dropout masks) add runtime.rank()"))
-        elif _is_loader(node) and (_kw(node, "sampler") or _kw(node, "batch_sampler")):
+        elif is_loader(node) and (keyword(node, "sampler") or keyword(node, "batch_sampler")):
             self.findings.append((at, "a DataLoader with its own sampler is not rewritten: give each rank its share "
                                       "(a DistributedSampler around it, set_epoch every epoch)"))
-        elif _is_loader(node) and not _training_loader(node):
+        elif is_loader(node) and not training_loader(node):
             self.findings.append((at, "a DataLoader without shuffle=True (evaluation?) is left as it is: every rank "
                                       "goes through the whole set; to share it, runtime.loader(..., shuffle=False) "
                                       "and average the metric with runtime.all_reduce_mean"))
@@ -69,11 +69,11 @@ class Survey(cst.CSTVisitor):
 
     def _accumulation(self, loop: Any) -> None:
         """A backward in the loop and an optimizer step under an ``if ... % ...``: gradient accumulation."""
-        code = _code(loop.body)
+        code = code_of(loop.body)
         if ".backward(" not in code or "no_sync" in code:
             return
         for statement in loop.body.body:
-            if isinstance(statement, cst.If) and "%" in _code(statement.test) and ".step(" in _code(statement.body):
+            if isinstance(statement, cst.If) and "%" in code_of(statement.test) and ".step(" in code_of(statement.body):
                 self.findings.append((_line(self, statement), "gradient accumulation without model.no_sync(): every "
                                       "backward all-reduces; wrap the backward of the steps that do not step the "
                                       "optimizer in `with model.no_sync():`"))
@@ -95,19 +95,19 @@ class ToDDP(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
         name = dotted(original.func)
         last = name.split(".")[-1]
-        if last == "DataParallel" and _positional(original):
-            self._did(original, f"{_code(original)} -> runtime.wrap({_code(_positional(original)[0].value)})")
-            return cst.parse_expression(f"runtime.wrap({_code(_positional(updated)[0].value)})")
+        if last == "DataParallel" and positional(original):
+            self._did(original, f"{code_of(original)} -> runtime.wrap({code_of(positional(original)[0].value)})")
+            return cst.parse_expression(f"runtime.wrap({code_of(positional(updated)[0].value)})")
         if isinstance(original.func, cst.Attribute) and original.func.attr.value == "cuda" and name != "torch.cuda":
-            self._did(original, f".cuda() -> .to(runtime.device()) (the rank's own GPU)")
+            self._did(original, ".cuda() -> .to(runtime.device()) (the rank's own GPU)")
             rest = [a for a in updated.args if a.keyword is not None]
             return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
                                         args=[cst.Arg(cst.parse_expression("runtime.device()"))] + rest)
-        if name == "torch.device" and "cuda" in _code(original):
-            self._did(original, f"{_code(original)} -> runtime.device() (cuda:LOCAL_RANK, or the CPU)")
+        if name == "torch.device" and "cuda" in code_of(original):
+            self._did(original, f"{code_of(original)} -> runtime.device() (cuda:LOCAL_RANK, or the CPU)")
             return cst.parse_expression("runtime.device()")
-        if _is_loader(original) and _training_loader(original) and not _kw(original, "sampler") \
-                and not _kw(original, "batch_sampler") and len(_positional(original)) <= 3:
+        if is_loader(original) and training_loader(original) and not keyword(original, "sampler") \
+                and not keyword(original, "batch_sampler") and len(positional(original)) <= 3:
             self._did(original, "DataLoader -> runtime.loader (each rank its share; a new shuffle every epoch)")
             args = [self._per_rank(a, i) for i, a in enumerate(updated.args)]
             return updated.with_changes(func=cst.parse_expression("runtime.loader"), args=args)
@@ -115,8 +115,8 @@ class ToDDP(cst.CSTTransformer):
             self._did(original, "torch.save -> runtime.save_on_main (rank 0 writes, atomically; the others wait)")
             return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"))
         if name == "print":
-            averaged = updated.visit(_Average())
-            what = " (loss / accuracy averaged over the ranks)" if _code(averaged) != _code(updated) else ""
+            averaged: Any = updated.visit(_Average())
+            what = " (loss / accuracy averaged over the ranks)" if code_of(averaged) != code_of(updated) else ""
             self._did(original, f"print -> runtime.print0 (rank 0 prints){what}")
             return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
         return updated
@@ -126,7 +126,7 @@ class ToDDP(cst.CSTTransformer):
                                                                                       index == 1)
         if not self.keep or not is_batch:
             return arg
-        return arg.with_changes(value=cst.parse_expression(f"max(1, ({_code(arg.value)}) // runtime.world_size())"))
+        return arg.with_changes(value=cst.parse_expression(f"max(1, ({code_of(arg.value)}) // runtime.world_size())"))
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> Any:
         if original.attr.value == "module" and isinstance(original.value, cst.Name) and \
@@ -149,14 +149,15 @@ class ToDDP(cst.CSTTransformer):
             return updated
         self.guarded = True
         self._did(original, "the entry point runs between runtime.init() and runtime.shutdown()")
-        body = [cst.parse_statement("runtime.init()\n"), *updated.body.body, cst.parse_statement("runtime.shutdown()\n")]
+        body = [cst.parse_statement("runtime.init()\n"), *updated.body.body,
+                cst.parse_statement("runtime.shutdown()\n")]
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = list(updated.body)
         at = 0
         for i, statement in enumerate(body):
-            text = _code(statement).lstrip()
+            text = code_of(statement).lstrip()
             if text.startswith(("import ", "from ")) or (i == 0 and text.startswith(('"', "'"))):
                 at = i + 1
         added = [cst.parse_statement(IMPORT + "\n")]
@@ -175,7 +176,7 @@ class _Average(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
         func = updated.func
         if isinstance(func, cst.Attribute) and func.attr.value == "item" and not updated.args and \
-                isinstance(func.value, cst.Name) and _METRIC.search(func.value.value):
+                isinstance(func.value, cst.Name) and METRIC.search(func.value.value):
             inner = cst.parse_expression(f"runtime.all_reduce_mean({func.value.value})")
             return updated.with_changes(func=func.with_changes(value=inner))
         return updated

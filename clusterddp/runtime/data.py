@@ -6,11 +6,16 @@ Imports torch at module level: ``clusterddp.runtime`` loads this module on first
 from __future__ import annotations
 
 import itertools
-from typing import Any, Dict, Iterator, Mapping
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from .. import contract
+from ..datafiles import write_atomic
 from . import telemetry
 from .control import heartbeat
 from .group import rank, world_size
@@ -38,6 +43,7 @@ class EpochLoader(DataLoader):
     own_generator = False
     _skip_batches = 0
     _active = False  # inside an epoch's iteration (a `break` out of the loop ends it)
+    number = 0       # which loader of the process (for migrate --check's files)
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at ``epoch``."""
@@ -53,9 +59,10 @@ class EpochLoader(DataLoader):
         self.sampler.skip = self._skip_batches * (self.batch_size or 1)  # type: ignore[attr-defined]
         self.batches_done, self._skip_batches = self._skip_batches, 0
         self._active = True
+        limit = _checking(self)
         try:
             batches = super().__iter__()
-            while True:
+            while limit is None or self.batches_done < limit:
                 began = telemetry.clock()
                 batch = next(batches, _END)
                 if batch is _END:  # (the loop's last look is no step's work)
@@ -78,6 +85,23 @@ class EpochLoader(DataLoader):
         self.next_epoch, self._skip_batches = int(state["epoch"]), int(state["batches_done"])
 
 
+_MADE = [0]  # loaders made in this process (their order names their check files)
+
+
+def _checking(made: EpochLoader) -> Optional[int]:
+    """``clusterddp migrate --check``: the batches per epoch, and this rank's first epoch's indices recorded."""
+    text = os.environ.get(contract.CHECK_STEPS, "")
+    run_dir = os.environ.get(contract.RUN_DIR)
+    if not text.isdigit() or not run_dir:
+        return None
+    limit = max(1, min(int(text), 10_000))
+    if made.epoch == 0:
+        indices = list(DistributedSampler.__iter__(made.sampler))[:limit * (made.batch_size or 1)]  # type: ignore
+        path = Path(run_dir) / contract.CHECK_FILE.format(rank=rank(), loader=made.number)
+        write_atomic(path, json.dumps({"rank": rank(), "loader": made.number, "indices": [int(i) for i in indices]}))
+    return limit
+
+
 def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
            **kwargs: Any) -> EpochLoader:
     """A DataLoader over this rank's share of ``dataset`` (DistributedSampler); each new iteration advances the
@@ -93,4 +117,5 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, d
                                drop_last=drop_last)
     made = EpochLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
     made.seed, made.own_generator = seed, own_generator
+    made.number, _MADE[0] = _MADE[0], _MADE[0] + 1
     return made
