@@ -1,0 +1,171 @@
+"""Issue 43: `clusterddp migrate`. The rewrite on our own DataParallel scripts and on real ones from public
+repositories (tests/migrate_cases/, SOURCES.md says where each is from): it parses, it is left alone the second
+time, every line it did not report is byte for byte where it was; what it must not touch is listed; bad input is
+one line; the original is never overwritten without --in-place. With --check (real ranks): it trains, each rank
+its own data."""
+from __future__ import annotations
+
+import difflib
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusterddp.cli import cli
+from clusterddp.errors import SpecError
+from clusterddp.migrate import migrate_source
+
+from .conftest import SCRIPTS, run_cli
+
+OURS = SCRIPTS / "migrate"
+PUBLIC = Path(__file__).parent / "migrate_cases"
+CASES = sorted(OURS.glob("*.py")) + sorted(PUBLIC.glob("*.py"))
+
+
+def runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:  # Click >= 8.2 always keeps them apart
+        return CliRunner()
+
+
+def untouched_lines_kept(source: str, text: str, changed: set) -> None:
+    """Every line of the original that the migration did not report changing is in the result, in order."""
+    removed = [i + 1 for tag, i1, i2, _, _ in difflib.SequenceMatcher(None, source.splitlines(), text.splitlines(),
+                                                                         autojunk=False).get_opcodes()
+               if tag in ("replace", "delete") for i in range(i1, i2)]
+    assert set(removed) <= changed, (sorted(set(removed) - changed), text)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_each_script_is_rewritten_once_and_keeps_what_it_did_not_change(case):
+    source = case.read_text()
+    m = migrate_source(source, case.name)
+    assert not m.left_alone and m.text is not None, m.left_alone
+    compile(m.text, case.name, "exec")
+    assert "runtime.wrap(" in m.text and "DataParallel(" not in m.text.replace("DistributedDataParallel", "")
+    assert "from clusterddp import runtime" in m.text and "runtime.init()" in m.text
+    changed = {line for line, _ in m.changes}
+    # a multi-line statement changes as a whole: its lines count as reported
+    for line in list(changed):
+        changed |= set(range(line, line + 12))
+    untouched_lines_kept(source, m.text, changed)
+    again = migrate_source(m.text, case.name)
+    assert again.text is None and again.left_alone == f"{case.name}: left alone: it uses clusterddp's runtime " \
+                                                      "(DDP already)"
+
+
+def test_the_classic_script_reads_as_a_reviewer_expects():
+    m = migrate_source((OURS / "dp_train.py").read_text(), "dp_train.py")
+    assert "    device = runtime.device()\n" in m.text
+    assert "    train = runtime.loader(data, batch_size=args.batch_size, shuffle=True)   # the training set\n" in m.text
+    assert "    val = DataLoader(data, batch_size=64)\n" in m.text  # evaluation: left, and listed
+    assert "            optimizer.step()\n            runtime.step()\n" in m.text
+    assert 'runtime.print0(f"epoch {epoch} loss {runtime.all_reduce_mean(loss).item():.4f}")' in m.text
+    assert 'runtime.save_on_main(runtime.unwrap(model).state_dict(), "model.pt")' in m.text
+    assert m.text.endswith('if __name__ == "__main__":\n    runtime.init()\n    main()\n    runtime.shutdown()\n')
+    found = dict(m.findings)
+    assert "the same seed on every rank" in found[15] and "without shuffle=True (evaluation?)" in found[18]
+
+
+def test_what_is_not_safe_is_listed_and_left_as_it_was():
+    source = (OURS / "dp_accumulate.py").read_text()
+    m = migrate_source(source, "dp_accumulate.py")
+    found = dict(m.findings)
+    assert "torch.cuda.device_count()" in found[8]
+    assert "its own sampler is not rewritten" in found[10]
+    assert "gradient accumulation without model.no_sync()" in found[17]
+    assert "loader = DataLoader(data, batch_size=8, sampler=RandomSampler(data))\n" in m.text
+    assert "model = runtime.wrap(nn.Linear(8, 1)).to(runtime.device())\n" in m.text
+    assert "x, y = x.to(runtime.device(), non_blocking=True), y.to(runtime.device())\n" in m.text
+    assert m.text.startswith("# A DataParallel script")  # comments kept
+    assert "from clusterddp import runtime\nruntime.init()\n" in m.text and m.text.endswith("runtime.shutdown()\n")
+    assert "        opt.step()\n        runtime.step()\n" in m.text
+
+
+def test_keep_global_batch_divides_by_the_world_size():
+    m = migrate_source((OURS / "dp_train.py").read_text(), "dp_train.py", keep_global_batch=True)
+    assert "runtime.loader(data, batch_size=max(1, (args.batch_size) // runtime.world_size()), shuffle=True)" in m.text
+
+
+@pytest.mark.parametrize("source, said", [
+    ("import torch\nm = torch.nn.parallel.DistributedDataParallel(x)\n", "it uses DistributedDataParallel"),
+    ("import os\nrank = int(os.environ['LOCAL_RANK'])\nm = nn.DataParallel(x)\n", "it reads torchrun's LOCAL_RANK"),
+    ("from clusterddp import runtime\n", "it uses clusterddp's runtime"),
+    ("import torch\nprint(torch.ones(1))\n", "no nn.DataParallel in it"),
+])
+def test_a_script_that_needs_nothing_is_left_alone_in_one_line(source, said):
+    m = migrate_source(source, "s.py")
+    assert m.text is None and m.left_alone.startswith(f"s.py: left alone: {said}"), m.left_alone
+
+
+def test_a_file_that_does_not_parse_is_one_line_with_the_position():
+    with pytest.raises(SpecError, match=r"^s\.py:3:\d+: does not parse as Python .*nothing was written$"):
+        migrate_source("import torch\nm = nn.DataParallel(x)\ndef f(:\n", "s.py")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.text("abc #\t_xyz", max_size=30)), max_size=6))
+def test_comments_anywhere_survive_byte_for_byte(inserts):
+    lines = (OURS / "dp_train.py").read_text().splitlines(True)
+    for at, text in inserts:
+        at = min(at, len(lines))
+        indent = re.match(r"\s*", lines[at] if at < len(lines) else "").group(0)
+        lines.insert(at, f"{indent}# {text}\n")
+    source = "".join(lines)
+    m = migrate_source(source, "x.py")
+    comments = [line for line in source.splitlines() if line.lstrip().startswith("#")]
+    out = m.text.splitlines()
+    assert [line for line in out if line.lstrip().startswith("#")] == comments
+
+
+def test_the_command_writes_beside_never_over_the_original(tmp_path):
+    script = tmp_path / "train.py"
+    shutil.copy(OURS / "dp_train.py", script)
+    original = script.read_bytes()
+    run = runner()
+    first = run.invoke(cli, ["migrate", str(script)])
+    assert first.exit_code == 0, first.stderr
+    assert (tmp_path / "train_ddp.py").is_file() and script.read_bytes() == original
+    assert f"clusterddp: {script}:20: nn.DataParallel(model) -> runtime.wrap(model)" in first.stderr
+    assert "the global batch is now batch_size x the world size" in first.stderr
+    again = run.invoke(cli, ["migrate", str(script)])
+    assert again.exit_code == 2 and "train_ddp.py exists already" in again.stderr
+    same = run.invoke(cli, ["migrate", str(script), "-o", str(script)])
+    assert same.exit_code == 2 and "use --in-place to rewrite the original" in same.stderr
+    diff = run.invoke(cli, ["migrate", str(script), "--diff", "--keep-global-batch"])
+    assert diff.exit_code == 0 and diff.stdout.startswith(f"--- {script}\n") and "+    runtime.init()" in diff.stdout
+    both = run.invoke(cli, ["migrate", str(script), "--diff", "--in-place"])
+    assert both.exit_code == 2 and "give one" in both.stderr
+    stray = run.invoke(cli, ["migrate", str(script), "--", "--epochs", "1"])
+    assert stray.exit_code == 2 and "are for --check" in stray.stderr
+    inplace = run.invoke(cli, ["migrate", str(script), "--in-place"])
+    assert inplace.exit_code == 0 and (tmp_path / "train.py.orig").read_bytes() == original
+    assert "runtime.wrap(model)" in script.read_text()
+    twice = run.invoke(cli, ["migrate", str(script), "--in-place"])
+    assert twice.exit_code == 0 and "left alone: it uses clusterddp's runtime" in twice.stderr
+    broken = tmp_path / "broken.py"
+    broken.write_text("x = (\n")
+    bad = run.invoke(cli, ["migrate", str(broken)])
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1 and "broken.py:" in bad.stderr
+    assert not (tmp_path / "broken_ddp.py").exists()
+
+
+@pytest.mark.ranks
+def test_check_runs_the_migrated_script_as_two_nodes_of_two_ranks(tmp_path):
+    for name in ("dp_train.py", "dp_accumulate.py"):
+        shutil.copy(OURS / name, tmp_path)
+    proc = run_cli("migrate", "dp_train.py", "--check", "--", "--epochs", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "clusterddp: check: trained: 4 ranks on 2 emulated nodes, 6 steps each, exit 0" in err, err
+    assert "clusterddp: check: data (loader 1): each rank saw its own samples (4 ranks x 48" in err, err
+    assert "[rank 0] epoch 1 loss " in err and (tmp_path / "model.pt").is_file()
+    other = run_cli("migrate", "dp_accumulate.py", "--diff", "--check", cwd=tmp_path)
+    assert other.returncode == 0, other.stderr  # trained; its own sampler: the data is not runtime.loader's
+    assert "check: data: no runtime.loader was used" in other.stderr, other.stderr
+    assert not list(tmp_path.glob("*dp_accumulate_ddp*")) and not list(tmp_path.glob(".*_check.py"))
