@@ -28,6 +28,9 @@ def main():
             loss.backward()
             optimizer.step()
         print(f"epoch {epoch} loss {loss.item():.4f}")
+    with torch.no_grad():
+        error = sum(nn.functional.mse_loss(model(x.to(device)), y.to(device)).item() for x, y in val)
+    print("validation loss", error / len(val))
     torch.save(model.module.state_dict(), "model.pt")
 
 
