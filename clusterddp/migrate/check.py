@@ -40,8 +40,7 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
     if run_dir is None:
         return 1, ["check: the job did not start (no run directory)"]
     run = Path(str(run_dir))
-    found = telemetry.positions(telemetry.attempt_dir(run, 0))
-    steps = {r: p for r, (p, _) in found.items()}
+    steps = {r.rank: r.steps for r in telemetry.read(run, 0)}  # steps ended (the summary, written at shutdown)
     trained = code == 0 and len(steps) == RANKS and min(steps.values()) > 0
     if trained:
         lines.append(f"check: trained: {RANKS} ranks on 2 emulated nodes, {min(steps.values())} steps each, exit 0")
