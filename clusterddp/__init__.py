@@ -1,6 +1,6 @@
 """clusterddp: DistributedDataParallel on Slurm as easy as DataParallel.
 
-Two sides (README, "Layout"): the login side (CLI, spec, templates, Slurm commands, the Python API) imports click
+Two sides (docs/layout.md): the login side (CLI, spec, templates, Slurm commands, the Python API) imports click
 and jinja2, never torch; the job side, ``clusterddp.runtime``, imports torch lazily and never a login-side module.
 ``import clusterddp`` loads the errors only; ``JobSpec`` and the Python API load on first use.
 """

@@ -113,8 +113,8 @@ def test_function_level_and_relative_imports_are_edges(tmp_path):
 def test_the_readme_exit_code_table_is_the_contracts():
     from clusterddp.contract import EXIT_CODES
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    text = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
+    section = text.split("## Exit codes", 1)[1].split("\n#", 1)[0]
     rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
     assert [(int(r[0][2:]), r[1].strip("`"), r[2].rstrip(" |")) for r in rows] == [
         (e.code, e.name, e.meaning) for e in EXIT_CODES]

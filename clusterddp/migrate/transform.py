@@ -50,6 +50,9 @@ class Survey(cst.CSTVisitor):
             self.findings.append((at, "torch.load: resuming from a checkpoint? runtime.Checkpointer saves and loads "
                                       "model, optimizer, data position and random state; clusterddp drill proves "
                                       "the resume exact before a long job"))
+        elif name == "isinstance" and "DataParallel" in code_of(node):
+            self.findings.append((at, "isinstance(..., nn.DataParallel) is now False (the model is wrapped in DDP): "
+                                      "use runtime.unwrap(model), which takes the wrapper off when there is one"))
         elif name.endswith("manual_seed"):
             self.findings.append((at, "the same seed on every rank: right for the model's initial weights; for "
                                       "per-rank randomness (augmentation, dropout masks) add runtime.rank()"))
