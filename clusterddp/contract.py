@@ -83,7 +83,8 @@ class ExitCode(NamedTuple):  # (NamedTuples: a frozen dataclass costs the CLI's 
 
 
 #: Every exit code clusterddp gives, once: the CLI's error classes, the runtime, the local backend and the batch
-#: script (through the render context, ``exit.NAME``) use these numbers; docs/reference.md's table is checked against it.
+#: script (through the render context, ``exit.NAME``) use these numbers; docs/reference.md's table is checked
+#: against it.
 EXIT_CODES: Tuple[ExitCode, ...] = (
     ExitCode("OK", 0, "success (a job: every rank exited 0)"),
     ExitCode("RUNTIME", 1, "a runtime error (Slurm, SSH, a failed job, a file that cannot be written)"),

@@ -199,3 +199,15 @@ def test_no_module_imports_another_modules_private_name():
                     if alias.name.startswith("_") and not alias.name.startswith("__"):
                         found.append(f"{module}: {alias.name}")
     assert not found
+
+
+def test_every_link_of_the_readme_and_the_guides_leads_somewhere():
+    """Issue 43: the README is the front door and docs/ the guides; a moved section leaves no dead link."""
+    import re
+
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    assert len(pages) >= 18 and len((ROOT / "README.md").read_text().splitlines()) < 200
+    dead = [(page.name, target) for page in pages
+            for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8"))
+            if not (page.parent / target).exists()]
+    assert not dead, dead
