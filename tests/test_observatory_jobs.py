@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,31 @@ def test_the_report_shows_every_plot_in_a_browser_without_network(tmp_path):
     empty = run_cli("report", str(tmp_path), cwd=tmp_path)
     assert empty.returncode == 1 and len(empty.stdout.strip().splitlines()) == 1, empty.stdout
     assert empty.stdout.startswith(f"nothing to report in {tmp_path}: no step telemetry")
+
+
+@pytest.mark.slurm
+@pytest.mark.slurm_releases("26.05")  # the runtime's own files: one release is enough (the other reads them too
+#                                       in test_self_healing's killed-node job)
+def test_on_the_cluster_top_and_report_name_the_slow_rank_and_its_node(slurm_env, tmp_path):
+    import shutil
+
+    shutil.copy(SCRIPTS / "paced.py", tmp_path)
+    proc = run_cli("submit", "--nodes", "2", "--gpus", "2", "--time", "5", "--wait", "paced.py", "--",
+                   "--steps", "20", "--slow-rank", "3", "--slow", "compute", "--slow-s", "0.05", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.split()[0]
+    assert re.search(r"clusterddp: goodput \d+%: ", proc.stderr), proc.stderr
+    lines = top_once_job(job_id, tmp_path)
+    rows = sorted((line.split()[0], line.split()[1]) for line in lines[2:6])
+    assert rows == [("node1", "0"), ("node1", "1"), ("node2", "2"), ("node2", "3")], lines
+    assert lines[-1].startswith("stragglers: rank 3 (node2) computes ") and "(compute)" in lines[-1], lines[-1]
+    report = run_cli("report", job_id, cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "stragglers: rank 3 (node2) computes " in report.stdout and "last metrics: loss " in report.stdout
+    assert (tmp_path / "clusterddp-runs" / f"paced-{job_id}" / "report.html").is_file()
+
+
+def top_once_job(job_id: str, cwd: Path) -> list:
+    proc = run_cli("top", "--once", job_id, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
