@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from clusterddp.cli import cli
 from clusterddp.errors import SpecError
 from clusterddp.migrate import migrate_source
+from clusterddp.migrate.rules import report
 
 from .conftest import SCRIPTS, run_cli
 
@@ -153,6 +154,73 @@ def test_the_command_writes_beside_never_over_the_original(tmp_path):
     bad = run.invoke(cli, ["migrate", str(broken)])
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1 and "broken.py:" in bad.stderr
     assert not (tmp_path / "broken_ddp.py").exists()
+
+
+UNSAFE = [
+    ("loader = DataLoader(d, batch_size=4, sampler=S(d))", "its own sampler is not rewritten"),
+    ("for i, b in enumerate(loader):\n    m(b).sum().backward()\n    if i % 4 == 0:\n        opt.step()",
+     "gradient accumulation without model.no_sync()"),
+    ("val = DataLoader(d, batch_size=4)", "without shuffle=True (evaluation?)"),
+    ("torch.manual_seed(1)", "the same seed on every rank"),
+    ("state = torch.load('ckpt.pt')", "resuming from a checkpoint? runtime.Checkpointer"),
+    ("n = torch.cuda.device_count()", "torch.cuda.device_count(): under DDP each rank has one GPU"),
+    ("if isinstance(m, nn.DataParallel):\n    m = m.module", "isinstance(..., nn.DataParallel) is now False"),
+]
+
+
+@pytest.mark.parametrize("snippet, said", UNSAFE, ids=[s[:24] for _, s in UNSAFE])
+def test_each_unsafe_construct_gets_its_line(snippet, said):
+    source = f"import torch\nimport torch.nn as nn\nm = nn.DataParallel(net)\n{snippet}\n"
+    m = migrate_source(source, "u.py")
+    (line, what), = [(line, what) for line, what in m.findings if said in what]
+    assert line >= 4 and snippet.splitlines()[0] in source.splitlines()[line - 1] + snippet, (line, what)
+    assert f"u.py:{line}: to check: {what}" in report(m, "u.py", False)
+
+
+def test_migrate_never_imports_torch_in_the_cli(tmp_path):
+    import subprocess
+    import sys
+
+    shutil.copy(OURS / "dp_train.py", tmp_path)
+    code = (f"import os, sys; os.chdir({str(tmp_path)!r})\nfrom clusterddp.cli import main\n"
+            "try:\n    main(['migrate', 'dp_train.py'])\nexcept SystemExit: pass\n"
+            "print('\\n'.join(sys.modules))")
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert "libcst" in mods and "torch" not in mods and (tmp_path / "dp_train_ddp.py").is_file()
+
+
+@pytest.mark.ranks
+def test_ddp_contract_four_ranks_one_step_equal_one_process_on_the_global_batch(tmp_path):
+    """Migrated with --keep-global-batch, one step at 4 ranks on 2 emulated nodes: the parameters equal the original
+    model's single-process SGD step on the same 16 samples (the union of what the ranks got)."""
+    import json
+    import sys
+
+    import torch
+
+    shutil.copy(OURS / "dp_contract.py", tmp_path)
+    proc = run_cli("migrate", "dp_contract.py", "--keep-global-batch", "--check", "--check-steps", "1", "--",
+                   str(tmp_path / "ddp.pt"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "check: trained: 4 ranks on 2 emulated nodes, 1 steps each, exit 0" in proc.stderr, proc.stderr
+    out_dir = Path(re.search(r"--output-dir (\S+)", proc.stderr).group(1))
+    shares = [json.loads(p.read_text())["indices"] for p in sorted(out_dir.glob("*/check/rank-*-loader-0.json"))]
+    assert len(shares) == 4 and all(len(s) == 4 for s in shares) and len({i for s in shares for i in s}) == 16
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from dp_contract import build
+    finally:
+        sys.path.remove(str(tmp_path))
+    data, model = build()
+    batch = [i for s in shares for i in s]
+    x, y = data.tensors[0][batch], data.tensors[1][batch]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+    ddp = torch.load(tmp_path / "ddp.pt")
+    for name, value in model.state_dict().items():
+        assert torch.allclose(ddp[name], value, atol=1e-6), name
+    assert not torch.equal(ddp["0.weight"], build()[1].state_dict()["0.weight"])  # it did train
 
 
 @pytest.mark.ranks
