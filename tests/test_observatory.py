@@ -241,3 +241,19 @@ def test_the_step_clock_counts_begun_steps_and_resumes(tmp_path):
     assert telemetry.positions(directory)[1][0] == 31
     (read,) = telemetry.read(tmp_path, 3)
     assert (read.rank, read.steps, read.base, read.restart) == (1, 1, 30, 3)
+
+
+def test_gpu_numbers_show_where_cuda_was_used_and_are_numbers_only(tmp_path):
+    files = even_job(n=12)
+    files[0]["gpu"] = {"util": 87, "mem_mb": 30 * 1024, "total_mb": 141 * 1024}
+    files[1]["gpu"] = {"util": None, "mem_mb": 29 * 1024, "total_mb": 141 * 1024}
+    files[2]["gpu"] = {"util": "87; rm -rf", "mem_mb": True}           # not numbers: dropped
+    write_run(tmp_path, files)
+    snap = top.snapshot(tmp_path)
+    assert [r["gpu_util_pct"] for r in snap["ranks"]] == [87, None, None, None]
+    lines = top.text(snap).splitlines()
+    assert lines[1].split()[-3:] == ["GPU%", "GPU", "MEM"]
+    assert lines[2].endswith("87  30.0/141 GiB") and lines[3].endswith("-  29.0/141 GiB"), lines
+    assert lines[4].split()[-2:] == ["-", "-"], lines  # rank 2: what it wrote was not numbers
+    write_run(tmp_path / "cpu", even_job(n=12))
+    assert "GPU%" not in top.text(top.snapshot(tmp_path / "cpu"))

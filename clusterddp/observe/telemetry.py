@@ -43,6 +43,7 @@ class RankSteps:
     written: float                   # Unix time of the file
     sums: Dict[str, float]
     recent: List[Row] = field(default_factory=list)
+    gpu: Dict[str, int] = field(default_factory=dict)  # util (%), mem_mb (peak), total_mb: where CUDA was used
 
     def column(self, name: str, rows: Sequence[Row]) -> List[float]:
         i = contract.TELEMETRY_ROW.index(name)
@@ -84,8 +85,11 @@ def parse(raw: bytes, keep: int = _ROWS) -> Optional[RankSteps]:
     if written is None or any(v is None for v in sums.values()):
         return None
     node = re.sub(r"[^A-Za-z0-9._-]", "?", str(data.get("node", "?")))[:64] or "?"  # one word, whatever it held
+    gpu_in: Dict[str, Any] = data["gpu"] if isinstance(data.get("gpu"), dict) else {}
+    gpu = {k: int(v) for k, v in gpu_in.items() if k in ("util", "mem_mb", "total_mb") and type(v) is int
+           and 0 <= v < 1 << 40}
     return RankSteps(rank, node, restart, steps, base if data.get("based") is not False else -1, first, written,
-                     {k: v for k, v in sums.items() if v is not None}, rows)
+                     {k: v for k, v in sums.items() if v is not None}, rows, gpu)
 
 
 def restarts(run_dir: Path) -> List[int]:
@@ -166,7 +170,8 @@ def rank_table(ranks: Sequence[RankSteps], window: int = WINDOW) -> List[Dict[st
             "rank": r.rank, "node": r.node, "steps": r.base + r.steps if r.base >= 0 else r.steps,
             "steps_per_s": round((len(rows) - 1) / span, 3) if span > 0 else None,
             "step_p50_s": round(_pct(totals, 0.5), 6), "step_p95_s": round(_pct(totals, 0.95), 6),
-            "age_s": None}
+            "age_s": None, "gpu_util_pct": r.gpu.get("util"), "gpu_mem_mb": r.gpu.get("mem_mb"),
+            "gpu_total_mb": r.gpu.get("total_mb")}
         for phase in contract.TELEMETRY_PHASES:
             entry[f"{phase}_pct"] = round(100 * _share(r.column(phase, rows), totals), 1)
         out.append(entry)

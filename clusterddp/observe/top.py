@@ -61,6 +61,12 @@ def text(snap: Dict[str, Any]) -> str:
              _ms(r["step_p50_s"]), _ms(r["step_p95_s"]), f"{r['data_pct']:.1f}", f"{r['compute_pct']:.1f}",
              f"{r['comm_pct']:.1f}", f"{r['opt_pct']:.1f}", f"{r['ckpt_pct']:.1f}", f"{r['age_s']:.0f} s"]
             for r in sorted(ranks, key=lambda r: (r["node"], r["rank"]))]
+    if any(r.get("gpu_mem_mb") is not None for r in ranks):  # where CUDA was used: utilisation (NVML) and memory
+        cols += ["GPU%", "GPU MEM"]
+        for row, r in zip(rows, sorted(ranks, key=lambda r: (r["node"], r["rank"]))):
+            row += ["-" if r.get("gpu_util_pct") is None else str(r["gpu_util_pct"]),
+                    "-" if r.get("gpu_mem_mb") is None else f"{r['gpu_mem_mb'] / 1024:.1f}/"
+                    f"{(r.get('gpu_total_mb') or 0) / 1024:.0f} GiB"]
     widths = [max(len(c) for c in column) for column in zip(cols, *rows)]
     lines = [head, "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
@@ -112,6 +118,10 @@ def _checked(answer: Dict[str, Any]) -> Dict[str, Any]:
     """A remote answer is data: text fields made printable, rows kept only with the fields the table reads."""
     keys = ("rank", "node", "steps", "steps_per_s", "step_p50_s", "step_p95_s", "age_s") + tuple(
         f"{p}_pct" for p in contract.TELEMETRY_PHASES)
+    for r in answer["ranks"]:  # optional numbers: kept only as numbers
+        for k in ("gpu_util_pct", "gpu_mem_mb", "gpu_total_mb"):
+            if isinstance(r, dict) and not isinstance(r.get(k), int):
+                r[k] = None
     rows = [r for r in answer["ranks"] if isinstance(r, dict) and all(k in r for k in keys)]
     for r in rows:
         r["node"] = printable(str(r["node"]))[:64]

@@ -136,6 +136,7 @@ class Steps:
 
     def snapshot(self) -> Dict[str, Any]:
         return dict(self.meta, version=1, first=self.first, steps=self.count, base=self.base, based=self.based,
+                    gpu=gpu_state(),
                     written=time.time(), sums={k: round(v, 6) for k, v in self.sums.items()},
                     fields=list(contract.TELEMETRY_ROW), recent=list(self.recent))
 
@@ -147,6 +148,27 @@ class Steps:
         path = self.run_dir / contract.TELEMETRY_FILE.format(restarts=self.meta["restart"], rank=self.meta["rank"])
         write_atomic(path, json.dumps(self.snapshot(), separators=(",", ":")))
         self.written = version
+
+
+def gpu_state() -> Optional[Dict[str, Any]]:
+    """This process's GPU: utilisation (where NVML answers) and memory, peak and total (None without CUDA in use;
+    read by the control thread: no synchronisation, no collective)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        index = torch.cuda.current_device()
+        util: Optional[int] = None
+        try:
+            util = int(torch.cuda.utilization(index))
+        except Exception:  # no pynvml / NVML
+            pass
+        return {"util": util, "mem_mb": int(torch.cuda.max_memory_allocated(index) >> 20),
+                "total_mb": int(torch.cuda.get_device_properties(index).total_memory >> 20)}
+    except Exception:
+        return None
 
 
 def current() -> Optional[Steps]:
