@@ -54,6 +54,8 @@ EXCEPTION_FILE = "stacks/ranks/exception-{rank}.json"
 #: time went. ``CLUSTERDDP_TELEMETRY=0`` turns it off (no comm hook, no file).
 TELEMETRY = "CLUSTERDDP_TELEMETRY"
 TELEMETRY_FILE = "telemetry/restart-{restarts}/rank-{rank}.json"
+#: ``CLUSTERDDP_TENSORBOARD=0``: no TensorBoard event files (RUN_DIR/tensorboard/) even where tensorboard is installed.
+TENSORBOARD = "CLUSTERDDP_TENSORBOARD"
 TELEMETRY_POS = "telemetry/restart-{restarts}/rank-{rank}.pos"  # "<steps done> <Unix time>": rewritten every step
 #: One recent step: its number (counted across resumes), when it ended (Unix time), its seconds, then the phases'.
 TELEMETRY_ROW = ("step", "end", "total", "data", "compute", "comm", "opt", "ckpt")

@@ -20,9 +20,10 @@ pytestmark = pytest.mark.ranks
 SHAPE = ["--nodes", "2", "--procs-per-node", "2"]
 
 
-def run(work: Path, name: str, *args: str, telemetry: bool = True) -> Path:
+def run(work: Path, name: str, *args: str, telemetry: bool = True, tensorboard: str = "") -> Path:
     env = dict(os.environ)
     env[contract.TELEMETRY] = "1" if telemetry else "0"
+    env[contract.TENSORBOARD] = tensorboard
     out = work / name
     proc = run_cli("submit", "--local", *SHAPE, "--output-dir", str(out), str(SCRIPTS / "paced.py"), "--",
                    "--steps", "20", "--out", str(work / f"{name}.pt"), *args, cwd=work, env=env)
@@ -63,6 +64,7 @@ def test_a_slow_data_loader_is_named_and_an_even_run_names_no_one(tmp_path):
     line = top_once(slow)[-1]
     assert line.startswith("stragglers: rank 1 (local0) waits for its data ") and "(data)" in line, line
     even = run(tmp_path, "even")
+    assert not (even / "tensorboard").exists()  # the script does not use TensorBoard: no event files, no cost
     assert top_once(even)[-1] == "stragglers: none over the last 20 steps"
 
 
@@ -137,7 +139,7 @@ def rendered_plots(html_file: Path, work: Path, plots_of: Path = None) -> list:
 
 
 def test_the_report_shows_every_plot_in_a_browser_without_network(tmp_path):
-    run_dir = run(tmp_path, "report", "--slow-rank", "3", "--slow", "compute", "--slow-s", "0.05")
+    run_dir = run(tmp_path, "report", "--slow-rank", "3", "--slow", "compute", "--slow-s", "0.05", tensorboard="1")
     proc = run_cli("report", str(run_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "stragglers: rank 3 (local1) computes " in proc.stdout and "last metrics: loss " in proc.stdout
@@ -151,6 +153,15 @@ def test_the_report_shows_every_plot_in_a_browser_without_network(tmp_path):
     head = "alt='Goodput' src='data:image/png;base64,"
     broken.write_text(text.replace(head, head + "AAAA"))
     assert rendered_plots(broken, tmp_path, plots_of=html_file) == [t for t in titles if t != "Goodput"]
+    # the trackers people already use: TensorBoard event files (tensorboard is in the test extra)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    metrics = EventAccumulator(str(run_dir / "tensorboard" / "metrics")).Reload()
+    assert [e.step for e in metrics.Scalars("loss")] == [5, 10, 15, 20]
+    for rank in range(4):
+        steps = EventAccumulator(str(run_dir / "tensorboard" / f"rank-{rank}")).Reload()
+        assert [e.step for e in steps.Scalars("step/total_ms")] == list(range(1, 21)), rank
+        assert set(steps.Tags()["scalars"]) >= {"step/compute_ms", "step/comm_ms", "step/data_ms"}
     empty = run_cli("report", str(tmp_path), cwd=tmp_path)
     assert empty.returncode == 1 and len(empty.stdout.strip().splitlines()) == 1, empty.stdout
     assert empty.stdout.startswith(f"nothing to report in {tmp_path}: no step telemetry")

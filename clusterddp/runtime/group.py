@@ -158,10 +158,10 @@ def shutdown() -> None:
         if getattr(model, "reducer", None) is not None:
             model.reducer = None
     gc.collect()  # reference cycles (autograd hooks) holding reducer state go now, not at interpreter exit
-    telemetry.stop()
     stop.uninstall()
     if "control" in STATE:
         STATE["control"].stop()
+    telemetry.stop()  # (after the control thread, which writes the files too)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     STATE.clear()

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
@@ -52,7 +52,46 @@ def report(step: Optional[int] = None, **metrics: Any) -> bool:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+    board = tensorboard("metrics")
+    if board is not None:
+        for name, value in values.items():
+            if math.isfinite(value):
+                board.add_scalar(name, value, step)
+        board.flush()
     return True
+
+
+_BOARDS: Dict[str, Any] = {}
+
+
+def tensorboard(name: str) -> Any:
+    """A TensorBoard writer for RUN_DIR/tensorboard/NAME, one per name, kept until ``close_boards()`` (shutdown).
+    CLUSTERDDP_TENSORBOARD=1: wherever tensorboard is installed; 0: never; unset: once the script itself uses
+    TensorBoard (torch.utils.tensorboard imported; importing it costs each rank a second or more of CPU)."""
+    if name in _BOARDS:
+        return _BOARDS[name]
+    import sys
+
+    run_dir = os.environ.get(contract.RUN_DIR)
+    mode = os.environ.get(contract.TENSORBOARD, "").strip().lower()
+    if not run_dir or mode in ("0", "off", "false", "no") or (mode == "" and "torch.utils.tensorboard" not in
+                                                              sys.modules):
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        board = SummaryWriter(log_dir=os.path.join(run_dir, "tensorboard", name))
+    except Exception:  # not installed (an optional extra): the files of our own are there all the same
+        board = None
+    _BOARDS[name] = board
+    return board
+
+
+def close_boards() -> None:
+    for board in _BOARDS.values():
+        if board is not None:
+            board.close()
+    _BOARDS.clear()
 
 
 def run_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:

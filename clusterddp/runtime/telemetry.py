@@ -22,6 +22,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional
 from .. import contract
 from ..datafiles import write_atomic
 from ..errors import RuntimeEnvError
+from . import gpu
 from .state import STATE
 
 KEEP = 128          # recent steps kept per rank (the file stays under ~10 KB; top reads 64 of them in < 50 ms)
@@ -39,8 +40,7 @@ def node(rank: int, local_world_size: int, environ: Mapping[str, str]) -> str:
     return socket.gethostname()
 
 
-def enabled(environ: Mapping[str, str]) -> bool:
-    """On unless CLUSTERDDP_TELEMETRY is 0 / off / false / no."""
+def enabled(environ: Mapping[str, str]) -> bool:  # on unless CLUSTERDDP_TELEMETRY is 0 / off / false / no
     return environ.get(contract.TELEMETRY, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
@@ -54,6 +54,7 @@ class Steps:
                      "restart": restart, "node": node(rank, local_world_size, os.environ), "pid": os.getpid(),
                      "init": time.time()}
         self.lock = threading.Lock()
+        self.writing = threading.Lock()
         self.acc = dict.fromkeys(("data", "comm", "opt", "ckpt"), 0.0)
         self.sums = dict.fromkeys(("total",) + contract.TELEMETRY_PHASES, 0.0)
         self.recent: Deque[List[float]] = deque(maxlen=KEEP)
@@ -67,6 +68,7 @@ class Steps:
         self.version = self.written = 0
         self.hooks: List[Any] = []
         self.fd = -1                         # the position file (-2: cannot be written)
+        self.boarded = 0                     # the last step sent to TensorBoard
 
     def begin(self) -> None:
         """Work of a step was seen (a batch fetched, a forward pass, an optimizer step)."""
@@ -136,39 +138,35 @@ class Steps:
 
     def snapshot(self) -> Dict[str, Any]:
         return dict(self.meta, version=1, first=self.first, steps=self.count, base=self.base, based=self.based,
-                    gpu=gpu_state(),
-                    written=time.time(), sums={k: round(v, 6) for k, v in self.sums.items()},
+                    gpu=gpu.state(), written=time.time(), sums={k: round(v, 6) for k, v in self.sums.items()},
                     fields=list(contract.TELEMETRY_ROW), recent=list(self.recent))
 
     def flush(self) -> None:
-        """Write the file if steps ended since the last write (the control thread; shutdown; exit)."""
-        if self.run_dir is None or self.version == self.written:
-            return
+        """Write the file if steps ended since the last write (the control thread; shutdown; exit: one at a time)."""
+        with self.writing:
+            if self.run_dir is not None and self.version != self.written:
+                self._write(self.run_dir)
+
+    def _write(self, run_dir: Path) -> None:
         version = self.version
-        path = self.run_dir / contract.TELEMETRY_FILE.format(restarts=self.meta["restart"], rank=self.meta["rank"])
+        path = run_dir / contract.TELEMETRY_FILE.format(restarts=self.meta["restart"], rank=self.meta["rank"])
         write_atomic(path, json.dumps(self.snapshot(), separators=(",", ":")))
         self.written = version
+        self._board()
 
+    def _board(self) -> None:
+        """The steps since the last write, to TensorBoard too (where it is installed): RUN_DIR/tensorboard/rank-N."""
+        from .report import tensorboard
 
-def gpu_state() -> Optional[Dict[str, Any]]:
-    """This process's GPU: utilisation (where NVML answers) and memory, peak and total (None without CUDA in use;
-    read by the control thread: no synchronisation, no collective)."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None
-    try:
-        index = torch.cuda.current_device()
-        util: Optional[int] = None
-        try:
-            util = int(torch.cuda.utilization(index))
-        except Exception:  # no pynvml / NVML
-            pass
-        return {"util": util, "mem_mb": int(torch.cuda.max_memory_allocated(index) >> 20),
-                "total_mb": int(torch.cuda.get_device_properties(index).total_memory >> 20)}
-    except Exception:
-        return None
+        board = tensorboard(f"rank-{self.meta['rank']}")
+        if board is None:
+            return
+        for row in list(self.recent):
+            if row[0] > self.boarded:
+                for name, value in zip(contract.TELEMETRY_ROW[2:], row[2:]):
+                    board.add_scalar(f"step/{name}_ms", value * 1000, int(row[0]))
+                self.boarded = int(row[0])
+        board.flush()
 
 
 def current() -> Optional[Steps]:
@@ -207,6 +205,9 @@ def stop() -> None:
     for hook in steps.hooks:
         hook.remove()
     _last_words(steps)
+    from .report import close_boards
+
+    close_boards()
     if steps.fd >= 0:
         os.close(steps.fd)
         steps.fd = -2
