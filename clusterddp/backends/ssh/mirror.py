@@ -15,9 +15,10 @@ from .connection import host_path, rsync
 if TYPE_CHECKING:
     from ..record import JobRecord
 
-#: What is copied back from a run directory: logs and reports, never checkpoints or data.
+#: What is copied back from a run directory: logs and reports (the step telemetry and the metrics included, for
+#: `top`, `report` and the goodput line), never checkpoints or data.
 PULL_FILTER = ["--include=*/", "--include=*.out", "--include=*.txt", "--include=*.json", "--include=*.log",
-               "--include=*.tsv", "--include=rank_*", "--exclude=*"]
+               "--include=*.tsv", "--include=rank_*", "--include=*.pos", "--include=*.jsonl", "--exclude=*"]
 #: How a run directory comes back: recursive, times kept, symlinks skipped (no -l), empty directories left out.
 PULL_ARGS = ["-rt", "--no-links", "--prune-empty-dirs", *PULL_FILTER]
 
