@@ -110,6 +110,13 @@ def test_submit_wait_logs_over_ssh(laptop):
     assert all(line.startswith("[default1]:") for line in rank3.stdout.splitlines()), rank3.stdout
     state = Path(env["XDG_STATE_HOME"]) / "clusterddp"
     assert (state / "jobs" / "tc" / f"{job}.json").is_file()
+    # Issue 42 over SSH: the goodput line at the end of --wait, top made on the login node, the report from the copy
+    assert re.search(r"clusterddp: goodput \d+%: ", proc.stderr), proc.stderr
+    top = run_cli("top", "--cluster", "tc", "--once", job, cwd=proj, env=env, timeout=120)
+    assert top.returncode == 0, top.stdout + top.stderr
+    assert sorted(line.split()[0] for line in top.stdout.splitlines()[2:6]) == ["node1", "node1", "node2", "node2"]
+    report = run_cli("report", "--cluster", "tc", job, cwd=proj, env=env, timeout=120)
+    assert report.returncode == 0 and "4 ranks, median step" in report.stdout, report.stdout + report.stderr
     # The probe: where the job runs and which clusterddp it imports.
     probe = run_cli("submit", "--cluster", "tc", "--launcher", "srun", "--nodes", "2", "--gpus", "0",
                     "--procs-per-node", "2", "probe.py", "--wait", cwd=proj, env=env, timeout=200)
