@@ -255,6 +255,14 @@ def test_a_local_sweep_reruns_only_the_failed_trial(project):
     head = table.stdout.splitlines()[1].split()
     assert head[:4] == ["trial", "lr", "seed", "state"] and "loss" in head
     assert [ln.split()[0] for ln in table.stdout.splitlines()[2:6]] == ["0", "2", "1", "3"]  # by loss, failed last
+    # issue 42: the sweep's goodput, its trials' ledgers added up
+    from clusterddp.observe import goodput
+
+    ledgers = [goodput.ledger(Path(r["run_dir"])) for r in rows2]
+    total = sum(g.total for g in ledgers)
+    last = table.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("sweep goodput ") and last.endswith("(its trials together)"), table.stdout
+    assert f" of {total / 60:.3g} node-minutes" in last or f" of {total:.3g} node-seconds" in last, (last, total)
 
 
 @pytest.mark.ranks

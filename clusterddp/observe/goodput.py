@@ -53,6 +53,14 @@ class Ledger:
         return (f"goodput {100 * self.goodput:.0f}%: {self.parts['productive'] / scale:.3g} of {total / scale:.3g} "
                 f"{unit} trained; lost: {', '.join(lost) or 'nothing'}{redone}")
 
+    def add(self, other: "Ledger") -> None:
+        """Another job's ledger into this one (a sweep's trials)."""
+        for name, value in other.parts.items():
+            self.parts[name] += value
+        self.steps += other.steps
+        self.redone_steps += other.redone_steps
+        self.attempts += other.attempts
+
     def as_json(self) -> Dict[str, object]:
         return {"goodput": round(self.goodput, 4), "total_node_s": round(self.total, 3),
                 "parts_node_s": {k: round(v, 3) for k, v in self.parts.items()}, "steps": self.steps,

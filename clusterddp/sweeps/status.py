@@ -16,6 +16,7 @@ from ..backends.jobinfo import QUEUED_STATES, JobState
 from ..datafiles import read_bounded, read_json
 from ..healing import attempts
 from ..job.ids import HERE
+from ..observe import goodput
 from ..rollcall import printable
 from .run import LOCAL_RECORDS, SweepRecord
 
@@ -209,7 +210,20 @@ def table(record: SweepRecord, rows: Sequence[TrialState], maximize: Sequence[st
     arrays = ", ".join(s["job_id"] for s in record.submissions) or "none"
     where = "run here (--local)" if record.cluster == LOCAL_RECORDS else f"array job(s) {arrays}"
     notes = [f"  trial {r.index}: {printable(r.why)}" for r in rows if r.why]
-    return "\n".join([f"sweep {record.name}: {len(rows)} trial(s): {summary}; {where}", *lines, *notes]) + "\n"
+    total = sweep_goodput(rows)
+    ledger = [f"sweep {total.line()} (its trials together)"] if total.total > 0 else []
+    return "\n".join([f"sweep {record.name}: {len(rows)} trial(s): {summary}; {where}", *lines, *notes,
+                      *ledger]) + "\n"
+
+
+def sweep_goodput(rows: Sequence[TrialState]) -> goodput.Ledger:
+    """The trials' goodput ledgers added up (their latest runs)."""
+    total = goodput.Ledger()
+    for r in rows:
+        found = goodput.ledger(Path(r.run_dir)) if r.run_dir else None
+        if found is not None:
+            total.add(found)
+    return total
 
 
 def as_json(rows: Sequence[TrialState]) -> str:
