@@ -40,7 +40,7 @@ def top_once(run_dir: Path) -> list:
 
 
 def test_a_slow_rank_is_named_and_telemetry_leaves_the_arithmetic_alone(tmp_path):
-    on = run(tmp_path, "on", "--slow-rank", "2", "--slow", "compute", "--slow-s", "0.05")
+    on = run(tmp_path, "on", "--slow-rank", "2", "--slow", "compute", "--slow-s", "0.05", tensorboard="1")
     lines = top_once(on)
     assert len(lines) == 2 + 4 + 1, lines
     rows = {int(line.split()[1]): line.split() for line in lines[2:6]}
@@ -57,6 +57,7 @@ def test_a_slow_rank_is_named_and_telemetry_leaves_the_arithmetic_alone(tmp_path
     assert a.keys() == b.keys()
     for key in a:  # bit for bit: the timed hook runs DDP's own all-reduce
         assert a[key].numpy().tobytes() == b[key].numpy().tobytes(), key
+    the_report_shows_every_plot_in_a_browser_without_network(on, tmp_path)
 
 
 def test_a_slow_data_loader_is_named_and_an_even_run_names_no_one(tmp_path):
@@ -138,11 +139,11 @@ def rendered_plots(html_file: Path, work: Path, plots_of: Path = None) -> list:
     return found
 
 
-def test_the_report_shows_every_plot_in_a_browser_without_network(tmp_path):
-    run_dir = run(tmp_path, "report", "--slow-rank", "3", "--slow", "compute", "--slow-s", "0.05", tensorboard="1")
+def the_report_shows_every_plot_in_a_browser_without_network(run_dir: Path, tmp_path: Path) -> None:
+    """(Of the slow-rank job above: one job, many assertions.)"""
     proc = run_cli("report", str(run_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "stragglers: rank 3 (local1) computes " in proc.stdout and "last metrics: loss " in proc.stdout
+    assert "stragglers: rank 2 (local1) computes " in proc.stdout and "last metrics: loss " in proc.stdout
     assert "goodput " in proc.stdout and "attempt 1 (restart 0) on local0,local1" in proc.stdout, proc.stdout
     html_file = run_dir / "report.html"
     text = html_file.read_text()
