@@ -131,3 +131,26 @@ def for_job(job_id: str, option: Optional[str], environ: Optional[Mapping[str, s
     if found[0] != HERE and note is not None:
         note(f"job {job_id} is on cluster {found[0]} (from clusterddp's record of it; --cluster chooses another)")
     return by_name(found[0], environ)
+
+
+Located = Tuple[Optional[str], Path, Optional[JobRecord], Optional[Cluster]]
+
+
+def locate(job: str, option: Optional[str], command: str, note: Optional[Callable[[str], None]] = None) -> Located:
+    """JOB as ``stacks``, ``top`` and ``report`` take it: a job id submitted from here (its record gives the run
+    directory) or the run directory of a --local run (no id, no record). Returns the job id, the run directory,
+    the record and the cluster (None for a run directory)."""
+    try:
+        job_id: Optional[str] = check_job_id(job)
+    except SpecError:
+        job_id = None
+    if job_id is None:
+        if not Path(job).is_dir():
+            raise SpecError(f"{job!r} is neither a job id (digits) nor an existing run directory")
+        return None, Path(job), None, None
+    chosen = for_job(job_id, option, note=note)
+    record = JobRecord.load(job_id, chosen.name)
+    if record is None:
+        raise SpecError(f"job {job_id} was not submitted with clusterddp here, so its run directory is unknown; "
+                        f"pass the run directory instead: clusterddp {command} RUN_DIR")
+    return job_id, Path(record.run_dir), record, chosen

@@ -140,17 +140,12 @@ def top_command(job: str, once: bool, as_json: bool, interval: float, cluster: O
 
     from ..observe.top import follow, remote_snapshot, snapshot, where
 
-    run_dir, backend, job_id = where(job, cluster, note=lambda line: click.echo(line, err=True))
+    run_dir, backend, job_id, record = where(job, cluster, "top", note=lambda line: click.echo(line, err=True))
     if backend is not None and backend.host is None:
         raise backend.unsupported("showing a job's step telemetry (clusterddp top)")
     if backend is not None and backend.host.remote:
-        from ..backends.record import JobRecord
-
-        record = JobRecord.load(str(job_id), backend.cluster.name)
-        python = record.python if record is not None else "python3"
-
         def get() -> dict:
-            return remote_snapshot(backend, python, run_dir)
+            return remote_snapshot(backend, record.python, run_dir)
     else:
         def get() -> dict:
             return snapshot(run_dir)
@@ -189,13 +184,9 @@ def report_command(job: str, output: Optional[Path], cluster: Optional[str]) -> 
     from ..observe.report import write
     from ..observe.top import where
 
-    run_dir, backend, job_id = where(job, cluster, note=lambda line: click.echo(line, err=True))
+    run_dir, backend, _, record = where(job, cluster, "report", note=lambda line: click.echo(line, err=True))
     if backend is not None and backend.host is not None and backend.host.remote:
-        from ..backends.record import JobRecord
-
-        record = JobRecord.load(str(job_id), backend.cluster.name)
-        if record is not None:
-            run_dir = Path(backend.readable(record).run_dir)
+        run_dir = Path(backend.readable(record).run_dir)  # its files copied here
     path, text = write(run_dir, output)
     click.echo(text)
     if path is None:

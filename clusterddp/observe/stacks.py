@@ -150,25 +150,14 @@ def roll_call(job: str, cluster_option: Optional[str], timeout: float, fallback:
     on a remote cluster it is collected on the login node) or the run directory of a --local run."""
     from .. import backends, hostlist
     from ..backends.jobinfo import JobState
-    from ..backends.record import JobRecord, for_job
-    from ..errors import SpecError
-    from ..job.ids import check_job_id
+    from ..backends.record import locate
 
-    try:
-        job_id: Optional[str] = check_job_id(job)
-    except SpecError:
-        job_id = None
-    if job_id is None:
-        if not Path(job).is_dir():
-            raise SpecError(f"{job!r} is neither a job id (digits) nor an existing run directory")
-        target = Target(Path(job))
+    job_id, run_dir, record, chosen = locate(job, cluster_option, "stacks",
+                                             note=lambda line: note(f"clusterddp: {line}"))
+    if job_id is None or record is None or chosen is None:
+        target = Target(run_dir)
         call = collect(target, timeout, note=lambda line: note(f"clusterddp: {line}"), fallback=fallback)
         return call, report(call, target.run_dir)
-    chosen = for_job(job_id, cluster_option, note=lambda line: note(f"clusterddp: {line}"))
-    record = JobRecord.load(job_id, chosen.name)
-    if record is None:
-        raise SpecError(f"job {job_id} was not submitted with clusterddp here, so its run directory is unknown; "
-                        "pass the run directory instead: clusterddp stacks RUN_DIR")
     backend = backends.get(chosen)
     if backend.host is None:  # neither here nor on a login node of ours: nowhere to ask the ranks from
         raise backend.unsupported("asking a job's ranks for their stacks (clusterddp stacks)")
@@ -194,24 +183,38 @@ def _remote(backend: Any, python: str, target: Target, timeout: float, fallback:
             "--per-node", str(target.per_node), "--job-id", str(target.job_id), "--nodes", ",".join(target.nodes),
             "--timeout", str(timeout)] + ([] if fallback else ["--no-py-spy"])
     note(f"clusterddp: asking job {target.job_id}'s ranks on cluster {cluster.name}")
-    proc = backend.run_module(python, "clusterddp.observe.stacks", args, timeout=2 * timeout + 90)
+    answer, wrong = module_answer(backend, python, "clusterddp.observe.stacks", args, 2 * timeout + 90, "stacks",
+                                  note=lambda line: note(f"clusterddp: {cluster.name}: {line}"))
+    call = answer.get("call")
+    if not isinstance(call, dict) or not isinstance(call.get("groups"), list) \
+            or not isinstance(answer.get("report"), str):  # a login node's answer is data: its shape is checked
+        raise wrong
+    return call, rollcall.printable(answer["report"])
+
+
+def module_answer(backend: Any, python: str, module: str, args: List[str], timeout: float, command: str,
+                  note: Callable[[str], None] = lambda line: None) -> Tuple[Dict[str, Any], SlurmError]:
+    """``python -m MODULE ARGS`` on a remote cluster's login node (where a job's files are): its last line as a
+    JSON object, its {"error": ...} raised as one line; with the error to raise when the caller finds the object
+    of another shape (what a login node answers is data)."""
+    name = backend.cluster.name
+    proc = backend.run_module(python, module, args, timeout=timeout)
     for line in proc.stderr.splitlines():
         if line.strip():
-            note(f"clusterddp: {cluster.name}: {line}")
-    argv = ["python", "-m", "clusterddp.observe.stacks", *args]
+            note(line)
+    argv = ["python", "-m", module, *args]
     try:
         answer = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave no answer", argv, proc.returncode,
+        raise SlurmError(f"clusterddp {command} on cluster {name} gave no answer", argv, proc.returncode,
                          proc.stderr) from None
     if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-        raise ClusterDDPError(f"cluster {cluster.name}: {answer['error']}")
-    call = answer.get("call") if isinstance(answer, dict) else None
-    if not isinstance(call, dict) or not isinstance(call.get("groups"), list) \
-            or not isinstance(answer.get("report"), str):  # a login node's answer is data: its shape is checked
-        raise SlurmError(f"clusterddp stacks on cluster {cluster.name} gave an answer of another shape", argv,
-                         proc.returncode, proc.stderr)
-    return call, rollcall.printable(answer["report"])
+        raise ClusterDDPError(f"cluster {name}: {rollcall.printable(answer['error'])}")
+    wrong = SlurmError(f"clusterddp {command} on cluster {name} gave an answer of another shape", argv,
+                       proc.returncode, proc.stderr)
+    if not isinstance(answer, dict):
+        raise wrong
+    return answer, wrong
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract
 from ..contract import EXIT
-from ..errors import ClusterDDPError, SlurmError, SpecError
+from ..errors import ClusterDDPError
 from ..rollcall import printable
 from . import telemetry
 
@@ -74,43 +74,25 @@ def text(snap: Dict[str, Any]) -> str:
     return "\n".join(lines + [snap["straggler_line"]])
 
 
-def where(job: str, cluster_option: Optional[str], note: Callable[[str], None]) -> Tuple[Path, Any, Optional[str]]:
-    """``top JOB``: the run directory, the backend (None for a run directory given) and the job id."""
+def where(job: str, cluster_option: Optional[str], command: str,
+          note: Callable[[str], None]) -> Tuple[Path, Any, Optional[str], Any]:
+    """``top JOB`` and ``report JOB``: the run directory, the backend and the job id and record (None, None and
+    None for a run directory given)."""
     from .. import backends
-    from ..backends.record import JobRecord, for_job
-    from ..job.ids import check_job_id
+    from ..backends.record import locate
 
-    try:
-        job_id: Optional[str] = check_job_id(job)
-    except SpecError:
-        job_id = None
-    if job_id is None:
-        if not Path(job).is_dir():
-            raise SpecError(f"{job!r} is neither a job id (digits) nor an existing run directory")
-        return Path(job), None, None
-    chosen = for_job(job_id, cluster_option, note=lambda line: note(f"clusterddp: {line}"))
-    record = JobRecord.load(job_id, chosen.name)
-    if record is None:
-        raise SpecError(f"job {job_id} was not submitted with clusterddp here, so its run directory is unknown; "
-                        "pass the run directory instead: clusterddp top RUN_DIR")
-    return Path(record.run_dir), backends.get(chosen), job_id
+    job_id, run_dir, record, chosen = locate(job, cluster_option, command,
+                                             note=lambda line: note(f"clusterddp: {line}"))
+    return run_dir, (backends.get(chosen) if chosen is not None else None), job_id, record
 
 
 def remote_snapshot(backend: Any, python: str, run_dir: Path) -> Dict[str, Any]:
     """The snapshot made on a remote cluster's login node (this module, run there with the job's Python)."""
-    name = backend.cluster.name
-    proc = backend.run_module(python, MODULE, [str(run_dir)], timeout=60)
-    argv = ["python", "-m", MODULE, str(run_dir)]
-    try:
-        answer = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise SlurmError(f"clusterddp top on cluster {name} gave no answer", argv, proc.returncode,
-                         proc.stderr) from None
-    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-        raise ClusterDDPError(f"cluster {name}: {printable(answer['error'])}")
-    if not isinstance(answer, dict) or not isinstance(answer.get("ranks"), list):
-        raise SlurmError(f"clusterddp top on cluster {name} gave an answer of another shape", argv,
-                         proc.returncode, proc.stderr)
+    from .stacks import module_answer
+
+    answer, wrong = module_answer(backend, python, MODULE, [str(run_dir)], 60, "top")
+    if not isinstance(answer.get("ranks"), list):
+        raise wrong
     return _checked(answer)
 
 
