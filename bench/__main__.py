@@ -198,6 +198,21 @@ def _throughput(argv: List[str], env: dict, cwd: Path) -> float:
     return float(m.group(1))
 
 
+def on_off(on: dict, off: dict, work: Path) -> Tuple[List[float], List[float]]:
+    """examples/train_ddp.py's images/s, 2 ranks under torchrun, six times with ``on`` and six with ``off``
+    interleaved, each first in turn (the first of a pair ran slower here); a fresh checkpoint directory each time
+    (a second run would resume, not train)."""
+    runs: Dict[str, List[float]] = {"on": [], "off": []}
+    for i in range(6):
+        for name in (("on", "off") if i % 2 == 0 else ("off", "on")):
+            shutil.rmtree(work / "ck-on-off", ignore_errors=True)
+            argv = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    str(ROOT / "examples" / "train_ddp.py"), "--images", "8", "--epochs", "2", "--ckpt-dir",
+                    str(work / "ck-on-off"), "--log-every", "1000"]
+            runs[name].append(_throughput(argv, on if name == "on" else off, work))
+    return runs["on"], runs["off"]
+
+
 def item6_7_training(rows: List[Row], work: Path, which: set) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
     knobs = ["--images", "8", "--epochs", "2"]
@@ -237,15 +252,7 @@ def item9_control_overhead(rows: List[Row], work: Path) -> None:
     (work / "run").mkdir(exist_ok=True)
     on = dict(base, CLUSTERDDP_HANG_TIMEOUT="900", CLUSTERDDP_RUN_DIR=str(work / "run"))
 
-    def cmd() -> List[str]:
-        shutil.rmtree(work / "ck", ignore_errors=True)
-        return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                str(ROOT / "examples" / "train_ddp.py"), "--images", "8", "--epochs", "2", "--ckpt-dir",
-                str(work / "ck"), "--log-every", "1000"]
-    with_it, without = [], []
-    for i in range(6):  # interleaved, each first in turn (the first of a pair ran slower here), median of six
-        for which in ((on, idle) if i % 2 == 0 else (idle, on)):
-            (with_it if which is on else without).append(_throughput(cmd(), which, work))
+    with_it, without = on_off(on, idle, work)
     a, b = statistics.median(with_it), statistics.median(without)
     rows.append(("9", "train_ddp.py images/s, 2 ranks CPU: responder + watchdog on / off",
                  f"{a:.1f} / {b:.1f} = {a / b:.3f} (spread of single runs: {min(with_it + without):.1f}-"
@@ -386,7 +393,7 @@ def item16_observatory(rows: List[Row], work: Path) -> None:
     from .observatory import telemetry_cost, top_cost
 
     top_cost(rows, work)
-    telemetry_cost(rows, work, ROOT, _throughput)
+    telemetry_cost(rows, work, ROOT, on_off)
 
 
 def item8_gpu(rows: List[Row]) -> None:

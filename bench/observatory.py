@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import statistics
-import sys
 import timeit
 from pathlib import Path
 from typing import Callable, List, Tuple
@@ -20,21 +18,12 @@ from typing import Callable, List, Tuple
 Row = Tuple[str, str, str, str]
 
 
-def telemetry_cost(rows: List[Row], work: Path, root: Path, throughput: Callable[..., float]) -> None:
+def telemetry_cost(rows: List[Row], work: Path, root: Path, on_off: Callable[..., Tuple[List[float], List[float]]]
+                   ) -> None:
     base = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(root))
     (work / "tel").mkdir(exist_ok=True)
     on = dict(base, CLUSTERDDP_RUN_DIR=str(work / "tel"), CLUSTERDDP_TELEMETRY="1")
-    off = dict(on, CLUSTERDDP_TELEMETRY="0")
-
-    def cmd() -> List[str]:
-        shutil.rmtree(work / "ck-tel", ignore_errors=True)
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                str(root / "examples" / "train_ddp.py"), "--images", "8", "--epochs", "2", "--ckpt-dir",
-                str(work / "ck-tel"), "--log-every", "1000"]
-    with_it, without = [], []
-    for i in range(6):
-        for which in ((on, off) if i % 2 == 0 else (off, on)):
-            (with_it if which is on else without).append(throughput(cmd(), which, work))
+    with_it, without = on_off(on, dict(on, CLUSTERDDP_TELEMETRY="0"), work)
     a, b = statistics.median(with_it), statistics.median(without)
     rows.append(("16", "train_ddp.py images/s, 2 ranks CPU: step telemetry off / on (slowdown)",
                  f"{b:.1f} / {a:.1f} = {b / a:.3f} (spread of single runs: {min(with_it + without):.1f}-"
