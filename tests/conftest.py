@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,3 +215,13 @@ def _separate_stderr_on_old_click() -> None:
 
 
 _separate_stderr_on_old_click()
+
+
+def cli_runner() -> Any:
+    """Click's CliRunner with stdout and stderr apart (Click >= 8.2 always keeps them apart, and refuses the flag)."""
+    from click.testing import CliRunner
+
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:
+        return CliRunner()

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from clusterddp import backends
 from clusterddp.cli import cli
+
+from .conftest import cli_runner
 
 
 @pytest.fixture
@@ -24,10 +25,7 @@ def fake(tmp_path, monkeypatch):
     (tmp_path / "config" / "clusterddp").mkdir(parents=True)
     (tmp_path / "config" / "clusterddp" / "config.toml").write_text('[clusters.fk]\nbackend = "fake"\n')
     (tmp_path / "train.py").write_text("import sys\nprint('trained with', sys.argv[1:])\n")
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # Click >= 8.2 always keeps them apart
-        return CliRunner()
+    return cli_runner()
 
 
 def test_the_test_backend_runs_through_the_cli(fake):

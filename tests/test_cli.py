@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from clusterddp.cli import cli
+
+from .conftest import cli_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,10 +20,7 @@ def runner(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     (tmp_path / "train.py").write_text("print('hi')\n")
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # Click >= 8.2 always keeps them apart
-        return CliRunner()
+    return cli_runner()
 
 
 def test_dry_run_prints_the_script_and_writes_nothing(runner):

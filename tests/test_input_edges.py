@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +18,8 @@ from clusterddp.backends.slurm.script import render
 from clusterddp.cli import cli
 from clusterddp.errors import HostlistError
 from clusterddp.hostlist import expand
+
+from .conftest import cli_runner
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = "x" * 256  # one path component over the 255 bytes file systems allow
@@ -31,10 +32,7 @@ def runner(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     (tmp_path / ".git").mkdir()
     (tmp_path / "train.py").write_text("print('hi')\n")
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # Click >= 8.2 always keeps them apart
-        return CliRunner()
+    return cli_runner()
 
 
 def refused(r, *words: str) -> None:

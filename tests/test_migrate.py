@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,18 +19,12 @@ from clusterddp.errors import SpecError
 from clusterddp.migrate import migrate_source
 from clusterddp.migrate.rules import report
 
-from .conftest import SCRIPTS, run_cli
+from .conftest import SCRIPTS, cli_runner, run_cli
 
 OURS = SCRIPTS / "migrate"
 PUBLIC = Path(__file__).parent / "migrate_cases"
 CASES = sorted(OURS.glob("*.py")) + sorted(PUBLIC.glob("*.py"))
 
-
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # Click >= 8.2 always keeps them apart
-        return CliRunner()
 
 
 def untouched_lines_kept(source: str, text: str, changed: set) -> None:
@@ -128,7 +121,7 @@ def test_the_command_writes_beside_never_over_the_original(tmp_path):
     script = tmp_path / "train.py"
     shutil.copy(OURS / "dp_train.py", script)
     original = script.read_bytes()
-    run = runner()
+    run = cli_runner()
     first = run.invoke(cli, ["migrate", str(script)])
     assert first.exit_code == 0, first.stderr
     assert (tmp_path / "train_ddp.py").is_file() and script.read_bytes() == original

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +18,8 @@ from clusterddp import contract
 from clusterddp.cli import cli
 from clusterddp.observe import goodput, telemetry, top
 from clusterddp.runtime.telemetry import Steps
+
+from .conftest import cli_runner
 
 T0 = 1_796_000_000.0
 
@@ -147,7 +148,7 @@ def test_the_newest_attempt_is_read_unless_one_is_asked_for(tmp_path):
 
 def test_top_prints_the_table_and_the_straggler_and_json_for_tools(tmp_path):
     write_run(tmp_path, even_job(slow=3))
-    run = runner()
+    run = cli_runner()
     once = run.invoke(cli, ["top", "--once", str(tmp_path)])
     assert once.exit_code == 0, once.output
     lines = once.stdout.splitlines()
@@ -160,10 +161,10 @@ def test_top_prints_the_table_and_the_straggler_and_json_for_tools(tmp_path):
 
 
 def test_top_without_telemetry_says_why_in_one_line(tmp_path):
-    result = runner().invoke(cli, ["top", "--once", str(tmp_path)])
+    result = cli_runner().invoke(cli, ["top", "--once", str(tmp_path)])
     assert result.exit_code == 1
     assert result.stdout.strip().startswith(f"no step telemetry in {tmp_path}: ") and "\n" not in result.stdout.strip()
-    bad = runner().invoke(cli, ["top", str(tmp_path / "nowhere")])
+    bad = cli_runner().invoke(cli, ["top", str(tmp_path / "nowhere")])
     assert bad.exit_code == 2 and "neither a job id (digits) nor an existing run directory" in bad.stderr
 
 
@@ -176,12 +177,6 @@ def test_top_over_64_ranks(tmp_path):
     assert len(snap["ranks"]) == 64 and [s["rank"] for s in snap["stragglers"]] == [37]
     assert len(top.text(snap).splitlines()) == 2 + 64 + 1
 
-
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # Click >= 8.2 always keeps them apart
-        return CliRunner()
 
 
 def attempts_tsv(run_dir: Path, rows: list) -> None:

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from clusterddp import JobSpec, SpecError
 from clusterddp.api import executor_params, setup_lines
@@ -24,6 +23,7 @@ from clusterddp.cli import cli
 from clusterddp.job.sbatch_options import resolve
 
 from .cases import CORPUS, has_control, run_rendered
+from .conftest import cli_runner
 
 RECORDER = Path(__file__).parent / "scripts" / "record_argv.py"
 
@@ -36,10 +36,7 @@ def runner(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".git").mkdir()  # the project root: the profile search stops here
     (tmp_path / "train.py").write_text(RECORDER.read_text())
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:  # Click >= 8.2 always keeps them apart
-        return CliRunner()
+    return cli_runner()
 
 
 def one_line_usage_error(r) -> str:
