@@ -3,10 +3,8 @@ test cluster: every rank process on node2 SIGKILLed mid-run (a lost node, as far
 Python exception in one rank; 4 ranks on 2 nodes, srun and torchrun."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ import pytest
 from clusterddp.healing import attempts
 
 from .conftest import SCRIPTS, run_cli
+from .procs import kill_at_once
 
 pytestmark = pytest.mark.slurm
 
@@ -58,8 +57,7 @@ def test_a_killed_node_is_an_infrastructure_fault_and_quarantined(work, launcher
         time.sleep(0.2)
     victims = _rank_pids("node2", "resumable.py")
     assert len(victims) == 2, victims  # ranks 2 and 3
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
+    kill_at_once(victims)
     out, err = job.communicate(timeout=180)
     assert job.returncode != 0, err
     job_id = out.strip().splitlines()[0]

@@ -21,6 +21,7 @@ from clusterddp.healing import attempts
 from clusterddp.observe import goodput
 
 from .conftest import SCRIPTS, run_cli
+from .procs import kill_at_once
 from .test_faults import _rank_pids
 from .test_hangs import SLEEP_IN_LOADER
 from .test_requeue import RANKS, TOTAL_STEPS, identical, job_args, rank_steps, steps  # noqa: F401
@@ -39,14 +40,13 @@ def work(slurm_env, tmp_path):
 
 
 def kill_node2_after(log: Path, n: int, script: str = "resumable.py") -> float:
-    """SIGKILL every rank process on node2 once rank 0 logged ``n`` steps; returns when (monotonic)."""
+    """SIGKILL every rank process on node2 at once (a lost node) when rank 0 logged ``n`` steps; returns when."""
     deadline = time.monotonic() + 150
     while len(steps(log)) < n and time.monotonic() < deadline:
         time.sleep(0.1)
     victims = _rank_pids("node2", script)
     assert len(victims) == 2, victims  # ranks 2 and 3
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
+    kill_at_once(victims)
     return time.monotonic()
 
 
