@@ -172,6 +172,9 @@ RANK_LOG_PATTERN, NODE_LOG_PATTERN = "rank-%t.out", "node-%n.out"
 STOP_FILE_NAME = "stop-requested-{restarts}"    # one per restart: a requeued job does not see the old request
 #: One line per attempt that ended (the batch script appends; `status JOBID` reads), tab-separated fields:
 ATTEMPTS_FILE = "attempts.tsv"
+# Each allocation the job held (one per requeue): "begin RESTART TIME HOSTS" from the supervisor's start, "end RESTART
+# TIME" from the batch shell's EXIT trap; the goodput ledger's whole (node-seconds Slurm allocated).
+ALLOCATIONS_FILE = "allocations.tsv"
 ATTEMPT_FIELDS = ("restart", "attempt", "start", "end", "nodes", "exit", "fault", "fault_nodes", "why", "next")
 #: What ``next`` says: the step ran again in this allocation, the job requeued itself without the node at fault,
 #: or the job ended (done: the step succeeded or stopped at the time limit).

@@ -79,9 +79,13 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     ran = [step for _, step in steps(tmp_path / "run.log")]
     assert ledger.redone_steps == len(ran) - len(set(ran)) > 0, (ledger.as_json(), ran)
     assert ledger.steps == len(ran)
-    spans = sum(len(a.nodes) * (a.end - a.start) for a in (first, second))
-    gate = len(second.nodes) * (second.start - first.end)
-    assert abs(ledger.total - spans - gate) <= 0.02 * spans and ledger.parts["gate"] == gate, ledger.as_json()
+    (held,) = attempts.allocations(run_dir)  # the emulated allocation: 3 nodes (a spare), the whole local run
+    assert held.nodes == ("local0", "local1", "local2") and held.start <= first.start + 1 and held.end >= second.end
+    alloc = 3 * (held.end - held.start)
+    assert abs(ledger.total - alloc) <= 0.02 * alloc and ledger.parts["gate"] == 3 * (second.start - first.end), \
+        ledger.as_json()
+    idle = (first.end - first.start) + (second.end - second.start)  # one emulated node of three unused in each
+    assert abs(ledger.parts["idle"] - idle) <= 2, ledger.as_json()
     assert ledger.parts["failed"] > 0 and ledger.parts["productive"] > 0
     assert f"clusterddp: {ledger.line()}" in err and f"({ledger.redone_steps} of {len(ran)} steps redone)" in err
     shown = run_cli("top", "--once", str(run_dir), cwd=tmp_path).stdout.splitlines()

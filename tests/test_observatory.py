@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from clusterddp import contract
 from clusterddp.cli import cli
+from clusterddp.healing import attempts
 from clusterddp.observe import goodput, telemetry, top
 from clusterddp.runtime.telemetry import Steps
 
@@ -206,6 +207,24 @@ def test_the_ledger_splits_every_attempt_and_adds_up(tmp_path):
     line = ledger.line()
     assert line.startswith(f"goodput {100 * ledger.goodput:.0f}%: ") and "node-minutes trained" in line, line
     assert "(10 of 70 steps redone)" in line and "start-up 11%" in line, line
+
+
+def test_with_its_allocation_recorded_the_ledger_is_the_allocation(tmp_path):
+    """The same job in an allocation of 3 nodes from T0-4.5 to T0+183.25: the 4.5 s before attempt 1 are start-up,
+    the unused third node is idle, the gate and the tail hold all 3 nodes; the parts add up to 3 x 187.75 exactly.
+    Lines that are not the file's (another restart's end first, a time that is not one, a bad host) are skipped."""
+    test_the_ledger_splits_every_attempt_and_adds_up(tmp_path)
+    (tmp_path / contract.ALLOCATIONS_FILE).write_text(
+        f"end\t0\t{T0 - 99}\nbegin\t0\t1e9\tnode1\nbegin\t0\t{int(T0) - 4.5:.3f}\tnode1,node2,node3,-x\n"
+        f"begin\t0\t{T0 + 50}\tnode9\nend\t0\t{int(T0) + 183.25:.9f}\nend\t7\t{T0}\n")
+    (alloc,) = attempts.allocations(tmp_path)
+    assert alloc.nodes == ("node1", "node2", "node3") and alloc.end - alloc.start == pytest.approx(187.75)
+    ledger = goodput.ledger(tmp_path)
+    parts = ledger.parts
+    assert ledger.total == pytest.approx(3 * 187.75)
+    assert parts["start-up"] == pytest.approx(3 * 4.5 + 2 * 10 + 2 * 10) and parts["gate"] == pytest.approx(3 * 5)
+    assert parts["idle"] == pytest.approx(100 + 75) and parts["tail"] == pytest.approx(2 * 5 + 3 * 3.25)
+    assert (ledger.steps, ledger.redone_steps) == (70, 10) and "idle 31%" in ledger.line(), ledger.line()
 
 
 def test_a_hang_and_an_attempt_without_steps_are_their_own_parts(tmp_path):

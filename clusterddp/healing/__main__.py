@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--ran-on", default="")
     p.add_argument("--trial", default="", help="start: a sweep trial's record, for RUN_DIR/trial.json")
+    p.add_argument("--began", default="", help="start: when the batch script began (Unix time; the ledger's start)")
     return p
 
 
@@ -72,6 +73,17 @@ def _prepare(run_dir: Path, trial: str) -> Optional[str]:
 def _room(args: argparse.Namespace) -> Optional[supervise.Room]:
     raw = read_bounded(Path(args.run_dir) / contract.SINFO_FILE)
     return supervise.parse_room(args.partition, None if raw is None else raw.decode("utf-8", "replace"))
+
+
+def _began(script: str) -> float:
+    """When this allocation began: Slurm's own start (SLURM_JOB_START_TIME, set by newer releases; it counts the
+    prolog) where it is a time not after the script's, else when the script began, else now."""
+    now = time.time()
+    mine = float(script) if re.fullmatch(r"[0-9]{1,11}(\.[0-9]{1,9})?", script) else now
+    slurm = os.environ.get("SLURM_JOB_START_TIME", "")
+    if re.fullmatch(r"[0-9]{1,11}", slurm) and mine - 3600 <= int(slurm) <= mine:
+        return float(slurm)
+    return min(mine, now)
 
 
 def _record(args: argparse.Namespace, status: int, fault: Optional[faults.Fault], nxt: str, why: str = "",
@@ -183,6 +195,7 @@ def _next(args: argparse.Namespace) -> int:
             print(refused, file=sys.stderr)
             print(f"end\n\n\n{contract.EXIT['RUNTIME']}")
             return 0
+        attempts.began(Path(args.run_dir), args.restart, _began(args.began), hosts)
         chosen = supervise.choose(hosts, bad, policy.nodes)
         if policy.gate:
             action = Action(Act.GATE, tuple(h for h in hosts if h not in bad), tuple(bad))

@@ -87,6 +87,46 @@ def append(run_dir: Path, a: Attempt) -> None:
         fh.write("\t".join(str(f) for f in fields) + "\n")
 
 
+class Allocation(NamedTuple):
+    """One allocation the job held (a requeue gets a new one): when it began and ended (0: not recorded), and its
+    nodes, spares and excluded ones included."""
+
+    restart: int
+    start: float
+    end: float
+    nodes: Tuple[str, ...]
+
+
+def _time(text: str) -> float:
+    return float(text) if re.fullmatch(r"[0-9]{1,11}(\.[0-9]{1,9})?", text) else 0.0
+
+
+def began(run_dir: Path, restart: int, when: float, hosts: Sequence[str]) -> None:
+    """Record that this restart's allocation began at ``when`` on ``hosts`` (the batch script's EXIT trap records
+    its end)."""
+    with open(Path(run_dir) / contract.ALLOCATIONS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(f"begin\t{restart}\t{when:.3f}\t{','.join(hosts)}\n")
+
+
+def ended(run_dir: Path, restart: int, when: float) -> None:
+    """Record the end of this restart's allocation (the local backend; a batch script's EXIT trap writes the same)."""
+    with open(Path(run_dir) / contract.ALLOCATIONS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(f"end\t{restart}\t{when:.3f}\n")
+
+
+def allocations(run_dir: Path) -> List[Allocation]:
+    """Every allocation recorded, by restart (the first begin and the last end of each)."""
+    raw = read_bounded(Path(run_dir) / contract.ALLOCATIONS_FILE)
+    found: dict = {}
+    for line in (raw or b"").decode("utf-8", "replace").splitlines()[:_MAX_LINES]:
+        f = line.split("\t")
+        if len(f) == 4 and f[0] == "begin" and _time(f[2]) and _int(f[1]) not in found:
+            found[_int(f[1])] = Allocation(_int(f[1]), _time(f[2]), 0.0, _nodes(f[3]))
+        elif len(f) == 3 and f[0] == "end" and _int(f[1]) in found and _time(f[2]):
+            found[_int(f[1])] = found[_int(f[1])]._replace(end=_time(f[2]))
+    return [found[r] for r in sorted(found)]
+
+
 def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
     """A failed attempt's logs and reports moved to attempts/RESTART.ATTEMPT/ (a fresh directory: one left there
     before is never merged into)."""

@@ -1,13 +1,16 @@
-"""Where did the node-hours go: a job's goodput ledger from its attempts and their step telemetry. Login side.
+"""Where did the node-hours go: a job's goodput ledger from its allocations, attempts and their step telemetry.
+Login side.
 
-Each attempt (``attempts.tsv``: nodes, start, end, exit code) is split on its own timeline: start-up (the attempt's
-start to its first step), steps (first step to the last one recorded), then the end: the watchdog's wait for a
-hang, a failed attempt's last moments, or a finished one's tail (saving, leaving). The steps are split again into
-productive ones, steps redone (run again after a resume: the checkpoint it resumed from was behind the previous
-attempt's last step) and checkpoint saves training waited for. Between two attempts in one allocation the retry's
-health gate runs. Every part is node-seconds (seconds x the attempt's nodes), so the parts add up to the total by
-construction; what the ledger cannot see (the allocation before its first attempt, the queue between requeues)
-is not in it.
+The whole is what Slurm allocated: each allocation's nodes (spares and excluded nodes included) from its start to its
+end (``allocations.tsv``). Each attempt (``attempts.tsv``: nodes, start, end, exit code) is split on its own
+timeline: start-up (the allocation's start to the attempt's first step), steps (first step to the last one
+recorded), then the end: the watchdog's wait for a hang, a failed attempt's last moments, or a finished one's tail
+(saving, leaving, the allocation's end). The steps are split again into productive ones, steps redone (run again
+after a resume: the checkpoint it resumed from was behind the previous attempt's last step) and checkpoint saves
+training waited for. Between two attempts in one allocation the retry's health gate runs; nodes of the allocation an
+attempt does not use (a spare, an excluded node) are idle. Every part is node-seconds, so the parts add up to the
+allocations by construction. A job without allocation records (older runs) is its attempts' spans; the queue between
+requeues is not an allocation and not in it.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from .. import contract
 from ..healing import attempts as attempts_file
 from . import telemetry
 
-PARTS = ("productive", "start-up", "redone", "checkpoint", "hang", "failed", "gate", "tail")
+PARTS = ("productive", "start-up", "redone", "checkpoint", "hang", "failed", "gate", "idle", "tail")
 
 
 @dataclass
@@ -80,14 +83,28 @@ def ledger(run_dir: Path) -> Optional[Ledger]:
     done = sorted(attempts_file.read(run_dir), key=lambda a: (a.restart, a.attempt))
     if not done:
         return None
+    held_by = {alloc.restart: alloc for alloc in attempts_file.allocations(run_dir)}
     out = Ledger(attempts=len(done))
     reached = 0  # the furthest step any earlier attempt recorded
+    cursor = 0.0  # one timeline per allocation that never goes back (attempts' times are whole seconds)
     for i, a in enumerate(done):
         nodes = max(1, len(a.nodes))
-        start, end = float(a.start), float(max(a.end, a.start))
+        alloc = held_by.get(a.restart)
+        held = max(nodes, len(alloc.nodes)) if alloc is not None else nodes
+        opens = i == 0 or done[i - 1].restart != a.restart
         later = done[i + 1] if i + 1 < len(done) else None
-        if later is not None and later.restart == a.restart:
-            out.parts["gate"] += max(0.0, later.start - end) * nodes
+        if opens:
+            cursor = alloc.start if alloc is not None else float(a.start)
+        start = max(cursor, float(a.start))
+        end = max(start, float(a.end))
+        if alloc is not None and alloc.end:
+            end = min(end, max(start, alloc.end))
+        out.parts["start-up" if opens else "gate"] += (start - cursor) * held
+        out.parts["idle"] += (end - start) * (held - nodes)
+        cursor = end
+        ending = "tail" if a.exit == 0 else "hang" if a.exit == contract.HANG_EXIT else "failed"
+        if (later is None or later.restart != a.restart) and alloc is not None and alloc.end:
+            out.parts[ending] += max(0.0, alloc.end - end) * held
         where = _telemetry_of(run_dir, a, later is None or later.restart != a.restart)
         ranks = telemetry.read(where, a.restart) if where is not None else []
         pos = telemetry.positions(telemetry.attempt_dir(where, a.restart)) if where is not None else {}
@@ -111,7 +128,6 @@ def ledger(run_dir: Path) -> Optional[Ledger]:
         out.parts["checkpoint"] += ckpt * nodes
         out.parts["redone"] += redo * nodes
         out.parts["productive"] += (span - ckpt - redo) * nodes
-        ending = "tail" if a.exit == 0 else "hang" if a.exit == contract.HANG_EXIT else "failed"
         out.parts[ending] += (end - last) * nodes
         out.steps += ran
         out.redone_steps += redone

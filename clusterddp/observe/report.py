@@ -23,7 +23,8 @@ REPORT_FILE = "report.html"
 _KEEP = 1 << 12
 _COLOURS = {"data": "#9467bd", "compute": "#1f77b4", "comm": "#ff7f0e", "opt": "#2ca02c", "ckpt": "#8c564b"}
 _PART_COLOURS = {"productive": "#2ca02c", "start-up": "#7f7f7f", "redone": "#d62728", "checkpoint": "#8c564b",
-                 "hang": "#e377c2", "failed": "#ff7f0e", "gate": "#bcbd22", "tail": "#17becf"}
+                 "hang": "#e377c2", "failed": "#ff7f0e", "gate": "#bcbd22", "idle": "#c7c7c7",
+                 "tail": "#17becf"}
 
 
 @dataclass

@@ -10,6 +10,7 @@
 # launcher: srun, backend: nccl. Regenerate rather than edit: clusterddp render --help
 # retries after a node fault: 2; each attempt runs on 2 node(s) of the allocation; 0 spare(s)
 set -euo pipefail
+CLUSTERDDP_BEGAN="$(date +%s.%N)"  # (the goodput ledger: where this allocation's node-seconds begin)
 
 # Set here, not inherited: a stop file (or a drill's variables) from the submitting shell would stop these ranks.
 unset CLUSTERDDP_STOP_FILE CLUSTERDDP_DRILL_DIR CLUSTERDDP_DRILL_STOP_AT
@@ -90,8 +91,9 @@ clusterddp_next() {  # PHASE [OPTION...]: the supervisor's answer in CLUSTERDDP_
 }
 # The run directory, before anything is written there: the job's own (not a link, this user's, writable by nobody
 # else, below directories nobody else can change), else the job ends here.
-clusterddp_next start
+clusterddp_next start --began "$CLUSTERDDP_BEGAN"
 [ "$CLUSTERDDP_DO" != end ] || exit "$CLUSTERDDP_STATUS"
+trap 'printf "end\t%s\t%s\n" "$CLUSTERDDP_RESTARTS" "$(date +%s.%N)" >>"$RUN_DIR/allocations.tsv" 2>/dev/null || :' EXIT
 # NCCL: PyTorch's flight recorder keeps every rank's last collectives and writes them here when one times out
 # (or the hang watchdog ends the job); a failed collective aborts the job instead of hanging it.
 # (--no-flight-recorder leaves these out; a value given with -e is kept.)

@@ -12,6 +12,7 @@
 # launcher: torchrun, backend: gloo. Regenerate rather than edit: clusterddp render --help
 # retries after a node fault: 2; each attempt runs on 2 node(s) of the allocation; 0 spare(s)
 set -euo pipefail
+CLUSTERDDP_BEGAN="$(date +%s.%N)"  # (the goodput ledger: where this allocation's node-seconds begin)
 
 # Set here, not inherited: a stop file (or a drill's variables) from the submitting shell would stop these ranks.
 unset CLUSTERDDP_STOP_FILE CLUSTERDDP_DRILL_DIR CLUSTERDDP_DRILL_STOP_AT
@@ -94,8 +95,9 @@ clusterddp_next() {  # PHASE [OPTION...]: the supervisor's answer in CLUSTERDDP_
 }
 # The run directory, before anything is written there: the job's own (not a link, this user's, writable by nobody
 # else, below directories nobody else can change), else the job ends here.
-clusterddp_next start
+clusterddp_next start --began "$CLUSTERDDP_BEGAN"
 [ "$CLUSTERDDP_DO" != end ] || exit "$CLUSTERDDP_STATUS"
+trap 'printf "end\t%s\t%s\n" "$CLUSTERDDP_RESTARTS" "$(date +%s.%N)" >>"$RUN_DIR/allocations.tsv" 2>/dev/null || :' EXIT
 # (srun reads % in --output as a file-name pattern: the directory part is escaped where it is used.)
 echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 8 (2 x 4), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"

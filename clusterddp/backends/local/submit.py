@@ -55,11 +55,26 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
                  drill_env: Sequence[Tuple[str, str]] = (), restart: int = 0) -> int:
     """The batch script's attempt loop on this machine, decided by the same supervisor (healing/supervise.py):
     after a node fault (an emulated node's ranks ended by a signal) the job runs again from its last checkpoint
-    on healthy emulated nodes, a spare first; after an ambiguous one once in place. (No requeue, no health gate.)"""
+    on healthy emulated nodes, a spare first; after an ambiguous one once in place. (No requeue, no health gate.)
+    The emulated allocation (every emulated node, from here to the end) is recorded for the goodput ledger."""
+    from ...healing import attempts
+
+    hosts = [node_name(i) for i in range(spec.alloc_nodes)]
+    began = time.time()
+    try:
+        return _attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note, drill_env, restart, hosts)
+    finally:
+        if Path(run_dir).is_dir():  # (made by the first attempt)
+            attempts.began(Path(run_dir), restart, began, hosts)
+            attempts.ended(Path(run_dir), restart, time.time())
+
+
+def _attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
+              echo: Callable[[str], None], note: Callable[[str], None], drill_env: Sequence[Tuple[str, str]],
+              restart: int, hosts: List[str]) -> int:
     from ...healing import attempts, supervise
     from ...healing.faults import after_work
 
-    hosts = [node_name(i) for i in range(spec.alloc_nodes)]
     policy = supervise.Policy(spec.nodes, spec.tasks_per_node, spec.retries, local=True)
     chosen: Tuple[str, ...] = tuple(hosts[:spec.nodes])
     bad: Tuple[str, ...] = ()

@@ -212,6 +212,7 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         "omp_threads": spec.cpus_per_task or 1,
         "log_kind": {"srun": "per-rank",
                      "torchrun": "per-node (rank-prefixed) and per-rank"}.get(spec.launcher, "per-node"),
+        "allocations": contract.ALLOCATIONS_FILE,
         "port_base": PORT_BASE,
         "port_span": PORT_SPAN,
     }
