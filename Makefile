@@ -86,7 +86,7 @@ bench: install
 # The machine's own python3 (its CUDA build of torch) unless a venv is active: a fresh .venv would fetch torch.
 GPU_PYTHON := $(if $(VENV),$(BASE_PYTHON),$(PYTHON))
 gpu-check:
-	$(GPU_PYTHON) -m pip install -q --no-deps -e . && { $(GPU_PYTHON) -m pip install -q "py-spy==0.4.3" || true; }
+	$(GPU_PYTHON) -m pip install -q --no-deps -e . && { $(GPU_PYTHON) -m pip install -q "py-spy==0.4.3" "matplotlib>=3.7" || true; }
 	$(GPU_PYTHON) bench/gpu_check.py
 
 cluster-up:

@@ -1,6 +1,7 @@
 """``make gpu-check``: the NCCL path end to end on a machine with CUDA GPUs (a script, not a test).
 
-1. the local backend, one node x all GPUs, on examples/train_ddp.py (bf16 AMP on);
+1. the local backend, one node x all GPUs, on examples/train_ddp.py (bf16 AMP on); the observatory on that run
+   (top --json with the GPU's numbers, the all-reduce wait, report);
 2. device selection when every rank sees only its own GPU (the --gpus-per-task mask, CUDA_VISIBLE_DEVICES=i);
 3. should_stop() and heartbeats inside torch.cuda.set_sync_debug_mode("error"): nothing synchronises the stream;
 4. a hung rank found by clusterddp stacks on an NCCL job;
@@ -93,6 +94,30 @@ def check_train(rows: List[Row], n: int, work: Path) -> None:
                  f"{rate[-1] if rate else '?'} images/s", "ok" if ok else "FAILED: " + text[-300:]))
 
 
+def check_observatory(rows: List[Row], n: int, work: Path) -> None:
+    """Issue 42 on CUDA: check_train's run has step telemetry with the GPU's numbers (NVML utilisation where
+    pynvml is, memory always), the all-reduce wait timed with CUDA events, and a report with its plots."""
+    import json
+
+    found = sorted((work / "runs").glob("train_ddp-local-*"))
+    if not found:
+        rows.append(("observatory on the CUDA run (top --json, report)", "no run directory", "FAILED"))
+        return
+    shown = run([PY, "-m", "clusterddp", "top", "--once", "--json", str(found[-1])], dict(os.environ), work)
+    snap = json.loads(shown.stdout or "{}")
+    ranks = snap.get("ranks", [])
+    mem = [r.get("gpu_mem_mb") for r in ranks]
+    comm = [r.get("comm_pct") for r in ranks]
+    report = run([PY, "-m", "clusterddp", "report", str(found[-1])], dict(os.environ), work)
+    ok = len(ranks) == n and all(isinstance(m, int) and m > 0 for m in mem) and all(r.get("steps", 0) > 0
+                                                                                  for r in ranks) \
+        and report.returncode == 0 and (found[-1] / "report.html").is_file() and (n == 1 or all(c for c in comm))
+    rows.append((f"observatory on the CUDA run: top --json ({n} ranks), report",
+                 f"steps {[r.get('steps') for r in ranks]}, GPU util {[r.get('gpu_util_pct') for r in ranks]} %, "
+                 f"memory {mem} MiB, waiting in the all-reduce {comm} %, report exit {report.returncode}",
+                 "ok" if ok else "FAILED: " + (shown.stderr + report.stderr)[-300:]))
+
+
 def check_mask(rows: List[Row], n: int, work: Path) -> None:
     """Every rank sees one GPU (CUDA_VISIBLE_DEVICES=i, as --gpus-per-task gives) and must pick its own."""
     script = work / "per_rank.py"
@@ -178,7 +203,7 @@ def main() -> int:
     rows: List[Row] = []
     with tempfile.TemporaryDirectory(prefix="clusterddp-gpu-") as tmp:
         work = Path(tmp)
-        for check in (check_train, check_mask, check_stacks, check_throughput, *gpu_desk.CHECKS):
+        for check in (check_train, check_observatory, check_mask, check_stacks, check_throughput, *gpu_desk.CHECKS):
             print(f"gpu-check: {check.__name__} ...", file=sys.stderr, flush=True)
             try:
                 check(rows, n, work)
