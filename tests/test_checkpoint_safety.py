@@ -110,8 +110,9 @@ def test_save_keeps_the_last_keep_checkpoints(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "refused: keep must be at least 1, got 0"
-    assert lines[1:6] == [f"{step} {[f'ckpt-{s:010d}.pt' for s in range(max(1, step - 1), step + 1)]}"
-                          for step in (1, 2, 3, 4, 5)]  # after step 5: steps 4 and 5 only
+    kept = [[f"ckpt-{s:010d}.{e}" for s in range(max(1, step - 1), step + 1) for e in ("json", "pt")]
+            for step in (1, 2, 3, 4, 5)]  # after step 5: steps 4 and 5 only, each with its manifest
+    assert lines[1:6] == [f"{step} {names}" for step, names in zip((1, 2, 3, 4, 5), kept)]
     assert lines[6] == "latest 5"
 
 
@@ -131,7 +132,8 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_temp_files_go(tmp_
     (ck / ".tmp-fresh").write_bytes(b"")
     (ck / ".tmp-link").symlink_to(old_tmp)
     assert _run(tmp_path, str(ck), "save").returncode == 0
-    assert sorted(p.name for p in ck.iterdir()) == [".tmp-fresh", ".tmp-link", "ckpt-0000000007.pt"]
+    assert sorted(p.name for p in ck.iterdir()) == [".tmp-fresh", ".tmp-link", "ckpt-0000000007.json",
+                                                       "ckpt-0000000007.pt"]
     good = (ck / "ckpt-0000000007.pt").read_bytes()
     (ck / "ckpt-0000000009.pt").write_bytes(good[: len(good) // 2])   # cut short
     (ck / "ckpt-0000000010.pt").write_bytes(b"not a checkpoint")
@@ -146,6 +148,43 @@ def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_temp_files_go(tmp_
     none = _run(tmp_path, str(ck), "load")
     assert none.returncode != 0 and "no checkpoint in" in none.stderr + none.stdout, none.stderr
     assert "every one of them is damaged" in none.stderr + none.stdout
+
+
+@pytest.mark.ranks
+def test_a_checkpoint_that_differs_from_its_manifest_is_passed_over(tmp_path):
+    """Issue 41: save writes ckpt-N.json (file, step, size, SHA-256; mode 0600) before the checkpoint takes its name.
+    A checkpoint changed after it was written (one byte of its tensor data: still a checkpoint that unpickles) is
+    passed over for the older whole one, saying why; one without a manifest (an older clusterddp's) loads as
+    before; pruning takes the manifest with its checkpoint."""
+    import hashlib
+    import json
+    import os
+    import stat
+    import zipfile
+
+    ck = tmp_path / "ck"
+    assert _run(tmp_path, str(ck), "save").returncode == 0
+    good = (ck / "ckpt-0000000007.pt").read_bytes()
+    record = json.loads((ck / "ckpt-0000000007.json").read_text())
+    assert record == {"file": "ckpt-0000000007.pt", "step": 7, "size": len(good),
+                      "sha256": hashlib.sha256(good).hexdigest()}
+    assert stat.S_IMODE(os.stat(ck / "ckpt-0000000007.json").st_mode) == 0o600
+    with zipfile.ZipFile(ck / "ckpt-0000000007.pt") as z:  # where the first tensor's bytes are
+        info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+    at = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + 8
+    changed = bytearray(good)
+    changed[at] ^= 0x40
+    (ck / "ckpt-0000000009.pt").write_bytes(bytes(changed))
+    (ck / "ckpt-0000000009.json").write_text(json.dumps(dict(record, file="ckpt-0000000009.pt", step=9)))
+    loaded = _run(tmp_path, str(ck), "load")
+    said = loaded.stdout + loaded.stderr
+    assert loaded.returncode == 0 and loaded.stdout.splitlines()[-2].startswith("step 7 "), said
+    assert (f"clusterddp: checkpoint {ck}/ckpt-0000000009.pt (ValueError: its SHA-256 differs from its manifest's: "
+            "changed after it was written)") in said, said
+    (ck / "ckpt-0000000009.pt").unlink()
+    (ck / "ckpt-0000000007.json").unlink()
+    older = _run(tmp_path, str(ck), "load")
+    assert older.returncode == 0 and older.stdout.splitlines()[-2].startswith("step 7 "), older.stderr
 
 
 @pytest.mark.ranks

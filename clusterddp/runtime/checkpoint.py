@@ -1,5 +1,6 @@
 """Checkpoints that make an interrupted job continue exactly where it stopped: model, optimizer, the loader's
-position and every rank's random number states, written atomically by rank 0."""
+position and every rank's random number states, written atomically by rank 0, each with a manifest (step, size,
+SHA-256) that a load checks: a file changed after it was written is damaged, and an older one is loaded."""
 from __future__ import annotations
 
 import base64
@@ -10,9 +11,9 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import RuntimeEnvError
-from . import drill, telemetry, writer
+from . import ckptfile, drill, telemetry, writer
 from .collect import broadcast_json, gather_json
-from .group import atomic_save, is_main, print0, rank, save_on_main, unwrap, world_size
+from .group import barrier, is_main, print0, rank, unwrap, world_size
 
 
 def _rng_state() -> Dict[str, Any]:
@@ -168,6 +169,10 @@ class Checkpointer:
     def _prune(self) -> None:
         for old in self._paths()[:-self.keep]:
             os.unlink(old)
+            try:
+                os.unlink(ckptfile.manifest_of(old))
+            except FileNotFoundError:
+                pass
         # A write killed half-way (a node lost, SIGKILL) leaves its temp file: none of ours is in flight now.
         try:
             names = [n for n in os.listdir(self.directory) if n.startswith(".tmp-")]
@@ -203,15 +208,16 @@ class Checkpointer:
         if steps is not None:  # steps done, counted across resumes: a resumed run's redone steps are known
             payload["telemetry_steps"] = steps.position()
         if not self.background:
-            save_on_main(payload, path)  # atomic, then a barrier
             if is_main():
+                ckptfile.write(payload, path)
                 self._prune()
+            barrier()
         elif is_main():
             # The previous copy's write is settled (above): its memory is reused.
             copy = self._copy = _cpu_copy(payload, getattr(self, "_copy", None))
 
             def write() -> None:
-                atomic_save(copy, path)
+                ckptfile.write(copy, path)
                 self._prune()
 
             writer.start(path, write)
@@ -239,6 +245,7 @@ class Checkpointer:
         payload = None
         for candidate in reversed(self._paths()):
             try:
+                ckptfile.verify(candidate)
                 payload = torch.load(candidate, map_location="cpu", weights_only=weights_only)
                 _check(payload)
                 found["path"] = candidate
