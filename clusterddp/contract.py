@@ -175,7 +175,8 @@ ATTEMPTS_FILE = "attempts.tsv"
 # Each allocation the job held (one per requeue): "begin RESTART TIME HOSTS" from the supervisor's start, "end RESTART
 # TIME" from the batch shell's EXIT trap; the goodput ledger's whole (node-seconds Slurm allocated).
 ALLOCATIONS_FILE = "allocations.tsv"
-ATTEMPT_FIELDS = ("restart", "attempt", "start", "end", "nodes", "exit", "fault", "fault_nodes", "why", "next")
+ATTEMPT_FIELDS = ("restart", "attempt", "start", "end", "nodes", "exit", "fault", "fault_nodes", "why", "next",
+                  "evidence")
 #: What ``next`` says: the step ran again in this allocation, the job requeued itself without the node at fault,
 #: or the job ended (done: the step succeeded or stopped at the time limit).
 NEXT_RETRY, NEXT_REQUEUE, NEXT_END = "retry", "requeue", "end"

@@ -85,16 +85,49 @@ def supervisor(run: Path, phase: str, *args: str) -> subprocess.CompletedProcess
                            "--max-requeues", "3", "--requeues", *args], capture_output=True, text=True, timeout=60)
 
 
-def fault_report(run: Path, err: str, nodes: str = "node1,node2") -> list:
-    """One failed attempt's fault as the supervisor records it: [kind, nodes, why] (in a copy of ``run``: a retry
-    moves the attempt's logs aside)."""
+def recorded_attempt(run: Path, err: str, nodes: str = "node1,node2") -> attempts.Attempt:
+    """One failed attempt as the supervisor records it (in a copy of ``run``: a retry moves the attempt's logs
+    aside), with what it said in the batch log."""
     copy = run.parent / f"copy-{len(list(run.parent.glob('copy-*')))}"
     shutil.copytree(run, copy)
     (copy / contract.STEP_ERR.format(restarts=0, attempt=0)).write_text(err)
     proc = supervisor(copy, "ended", "--status", "1", "--ran-on", nodes)
     assert proc.returncode == 0 and proc.stdout.count("\n") == 4, proc.stderr
     (last,) = attempts.read(copy)[-1:]
+    if last.evidence:
+        assert f"; evidence: {last.evidence}" in proc.stderr, proc.stderr
+    return last
+
+
+def fault_report(run: Path, err: str, nodes: str = "node1,node2") -> list:
+    """[kind, nodes, why] of one failed attempt."""
+    last = recorded_attempt(run, err, nodes)
     return [last.fault, ",".join(last.fault_nodes), last.why]
+
+
+def test_each_fault_cites_its_evidence_file_and_line(tmp_path):
+    """Issue 39: status and --wait say per attempt what decided it: the file in the run directory and its line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank, text in enumerate([PEER_GONE, PEER_GONE, "", ""]):
+        (run / f"rank-{rank}.out").write_text(text)
+    killed = recorded_attempt(run, "srun: error: node1: tasks 0-1: Terminated\nsrun: error: node2: tasks 2-3: Killed\n"
+                                   "srun: Terminating StepId=7.0\n")
+    assert killed.fault == "infrastructure"
+    assert killed.evidence == 'srun-0.0.err: "srun: error: node2: tasks 2-3: Killed"', killed
+    assert 'exit 1: fault: infrastructure on node2: rank(s) 2-3 on node2: killed (a signal, no Python traceback); ' \
+           'evidence: srun-0.0.err: "srun: error: node2: tasks 2-3: Killed"' in killed.line(), killed.line()
+    lost = recorded_attempt(run, "srun: error: Node failure on node2\x1b[31m\n")
+    assert lost.fault_nodes == ("node2",) and lost.evidence == 'srun-0.0.err: "srun: error: Node failure on node2?[31m"'
+    oom = recorded_attempt(run, "srun: error: node2: task 3: Out Of Memory\n")
+    assert oom.fault == "program" and oom.evidence == 'srun-0.0.err: "srun: error: node2: task 3: Out Of Memory"'
+    _hang(run, 0, "hang.py:41 __getitem__", "node2")
+    hung = recorded_attempt(run, "")
+    assert hung.evidence == "stacks/hang-0/rollcall.json (the ranks' roll call)", hung.evidence
+    # read back as data: a tab or a newline in it never makes another column or row
+    attempts.append(tmp_path, killed._replace(evidence="a\tb\nc"))
+    (again,) = attempts.read(tmp_path)
+    assert again.evidence == "a b c" and again.next == killed.next
 
 
 def test_one_attempt_s_fault_as_the_batch_script_reads_it(tmp_path):

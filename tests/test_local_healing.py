@@ -70,6 +70,9 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     assert first.nodes == ("local0", "local1") and first.fault_nodes == ("local1",) and first.next == "retry"
     assert second.nodes == ("local0", "local2") and second.exit == 0 and second.next == "end"
     assert "clusterddp: retrying on local0,local2 without local1 (retry 1 of 2), from the last checkpoint" in err, err
+    cited = (r"the local runner's wait: rank [23] on local1 ended by SIGKILL, 2 of the node's processes by a signal"
+             if launcher == "srun" else r'node-1\.out: "torchrun\'s root cause: rank [23], exitcode -9"')
+    assert re.fullmatch(cited, first.evidence) and f"; evidence: {first.evidence}" in err, (first, err)
     assert f"RESUME from step {EVERY}" in out
     assert (run_dir / "attempts" / "0.0").is_dir()
     ids = re.findall(r"tracker run id (\S+)", "".join(p.read_text() for p in run_dir.rglob("*.out")))

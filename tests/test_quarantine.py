@@ -69,7 +69,8 @@ def test_ranks_killed_by_a_signal_first_are_the_node_at_fault(tmp_path):
     fault = classify(run, logs, batch, ["node1", "node2"])
     assert fault.kind == INFRASTRUCTURE and fault.nodes == ("node2",)
     assert fault.line() == ("fault: infrastructure on node2: rank(s) 2-3 on node2: killed (a signal, no Python "
-                            "traceback) (a node or the network, not the program)")
+                            "traceback) (a node or the network, not the program); evidence: batch.out: "
+                            '"srun: error: node2: tasks 2-3: Killed"')
 
 
 def test_a_python_exception_first_is_the_program(tmp_path):

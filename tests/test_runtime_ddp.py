@@ -87,7 +87,7 @@ def test_example_loss_goes_down_on_two_ranks(tmp_path):
     losses = [float(x) for x in re.findall(r"epoch \d/2 done: loss ([0-9.]+)", proc.stdout)]
     assert len(losses) == 2 and losses[1] < losses[0], proc.stdout
     assert "world size 2" in proc.stdout and "images/s" in proc.stdout and "final loss" in proc.stdout
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["ckpt-0000000004.pt", "ckpt-0000000008.pt"]
+    assert sorted(p.name for p in (tmp_path / "ck").glob("ckpt-*.pt")) == ["ckpt-0000000004.pt", "ckpt-0000000008.pt"]
 
 
 @pytest.mark.slow

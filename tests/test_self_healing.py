@@ -86,6 +86,13 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert first.nodes == ("node1", "node2") and first.fault == "infrastructure" and first.fault_nodes == ("node2",)
     assert first.next == "retry" and second.nodes == ("node1", "node3") and second.exit == 0
     assert second.restart == 0  # the same allocation: the job never left the queue
+    # what decided it, cited (issue 39): srun's own line for srun; torchrun's root cause block for torchrun
+    if launcher == "srun":
+        assert first.evidence == 'srun-0.0.err: "srun: error: node2: tasks 2-3: Killed"', first
+    else:
+        assert re.fullmatch(r'node-1\.out: "torchrun\'s root cause: rank [23] on node2, '
+                            r'exitcode -9 \(pid: \d+\) +\(SIGKILL\)"', first.evidence), first
+    assert f"; evidence: {first.evidence}" in err, err
     # --wait said so as it happened, and the node is quarantined
     assert re.search(r"clusterddp: attempt 1 \(restart 0\) on node1,node2, .*: fault: infrastructure on node2: "
                      r".*; retried here without the node\(s\) at fault", err), err

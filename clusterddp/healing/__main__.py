@@ -90,7 +90,7 @@ def _record(args: argparse.Namespace, status: int, fault: Optional[faults.Fault]
             ran_on: Sequence[str] = (), start: int = 0) -> None:
     a = attempts.Attempt(args.restart, args.attempt, start or int(time.time()), int(time.time()), tuple(ran_on),
                          status, str(fault.kind) if fault else "", fault.nodes if fault else (),
-                         fault.why if fault else why, nxt)
+                         fault.why if fault else why, nxt, fault.evidence if fault else "")
     attempts.append(Path(args.run_dir), a)
 
 

@@ -28,6 +28,7 @@ class Attempt(NamedTuple):
     fault_nodes: Tuple[str, ...]
     why: str
     next: str                  # one of contract.NEXTS
+    evidence: str = ""         # what decided the fault: a file of the run directory and its line
 
     def line(self) -> str:
         """One line for people: 'attempt 1 (restart 0) on node1,node2, 19:40:01-19:40:17 (16 s), exit 143: ...'."""
@@ -39,6 +40,8 @@ class Attempt(NamedTuple):
             head += f": fault: {self.fault}{at}: {self.why}"
         elif self.why:
             head += f" ({self.why})"
+        if self.evidence:
+            head += f"; evidence: {self.evidence}"
         then = {contract.NEXT_RETRY: "retried here without the node(s) at fault",
                 contract.NEXT_IN_PLACE: "retried in place on the same nodes (none excluded or quarantined)",
                 contract.NEXT_REQUEUE: "requeued" + (" without the node(s) at fault" if self.fault else "")}
@@ -70,19 +73,21 @@ def read(run_dir: Path) -> List[Attempt]:
     out = []
     for line in raw.decode("utf-8", "replace").splitlines()[:_MAX_LINES]:
         f = line.split("\t")
+        if len(f) == len(contract.ATTEMPT_FIELDS) - 1:  # (a record from before the evidence column)
+            f.append("")
         if len(f) != len(contract.ATTEMPT_FIELDS):
             continue
         fault = f[6] if f[6] in tuple(FaultKind) else ""
         out.append(Attempt(_int(f[0]), _int(f[1]), _int(f[2]), _int(f[3]), _nodes(f[4]),
                            int(f[5]) if re.fullmatch(r"-?\d{1,4}", f[5]) else -1, fault, _nodes(f[7]),
-                           printable(f[8])[:300], f[9] if f[9] in contract.NEXTS else ""))
+                           printable(f[8])[:300], f[9] if f[9] in contract.NEXTS else "", printable(f[10])[:300]))
     return out
 
 
 def append(run_dir: Path, a: Attempt) -> None:
     """Record one attempt as the batch script does (the local backend's retry loop)."""
     fields = (a.restart, a.attempt, a.start, a.end, ",".join(a.nodes), a.exit, a.fault, ",".join(a.fault_nodes),
-              re.sub(r"[\t\r\n]+", " ", a.why), a.next)
+              re.sub(r"[\t\r\n]+", " ", a.why), a.next, re.sub(r"[\t\r\n]+", " ", a.evidence))
     with open(Path(run_dir) / contract.ATTEMPTS_FILE, "a", encoding="utf-8") as fh:
         fh.write("\t".join(str(f) for f in fields) + "\n")
 

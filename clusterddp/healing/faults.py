@@ -39,6 +39,7 @@ from .launchers import (
     signalled_on,
     srun_first,
     srun_is_first_for,
+    srun_said,
     tail,
     terminate_words,
     torchrun_roots,
@@ -69,12 +70,19 @@ class Fault(NamedTuple):
     why: str                  # one line for people
     signal: str = ""          # srun's word for the signal that ended the first rank ("Killed"), where one did
     ranks: Tuple[int, ...] = ()  # the rank(s) that failed first, where known
+    evidence: str = ""        # what decided it: the file (in the run directory) and its line
 
     def line(self) -> str:
         at = f" on {','.join(self.nodes)}" if self.nodes else ""
         what = {INFRASTRUCTURE: "a node or the network, not the program", PROGRAM: "the program",
                 AMBIGUOUS: "a node or the program: nothing else said"}.get(self.kind, "")
-        return f"fault: {self.kind}{at}: {self.why}" + (f" ({what})" if what else "")
+        return f"fault: {self.kind}{at}: {self.why}" + (f" ({what})" if what else "") + \
+            (f"; evidence: {self.evidence}" if self.evidence else "")
+
+
+def cite(name: str, line: str) -> str:
+    """Evidence as one printable phrase: 'srun-0.0.err: "srun: error: node2: tasks 2-3: Killed"'."""
+    return printable(f'{name}: "{line.strip()[:200]}"')
 
 
 def out_of_memory(lines: Sequence[str]) -> Optional[Fault]:
@@ -138,6 +146,8 @@ def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, 
     fault = signal_fault(BY_SIGNUM.get(exitcode(root) or 0, "Killed"), host, rank,
                          [int(rank)] if rank.isdigit() else [], [by_name.get(root.get("log", ""))], per_node,
                          max(1, len(lost)))
+    fault = fault._replace(evidence=cite(str(root.get("log", "")), f"torchrun's root cause: rank {rank} on {host}, "
+                                         f"exitcode {root.get('exitcode', '?')}"))
     if fault.kind != INFRASTRUCTURE:
         return fault
     return fault._replace(why=printable(f"rank {rank} on {host} ended by {root.get('traceback', 'a signal')}, "
@@ -182,7 +192,8 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         odd: List[str] = []
         if isinstance(groups, list) and len(groups) > 1:
             odd = sorted({str(n) for g in groups[1:] if isinstance(g, dict) for n in g.get("nodes", [])})
-        return Fault(INFRASTRUCTURE, _clean(odd), f"the hang watchdog ended the job ({hang['summary']})")
+        return Fault(INFRASTRUCTURE, _clean(odd), f"the hang watchdog ended the job ({hang['summary']})",
+                     evidence=printable(f"stacks/{Path(hang['dir']).name}/rollcall.json (the ranks' roll call)"))
     rendezvous = rendezvous_failure(run_dir)
     if rendezvous is not None:
         hellos = read_hellos(run_dir)
@@ -190,9 +201,10 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         absent = tuple(n for n in nodes if n not in seen) if hellos else ()
         return Fault(INFRASTRUCTURE, _clean(absent), rendezvous)
     err = tail(batch_log) if batch_log is not None else []
+    name = batch_log.name if batch_log is not None else ""
     oom = out_of_memory(err)
     if oom is not None:
-        return oom
+        return oom._replace(evidence=cite(name, next(t for t in err if OOM.match(t) or OOM_STEP.match(t))))
     found = logscan.tracebacks(list(logs))
     primary = recorded(run_dir) or [t for t in found if not t.secondary]
     first = srun_first(err)
@@ -206,11 +218,14 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         if not primary or srun_is_first_for(primary, tasks):
             word = next(w for w in SIGNAL_WORDS if what.startswith(w))
             ranks = signalled_on(err, node, word)
+            said = srun_said(err, node)
             return signal_fault(what, node, tasks, ranks, [by_name.get(f"rank-{r}.out") for r in ranks[:16]],
-                                per_node)
+                                per_node)._replace(evidence=cite(name, said) if said else "")
     if first is not None and first[2] == "node failure" or node_failed:
         node = first[0] if first is not None else ""
-        return Fault(INFRASTRUCTURE, _clean([node] if node else []), "Slurm reported a node failure")
+        said = srun_said(err, node) if node else ""
+        return Fault(INFRASTRUCTURE, _clean([node] if node else []), "Slurm reported a node failure",
+                     evidence=cite(name, said) if said else "Slurm's job state NODE_FAIL")
     if primary:
         return Fault(PROGRAM, (), printable(f"{primary[0].label}: {primary[0].last[:200]}"))
     if found:  # only collateral errors: a peer vanished without saying why

@@ -66,6 +66,15 @@ def srun_first(lines: Iterable[str]) -> Optional[Tuple[str, str, str]]:
     return None
 
 
+def srun_said(lines: Iterable[str], node: str) -> str:
+    """The first line srun wrote about ``node`` (its tasks' end, or a node failure): the evidence to cite."""
+    for line in lines:
+        m = SRUN_TASKS.match(line) or SRUN_NODE_FAIL.match(line)
+        if m and m.group(1) == node:
+            return line
+    return ""
+
+
 def signalled_on(lines: Sequence[str], node: str, word: str) -> List[int]:
     """Every task srun saw ``node`` lose to the signal ``word`` before srun began ending the step (one line or
     several). After "srun: Terminating StepId=..." the rest are srun's own doing: tasks slow to leave on SIGTERM

@@ -22,11 +22,18 @@ def node_name(emulated: int) -> str:
     return contract.LOCAL_NODE.format(index=emulated)
 
 
+def _signame(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def local_fault(plan: Plan, outcome: dict, names: Sequence[str]) -> Optional[Fault]:
     """The evidence of a failed local attempt, as faults.py reads it on Slurm: the process that failed first was
     ended by a signal (not our SIGTERM), or it is a torchrun agent whose earliest root cause was; how many of its
     emulated node's ranks the signal ended. None: nothing says it was not the program (never retried)."""
-    from ...healing.faults import signal_fault
+    from ...healing.faults import cite, signal_fault
     from ...healing.launchers import BY_SIGNUM, torchrun_roots
 
     first, code = outcome.get("first"), outcome.get("returncode")
@@ -39,14 +46,17 @@ def local_fault(plan: Plan, outcome: dict, names: Sequence[str]) -> Optional[Fau
                    and c != -signal.SIGTERM)
         rank = proc.rank if proc.rank is not None else proc.node
         return signal_fault(BY_SIGNUM.get(code, "Killed"), node, str(rank), [rank], [Path(proc.log)],
-                            plan.spec.tasks_per_node, max(1, lost))
+                            plan.spec.tasks_per_node, max(1, lost))._replace(
+            evidence=f"the local runner's wait: {'rank' if proc.rank is not None else 'agent'} {rank} on {node} ended "
+                     f"by {_signame(-code)}, {lost} of the node's processes by a signal")
     roots = torchrun_roots([Path(proc.log)]) if plan.spec.launcher == "torchrun" else []
     exit_ = roots[0].get("exitcode", "").split()[0] if roots and roots[0].get("exitcode") else ""
     if exit_.lstrip("-").isdigit() and int(exit_) < 0 and int(exit_) != -signal.SIGTERM:
         rank = roots[0].get("rank", "?").split()[0]
         gone = [c for c in roots[0].get("failed", []) if c < 0 and c != -signal.SIGTERM]
         return signal_fault(BY_SIGNUM.get(int(exit_), "Killed"), node, rank, [int(rank)] if rank.isdigit() else [],
-                            [Path(proc.log)], plan.spec.tasks_per_node, max(1, len(gone)))
+                            [Path(proc.log)], plan.spec.tasks_per_node, max(1, len(gone)))._replace(
+            evidence=cite(Path(proc.log).name, f"torchrun's root cause: rank {rank}, exitcode {exit_}"))
     return None
 
 
@@ -99,7 +109,8 @@ def _attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequenc
         action = supervise.after_failure(fault, history=attempts.read(Path(run_dir)), policy=policy, hosts=hosts,
                                          bad=bad, ran_on=chosen, restart=restart, room=None, exit_code=code)
         judged = action.fault or fault
-        record = record._replace(fault=judged.kind, fault_nodes=judged.nodes, why=judged.why, next=action.next)
+        record = record._replace(fault=judged.kind, fault_nodes=judged.nodes, why=judged.why, next=action.next,
+                                 evidence=judged.evidence)
         attempts.append(Path(run_dir), record)
         for line in action.say:
             note(line)
