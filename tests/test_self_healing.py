@@ -104,6 +104,8 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     lines = status.stdout.splitlines()
     assert lines[1].split()[:2] == [job_id, "COMPLETED"], status.stdout
     assert lines[2].startswith("attempt 1 (restart 0) on node1,node2") and "fault: infrastructure on node2" in lines[2]
+    assert f"; evidence: {first.evidence}" in lines[2], lines  # and `clusterddp nodes` says why node2 is held
+    assert f"evidence: {first.evidence}" in run_cli("nodes", cwd=work).stdout
     assert lines[3].startswith("attempt 2 (restart 0) on node1,node3") and lines[3].endswith("exit 0"), lines
     # the failed attempt's logs were kept aside; the batch log tells the story
     assert sorted(p.name for p in (run_dir / "attempts" / "0.0").glob("*.out"))[:1] in (["node-0.out"],

@@ -150,6 +150,7 @@ def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
 
 
 def at_fault(attempts: Sequence[Attempt]) -> List[Tuple[Tuple[str, ...], str]]:
-    """(nodes, why) of every attempt that ended in a node fault with its node(s) known."""
-    return [(a.fault_nodes, a.why) for a in attempts if a.fault == FaultKind.INFRASTRUCTURE and a.fault_nodes
-            and a.next != contract.NEXT_IN_PLACE]
+    """(nodes, why) of every attempt that ended in a node fault with its node(s) known (why: with its evidence, for
+    `clusterddp nodes`)."""
+    return [(a.fault_nodes, a.why + (f"; evidence: {a.evidence}" if a.evidence else "")) for a in attempts
+            if a.fault == FaultKind.INFRASTRUCTURE and a.fault_nodes and a.next != contract.NEXT_IN_PLACE]
