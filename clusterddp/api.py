@@ -94,9 +94,7 @@ def setup_lines(spec: JobSpec) -> List[str]:
     lines = ["set -eo pipefail"]  # not -u: submitit's own lines may read unset variables
     lines += [f"export {name}={shell_quote(value)}" for name, value in spec.env]
     lines += list(spec.setup)
-    values = {contract.LAUNCHER: "srun", contract.NNODES: spec.nodes, contract.GPUS_PER_NODE: spec.gpus_per_node,
-              contract.PROCS_PER_NODE: spec.tasks_per_node, contract.WORLD_SIZE: spec.world_size,
-              contract.HANG_TIMEOUT: spec.hang_timeout_seconds}
+    values = dict(spec.promised_env, **{contract.LAUNCHER: "srun"})
     lines += ["export " + " ".join(f"{name}={value}" for name, value in values.items())]
     lines += render_part(spec, "rendezvous").rstrip("\n").splitlines()
     return lines

@@ -112,6 +112,13 @@ class JobSpec:
         return 0 if self.hang_timeout in ("0", "off") else parse_time(self.hang_timeout)
 
     @property
+    def promised_env(self) -> List[Tuple[str, str]]:
+        """What every rank is told about the job's shape, whatever the backend (contract.py's names)."""
+        return [(contract.LAUNCHER, str(self.launcher)), (contract.NNODES, str(self.nodes)),
+                (contract.GPUS_PER_NODE, str(self.gpus_per_node)), (contract.PROCS_PER_NODE, str(self.tasks_per_node)),
+                (contract.WORLD_SIZE, str(self.world_size)), (contract.HANG_TIMEOUT, str(self.hang_timeout_seconds))]
+
+    @property
     def requeues(self) -> bool:
         """Checkpoint-and-requeue on the time-limit warning: asked for, or by default whenever there is a limit."""
         if self.requeue is not None:

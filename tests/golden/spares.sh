@@ -93,8 +93,7 @@ clusterddp_next() {  # PHASE [OPTION...]: the supervisor's answer in CLUSTERDDP_
     { IFS= read -r CLUSTERDDP_DO; IFS= read -r CLUSTERDDP_STEP_NODES; IFS= read -r CLUSTERDDP_BAD; IFS= read -r CLUSTERDDP_STATUS; } <<<"$out" || true
     case "$CLUSTERDDP_STATUS" in ''|*[!0-9]*) CLUSTERDDP_STATUS=1 ;; esac
 }
-# The run directory, before anything is written there: the job's own (not a link, this user's, writable by nobody
-# else, below directories nobody else can change), else the job ends here.
+# The run directory, before anything is written there: the job's own (healing/__main__.py), else the job ends here.
 clusterddp_next start --began "$CLUSTERDDP_BEGAN"
 [ "$CLUSTERDDP_DO" != end ] || exit "$CLUSTERDDP_STATUS"
 trap 'printf "end\t%s\t%s\n" "$CLUSTERDDP_RESTARTS" "$(date +%s.%N)" >>"$RUN_DIR/allocations.tsv" 2>/dev/null || :' EXIT
@@ -110,9 +109,8 @@ mkdir -p -- "$RUN_DIR/nccl-trace"
 echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 4 (2 x 2), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-rank logs in $RUN_DIR"
 
-# Time limit and preemption. Slurm signals this shell 120 s before the limit (USR2); bash runs
-# a trap only once its foreground child is done, hence srun in the background and `wait` in a loop below.
-# The ranks see the stop request through $CLUSTERDDP_STOP_FILE (clusterddp.runtime.should_stop()).
+# Time limit and preemption: Slurm signals this shell 120 s before the limit (USR2); bash runs a trap only once
+# its foreground child is done (hence srun in the background); the ranks see $CLUSTERDDP_STOP_FILE (should_stop()).
 export CLUSTERDDP_STOP_FILE="$RUN_DIR/stop-requested-$CLUSTERDDP_RESTARTS"
 CLUSTERDDP_SIGNAL="" CLUSTERDDP_TIMER_PID="" CLUSTERDDP_SRUN_PID=""
 clusterddp_stop() {
@@ -135,12 +133,8 @@ clusterddp_requeue() {  # [NODES]: without these nodes (after a node fault); the
     [[ "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}" =~ ^[0-9]+_[0-9]+$ ]] && target="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
     echo "clusterddp: requeueing job $target${1:+ without $1} (requeue $((10#$CLUSTERDDP_RESTARTS + 1)) of 3)"
     trap - USR2 TERM
-    if [ -z "${1:-}" ]; then
-        scontrol requeue "$target"
-        exit 0
-    fi
-    # Slurm changes ExcNodeList only while a job is pending, and requeuehold sends this shell SIGTERM at once:
-    # it lives on (KillWait) to exclude the nodes and release the job.
+    [ -n "${1:-}" ] || { scontrol requeue "$target"; exit 0; }
+    # Slurm changes ExcNodeList only while pending; requeuehold sends SIGTERM at once: live on (KillWait) to update.
     trap '' TERM
     scontrol requeuehold "$target"
     scontrol update JobId="$target" ExcNodeList="$1" NumNodes=2-3 ||
@@ -149,15 +143,11 @@ clusterddp_requeue() {  # [NODES]: without these nodes (after a node fault); the
     exit 0
 }
 
-# Attempts. What comes next is the supervisor's decision (clusterddp/healing/supervise.py, asked through
-# `python -m clusterddp.healing next`: a health gate, run on these nodes, requeue without those, or end, with the
-# reason in this log and in $RUN_DIR/attempts.tsv); this shell only carries it out. After a node fault the step runs
-# again from the last checkpoint without the node (3 retries at most: --retries; a spare first: --spare-nodes 1),
-# after an ambiguous one once in place; a fault of the program is never retried.
+# Attempts: the supervisor (clusterddp/healing/supervise.py) decides what comes next (gate, run, requeue, end; why:
+# this log, $RUN_DIR/attempts.tsv); this shell carries it out (3 retries at most, 1 spare(s)).
 CLUSTERDDP_SIGNAL="${CLUSTERDDP_SIGNAL:-}"
 clusterddp_gate() {
-    # The health gate: one task on each of these nodes (clusterddp/healing/gate.py); a node whose check fails, or
-    # that says nothing within 120 s, gets no rank (the supervisor reads NODE.ok and NODE.out in the directory).
+    # The health gate (healing/gate.py): a node whose check fails or says nothing within 120 s gets no rank.
     local dir="$RUN_DIR/health/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT" n
     mkdir -p -- "$dir"
     n=$(( $(tr -cd , <<<"$CLUSTERDDP_STEP_NODES" | wc -c) + 1 ))
@@ -176,8 +166,7 @@ while :; do
         *) break ;;
     esac
     if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ]; then
-        # The rendezvous moves with the nodes; a new port (the old one may be held by a lost rank), checked free
-        # on the node where it will listen.
+        # The rendezvous moves with the nodes: a new port (a lost rank may hold the old), checked free where it listens.
         MASTER_ADDR="${CLUSTERDDP_STEP_NODES%%,*}"
         MASTER_PORT=$(( 20000 + (MASTER_PORT - 20000 + 1) % 10000 ))
         CLUSTERDDP_ON=()
@@ -202,8 +191,7 @@ CLUSTERDDP_SRUN_PID=$!
     exec 2>&"$CLUSTERDDP_ERR_FD" {CLUSTERDDP_ERR_FD}>&-
     clusterddp_timer
 
-    # srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
-    # a trap interrupts `wait`, so wait again while srun is still there.
+    # srun runs in the background so that traps fire at once; a trap interrupts `wait`: wait again while srun is there.
     while CLUSTERDDP_STATUS=0; wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?; kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do :; done
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null && sleep 0.1 || break; done  # tee has srun's last lines
     [ -z "$CLUSTERDDP_TIMER_PID" ] || kill "$CLUSTERDDP_TIMER_PID" 2>/dev/null || true
@@ -213,7 +201,5 @@ CLUSTERDDP_SRUN_PID=$!
         --ran-on "$CLUSTERDDP_STEP_NODES"
     case "$CLUSTERDDP_DO" in gate|run) CLUSTERDDP_ATTEMPT=$((CLUSTERDDP_ATTEMPT + 1)) ;; esac
 done
-if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
-    echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
-fi
+[ "$CLUSTERDDP_STATUS" -eq 0 ] || echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
 exit "$CLUSTERDDP_STATUS"

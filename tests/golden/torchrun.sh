@@ -89,8 +89,7 @@ clusterddp_next() {  # PHASE [OPTION...]: the supervisor's answer in CLUSTERDDP_
     { IFS= read -r CLUSTERDDP_DO; IFS= read -r CLUSTERDDP_STEP_NODES; IFS= read -r CLUSTERDDP_BAD; IFS= read -r CLUSTERDDP_STATUS; } <<<"$out" || true
     case "$CLUSTERDDP_STATUS" in ''|*[!0-9]*) CLUSTERDDP_STATUS=1 ;; esac
 }
-# The run directory, before anything is written there: the job's own (not a link, this user's, writable by nobody
-# else, below directories nobody else can change), else the job ends here.
+# The run directory, before anything is written there: the job's own (healing/__main__.py), else the job ends here.
 clusterddp_next start --began "$CLUSTERDDP_BEGAN"
 [ "$CLUSTERDDP_DO" != end ] || exit "$CLUSTERDDP_STATUS"
 trap 'printf "end\t%s\t%s\n" "$CLUSTERDDP_RESTARTS" "$(date +%s.%N)" >>"$RUN_DIR/allocations.tsv" 2>/dev/null || :' EXIT
@@ -106,22 +105,20 @@ mkdir -p -- "$RUN_DIR/nccl-trace"
 echo "clusterddp: job $SLURM_JOB_ID (restart count $CLUSTERDDP_RESTARTS) on $SLURM_JOB_NODELIST: world size 16 (2 x 8), MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 echo "clusterddp: per-node (rank-prefixed) and per-rank logs in $RUN_DIR"
 
-# Attempts. What comes next is the supervisor's decision (clusterddp/healing/supervise.py, asked through
-# `python -m clusterddp.healing next`: a health gate, run on these nodes, requeue without those, or end, with the
-# reason in this log and in $RUN_DIR/attempts.tsv); this shell only carries it out. After a node fault the step runs
-# again from the last checkpoint without the node (2 retries at most: --retries; a spare first: --spare-nodes 0),
-# after an ambiguous one once in place; a fault of the program is never retried.
+# Attempts: the supervisor (clusterddp/healing/supervise.py) decides what comes next (gate, run, requeue, end; why:
+# this log, $RUN_DIR/attempts.tsv); this shell carries it out (2 retries at most, 0 spare(s)).
 CLUSTERDDP_SIGNAL="${CLUSTERDDP_SIGNAL:-}"
 clusterddp_gate() {
-    # The health gate: one task on each of these nodes (clusterddp/healing/gate.py); a node whose check fails, or
-    # that says nothing within 120 s, gets no rank (the supervisor reads NODE.ok and NODE.out in the directory).
+    # The health gate (healing/gate.py): a node whose check fails or says nothing within 120 s gets no rank.
     local dir="$RUN_DIR/health/$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT" n
     mkdir -p -- "$dir"
     n=$(( $(tr -cd , <<<"$CLUSTERDDP_STEP_NODES" | wc -c) + 1 ))
     timeout 120 srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --nodelist="$CLUSTERDDP_STEP_NODES" --kill-on-bad-exit=0 \
         --output="${dir//%/%%}/%N.out" python3 -m clusterddp.healing gate "$dir" '' >/dev/null 2>&1 || true
 }
-clusterddp_room() { :; }
+clusterddp_room() {  # the job's partition, for the supervisor's check that a requeue without a node still fits
+    :
+}
 
 while :; do
     case "$CLUSTERDDP_DO" in
@@ -130,8 +127,7 @@ while :; do
         *) break ;;
     esac
     if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ]; then
-        # The rendezvous moves with the nodes; a new port (the old one may be held by a lost rank), checked free
-        # on the node where it will listen.
+        # The rendezvous moves with the nodes: a new port (a lost rank may hold the old), checked free where it listens.
         MASTER_ADDR="${CLUSTERDDP_STEP_NODES%%,*}"
         MASTER_PORT=$(( 20000 + (MASTER_PORT - 20000 + 1) % 10000 ))
         CLUSTERDDP_ON=()
@@ -154,8 +150,7 @@ srun --nodes=2 --ntasks=2 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=
 CLUSTERDDP_SRUN_PID=$!
     exec 2>&"$CLUSTERDDP_ERR_FD" {CLUSTERDDP_ERR_FD}>&-
 
-    # srun runs in the background so that signal traps (time limits, preemption) fire without waiting for it;
-    # a trap interrupts `wait`, so wait again while srun is still there.
+    # srun runs in the background so that traps fire at once; a trap interrupts `wait`: wait again while srun is there.
     while CLUSTERDDP_STATUS=0; wait "$CLUSTERDDP_SRUN_PID" || CLUSTERDDP_STATUS=$?; kill -0 "$CLUSTERDDP_SRUN_PID" 2>/dev/null; do :; done
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$CLUSTERDDP_TEE_PID" 2>/dev/null && sleep 0.1 || break; done  # tee has srun's last lines
     [ "$CLUSTERDDP_STATUS" -eq 0 ] || clusterddp_room
@@ -163,7 +158,5 @@ CLUSTERDDP_SRUN_PID=$!
         --ran-on "$CLUSTERDDP_STEP_NODES"
     case "$CLUSTERDDP_DO" in gate|run) CLUSTERDDP_ATTEMPT=$((CLUSTERDDP_ATTEMPT + 1)) ;; esac
 done
-if [ "$CLUSTERDDP_STATUS" -ne 0 ]; then
-    echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
-fi
+[ "$CLUSTERDDP_STATUS" -eq 0 ] || echo "clusterddp: job step failed with exit code $CLUSTERDDP_STATUS; see the logs in $RUN_DIR" >&2
 exit "$CLUSTERDDP_STATUS"

@@ -123,13 +123,11 @@ def _common_env(spec: JobSpec, run_dir: str, port: int, threads: int, use_gpus: 
                 restart: int = 0) -> List[Tuple[str, str]]:
     """The environment of every process: what the batch script promises the ranks (contract.py)."""
     common: List[Tuple[str, str]] = [
-        ("PYTHONUNBUFFERED", "1"), (contract.LOCAL, "1"), (contract.LAUNCHER, spec.launcher),
-        (contract.NNODES, str(spec.nodes)), (contract.GPUS_PER_NODE, str(spec.gpus_per_node)),
-        (contract.PROCS_PER_NODE, str(spec.tasks_per_node)), (contract.WORLD_SIZE, str(spec.world_size)),
-        (contract.RUN_DIR, run_dir), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
+        ("PYTHONUNBUFFERED", "1"), (contract.LOCAL, "1"), *spec.promised_env, (contract.RUN_DIR, run_dir),
+        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)),
         ("OMP_NUM_THREADS", str(threads)),
         (contract.STOP_FILE, str(Path(run_dir) / contract.STOP_FILE_NAME.format(restarts=restart))),
-        (contract.RESTARTS, str(restart)), (contract.HANG_TIMEOUT, str(spec.hang_timeout_seconds)),
+        (contract.RESTARTS, str(restart)),
         (contract.WATCH_KEY, secrets.token_hex(16)),  # a secret of this run (a new plan for every run)
     ]
     if not use_gpus:

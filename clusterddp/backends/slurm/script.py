@@ -165,6 +165,30 @@ def supervisor_options(spec: JobSpec) -> List[str]:
     return words + (["--exclude", ",".join(spec.exclude)] if spec.exclude else [])
 
 
+def _exports(spec: JobSpec) -> List[str]:
+    """The batch shell's environment lines: what every rank is promised, then the user's -e values (quoted)."""
+    lines = ["# Set here, not inherited: a stop file (or a drill's variables) from the submitting shell would stop "
+             "these ranks.", "unset CLUSTERDDP_STOP_FILE CLUSTERDDP_DRILL_DIR CLUSTERDDP_DRILL_STOP_AT",
+             "export PYTHONUNBUFFERED=1"] + [f"export {name}={shell_quote(value)}" for name, value in spec.promised_env]
+    lines.append(f"export OMP_NUM_THREADS={spec.cpus_per_task or 1}")
+    if not spec.gpus_per_node:
+        lines += ["# A CPU job: no GPU of this node is its own (where Slurm does not mask devices, they belong to "
+                  "other jobs).", "export CUDA_VISIBLE_DEVICES="]
+    return lines + [f"export {name}={shell_quote(value)}" for name, value in spec.env]
+
+
+def _flight_lines(spec: JobSpec) -> List[str]:
+    """NCCL jobs: the flight recorder's variables (less those the user set with -e) and its directory."""
+    if not (spec.gpus_per_node and spec.flight_recorder):
+        return []
+    return ["# NCCL: PyTorch's flight recorder keeps every rank's last collectives and writes them here when one times "
+            "out", "# (or the hang watchdog ends the job); a failed collective aborts the job instead of hanging it.",
+            "# (--no-flight-recorder leaves these out; a value given with -e is kept.)"] + [
+        f"export {name}={value}" for name, value in contract.flight_recorder(
+            f'"$RUN_DIR/{contract.NCCL_TRACE_DIR}/rank_"', spec.env)] + [
+        f'mkdir -p -- "$RUN_DIR/{contract.NCCL_TRACE_DIR}"']
+
+
 def context(spec: JobSpec) -> Dict[str, Any]:
     """Everything the templates lay out, computed here (templates do no arithmetic on user values).
 
@@ -190,10 +214,14 @@ def context(spec: JobSpec) -> Dict[str, Any]:
         "script_args": '"${CLUSTERDDP_ARGS[@]}"' if spec.sweep else _words(spec.args),
         "trials": _trials(spec),
         "env": [(name, q(value)) for name, value in spec.env],
+        "exports": _exports(spec),
         # NCCL jobs: the flight recorder's variables, less those the user set with -e (the user's value wins).
         "flight_recorder": contract.flight_recorder(f'"$RUN_DIR/{contract.NCCL_TRACE_DIR}/rank_"', spec.env)
         if spec.gpus_per_node and spec.flight_recorder else [],
+        "flight_lines": _flight_lines(spec),
         "setup": list(spec.setup),
+        "setup_lines": (["# --setup lines, verbatim (they are shell code by design)"] + list(spec.setup)
+                        if spec.setup else []),
         "run_dir": f"{q(spec.output_dir)}/{q(contract.run_dir(spec.file_stem, ''))}\"$SLURM_JOB_ID\"",
         "srun_cpus": spec.cpus_per_task is not None,
         # Each attempt's step: --nodes of the allocation's healthy nodes (with spares the job has more), and its own
