@@ -216,16 +216,52 @@ def test_ddp_contract_four_ranks_one_step_equal_one_process_on_the_global_batch(
     assert not torch.equal(ddp["0.weight"], build()[1].state_dict()["0.weight"])  # it did train
 
 
+def readme_screen() -> list:
+    """The README's screen "From a DataParallel script to a multi-node job": its command lines, comments cut."""
+    text = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    block = text.split("## From a DataParallel script to a multi-node job", 1)[1].split("\n\n", 2)[1]
+    return [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines()
+            if line.strip().startswith("clusterddp ")]
+
+
 @pytest.mark.ranks
-def test_check_runs_the_migrated_script_as_two_nodes_of_two_ranks(tmp_path):
-    for name in ("dp_train.py", "dp_accumulate.py"):
-        shutil.copy(OURS / name, tmp_path)
-    proc = run_cli("migrate", "dp_train.py", "--check", "--", "--epochs", "2", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    err = proc.stderr
+def test_the_readme_screen_runs_from_a_dataparallel_script(tmp_path):
+    """Issue 43: the README's screen, line by line, on a DataParallel script named train.py (ours): migrate --check
+    (it trains, each rank its own data), the local run, the drill (which asks for checkpoints first, as the README
+    says), the dry run. The Slurm lines run here with --dry-run (no GPU cluster; the CPU test cluster runs submit
+    --wait, status, top and report in test_self_healing and test_observatory_jobs); top and report read the local
+    run's directory. Then migrate --diff --check on a script with a sampler of its own."""
+    for name, to in (("dp_train.py", "train.py"), ("dp_accumulate.py", "dp_accumulate.py")):
+        shutil.copy(OURS / name, tmp_path / to)
+    screen = readme_screen()
+    assert [line.split()[1] for line in screen] == ["migrate", "submit", "drill", "submit", "submit", "status", "top",
+                                                    "report"], screen
+    said = {}
+    for line in screen:
+        words = line.split()[1:]
+        if words[0] == "submit" and "--local" not in words and "--dry-run" not in words:
+            words.insert(1, "--dry-run")
+        if "JOBID" in words:
+            if words[0] == "status":
+                continue  # a Slurm job's (no --local run has a job record)
+            words[words.index("JOBID")] = str(next((tmp_path / "clusterddp-runs").glob("train_ddp-local-*")))
+        said[line] = run_cli(*words, cwd=tmp_path, timeout=300)
+    check, local, drill, dry, wait, top, report = (said[line] for line in screen if line in said)
+    err = check.stderr
+    assert check.returncode == 0, err
     assert "clusterddp: check: trained: 4 ranks on 2 emulated nodes, 6 steps each, exit 0" in err, err
     assert "clusterddp: check: data (loader 1): each rank saw its own samples (4 ranks x 48" in err, err
     assert "[rank 0] epoch 1 loss " in err and (tmp_path / "model.pt").is_file()
+    assert (tmp_path / "train_ddp.py").is_file()
+    assert local.returncode == 0 and "[rank 0] epoch 0 loss " in local.stdout + local.stderr, local.stderr
+    assert drill.returncode == 1 and "the script saved no checkpoint through clusterddp.runtime.Checkpointer" in \
+        drill.stderr, drill.stderr
+    for proc in (dry, wait):
+        assert proc.returncode == 0 and "#SBATCH --nodes=2" in proc.stdout, proc.stderr
+        assert "train_ddp.py" in proc.stdout
+    assert "--epochs 10" in wait.stdout and "--wait" not in wait.stdout
+    assert top.returncode == 0 and top.stdout.splitlines()[-1].startswith("stragglers: "), top.stdout + top.stderr
+    assert report.returncode == 0 and "report written to" in report.stdout + report.stderr, report.stderr
     other = run_cli("migrate", "dp_accumulate.py", "--diff", "--check", cwd=tmp_path)
     assert other.returncode == 0, other.stderr  # trained; its own sampler: the data is not runtime.loader's
     assert "check: data: no runtime.loader was used" in other.stderr, other.stderr
