@@ -7,7 +7,7 @@ import json
 import os
 import stat
 import tempfile
-from typing import Any, Dict, cast
+from typing import Any, Callable, Dict, List, Optional, cast
 
 
 class _Hashing:
@@ -29,14 +29,19 @@ def manifest_of(path: str) -> str:
     return path[:-len(".pt")] + ".json"
 
 
-def _private_file(path: str, data: bytes) -> None:
-    """``data`` into ``path`` atomically (a temp file of mode 0600 beside it, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(os.path.abspath(path)))
+def atomic(path: str, fill: Callable[[Any], None], before: Optional[Callable[[], None]] = None) -> None:
+    """``fill(file)`` writes a temp file of mode 0600 beside ``path``; fsync, ``before()``, then the rename: a reader
+    sees the old file or the new one, whole (the temp file goes if anything fails)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            fill(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        if before is not None:
+            before()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -45,26 +50,21 @@ def _private_file(path: str, data: bytes) -> None:
 
 
 def write(payload: Dict[str, Any], path: str) -> None:
-    """torch.save to a temp file, then its manifest, then the rename: a checkpoint under its name has its manifest
-    (a reader sees the old file or the new one, whole)."""
+    """torch.save to a temp file, then its manifest, then the rename: a checkpoint under its name has its manifest."""
     import torch
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            out = _Hashing(fh)
-            torch.save(payload, cast(Any, out))  # (a file object: write and flush)
-            fh.flush()
-            os.fsync(fh.fileno())
-        record = {"file": os.path.basename(path), "step": payload["step"], "size": out.size,
-                  "sha256": out.sha.hexdigest()}
-        _private_file(manifest_of(path), json.dumps(record).encode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    out: List[_Hashing] = []
+
+    def fill(fh: Any) -> None:
+        out.append(_Hashing(fh))
+        torch.save(payload, cast(Any, out[0]))  # (a file object: write and flush)
+
+    def manifest() -> None:
+        record = {"file": os.path.basename(path), "step": payload["step"], "size": out[0].size,
+                  "sha256": out[0].sha.hexdigest()}
+        atomic(manifest_of(path), lambda fh: fh.write(json.dumps(record).encode()))
+
+    atomic(path, fill, manifest)
 
 
 def verify(path: str) -> None:

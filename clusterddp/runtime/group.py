@@ -4,7 +4,6 @@ from __future__ import annotations
 import gc
 import os
 import socket
-import tempfile
 import time
 import weakref
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from typing import Any, Dict, Mapping, Optional
 from .. import contract
 from ..errors import RuntimeEnvError
 from . import drill, report, telemetry
+from .ckptfile import atomic
 from .control import heartbeat
 from .env import DistEnv
 from .state import STATE, channel, device, distributed, is_main, rank, world_size
@@ -321,19 +321,7 @@ def atomic_save(obj: Any, path: str) -> None:
     """torch.save to a temp file in the same directory, fsync, rename: a reader sees the old file or the new one."""
     import torch
 
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic(path, lambda fh: torch.save(obj, fh))
 
 
 def spawn(fn: Any, nprocs: Optional[int] = None, args: tuple = ()) -> None:
