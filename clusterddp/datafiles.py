@@ -153,7 +153,13 @@ def own_dir(path: Union[str, Path]) -> Path:
         return target
     except FileExistsError:
         pass
-    info = os.lstat(target)
+    check_own(target, os.lstat(target))
+    return target
+
+
+def check_own(target: Union[str, Path], info: os.stat_result) -> None:
+    """NotOwned unless ``info`` (lstat's, or fstat's of an open handle) is a directory of this user's that nobody
+    else may write."""
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise NotOwned(f"{target} is not a directory of yours (a link or a file)")
     if info.st_uid != os.getuid():
@@ -162,7 +168,6 @@ def own_dir(path: Union[str, Path]) -> Path:
     if _others_write(info):
         raise NotOwned(f"{target} is writable by {_writers(info.st_mode)}: others could plant files there; chmod go-w "
                        f"{target}, or use another directory")
-    return target
 
 
 def own_run_dir(path: Union[str, Path]) -> Path:

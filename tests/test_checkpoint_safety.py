@@ -206,3 +206,56 @@ def test_checkpoints_planted_by_another_user_are_neither_loaded_nor_pruned_for(t
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.splitlines()[-2].startswith("step 7 "), loaded.stdout
     assert "99" not in loaded.stdout + loaded.stderr and planted.exists()
+
+
+HELD = r'''
+import os, sys, torch
+from clusterddp import runtime
+runtime.init(allow_single=True)
+print("joined", flush=True)
+sys.stdin.readline()  # the test renames the run directory now
+run = os.environ["CLUSTERDDP_RUN_DIR"]
+model = torch.nn.Linear(3, 2)
+runtime.Checkpointer(os.path.join(run, "checkpoints")).save(1, model)
+runtime.report(step=1, loss=0.5)
+runtime.save_on_main(model.state_dict(), os.path.join(run, "model.pt"))
+runtime.shutdown()
+'''
+
+
+@pytest.mark.ranks
+def test_a_run_directory_renamed_after_init_redirects_none_of_the_runtime_s_files(tmp_path):
+    """Issue 41 (whole paths): a rank holds its run directory open from init on and writes through that handle, so
+    the directory renamed and another put in its place afterwards gets nothing (checkpoints, manifests, metrics,
+    save_on_main, the rank's last hello all land in the one that was checked); and one that is not the user's own is
+    refused at init."""
+    import json
+    import os
+
+    script, run = tmp_path / "held.py", tmp_path / "out" / "run"
+    script.write_text(HELD)
+    run.mkdir(parents=True, mode=0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "CLUSTERDDP_RUN_DIR": str(run)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline() == "joined\n", proc.stderr.read()
+        os.rename(run, tmp_path / "out" / "moved")
+        run.mkdir(mode=0o755)
+        out, err = proc.communicate("go\n", timeout=120)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == 0, err
+    assert sorted(p.name for p in run.iterdir()) == [], "a file followed the name, not the directory"
+    moved = tmp_path / "out" / "moved"
+    held = {str(p.relative_to(moved)) for p in moved.rglob("*")}
+    assert {"checkpoints/ckpt-0000000001.pt", "checkpoints/ckpt-0000000001.json", "metrics.jsonl",
+            "model.pt"} <= held, held
+    assert json.loads((moved / "stacks" / "ranks" / "rank-0.json").read_text())["state"] == "left"  # at shutdown
+
+    os.chown(run, 4242, 4242)  # another user's directory where the run directory should be: init refuses it
+    refused = subprocess.run([sys.executable, str(script)], input="go\n", capture_output=True, text=True,
+                             timeout=120, env=env)
+    assert refused.returncode != 0 and "joined" not in refused.stdout
+    assert f"the run directory ($CLUSTERDDP_RUN_DIR) is not this job's own: {run} belongs to another user" \
+        in refused.stderr, refused.stderr

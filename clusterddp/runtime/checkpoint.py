@@ -11,7 +11,7 @@ import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import RuntimeEnvError
-from . import ckptfile, drill, telemetry, writer
+from . import ckptfile, drill, rundir, telemetry, writer
 from .collect import broadcast_json, gather_json
 from .group import barrier, is_main, print0, rank, unwrap, world_size
 
@@ -152,14 +152,14 @@ class Checkpointer:
         write, one planted with a higher step is neither loaded nor a reason to delete the job's own; a FIFO
         there would hang the load."""
         try:
-            names = os.listdir(self.directory)
+            names = os.listdir(rundir.at(self.directory))
         except FileNotFoundError:
             return []
         steps = []
         for name in names:
             m = re.fullmatch(r"ckpt-(\d{1,12})\.pt", name)
             try:
-                info = os.lstat(os.path.join(self.directory, name)) if m else None
+                info = os.lstat(rundir.at(os.path.join(self.directory, name))) if m else None
             except OSError:
                 continue
             if m and info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
@@ -168,18 +168,18 @@ class Checkpointer:
 
     def _prune(self) -> None:
         for old in self._paths()[:-self.keep]:
-            os.unlink(old)
+            os.unlink(rundir.at(old))
             try:
-                os.unlink(ckptfile.manifest_of(old))
+                os.unlink(rundir.at(ckptfile.manifest_of(old)))
             except FileNotFoundError:
                 pass
         # A write killed half-way (a node lost, SIGKILL) leaves its temp file: none of ours is in flight now.
         try:
-            names = [n for n in os.listdir(self.directory) if n.startswith(".tmp-")]
+            names = [n for n in os.listdir(rundir.at(self.directory)) if n.startswith(".tmp-")]
         except OSError:
             return
         for name in names:
-            path = os.path.join(self.directory, name)
+            path = rundir.at(os.path.join(self.directory, name))
             try:
                 info = os.lstat(path)
                 if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and time.time() - info.st_mtime > 60:
@@ -209,7 +209,7 @@ class Checkpointer:
             payload["telemetry_steps"] = steps.position()
         if not self.background:
             if is_main():
-                ckptfile.write(payload, path)
+                ckptfile.write(payload, rundir.at(path))
                 self._prune()
             barrier()
         elif is_main():
@@ -217,7 +217,7 @@ class Checkpointer:
             copy = self._copy = _cpu_copy(payload, getattr(self, "_copy", None))
 
             def write() -> None:
-                ckptfile.write(copy, path)
+                ckptfile.write(copy, rundir.at(path))
                 self._prune()
 
             writer.start(path, write)
@@ -245,8 +245,8 @@ class Checkpointer:
         payload = None
         for candidate in reversed(self._paths()):
             try:
-                ckptfile.verify(candidate)
-                payload = torch.load(candidate, map_location="cpu", weights_only=weights_only)
+                ckptfile.verify(rundir.at(candidate))
+                payload = torch.load(rundir.at(candidate), map_location="cpu", weights_only=weights_only)
                 _check(payload)
                 found["path"] = candidate
                 break
@@ -292,7 +292,7 @@ class Checkpointer:
             drill.record({"e": "load", "step": None})
             return None
         if payload is None:
-            payload = torch.load(path, map_location="cpu", weights_only=weights_only)
+            payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
         if model is not None:
             unwrap(model).load_state_dict(payload["model"])
         if optimizer is not None and payload["optimizer"] is not None:

@@ -24,7 +24,7 @@ from ..datafiles import write_atomic
 from ..errors import RuntimeEnvError
 from ..hostlist import HostlistError, expand
 from ..rollcall import read_dumps, read_hellos, write_dump
-from . import telemetry
+from . import rundir, telemetry
 from .env import DistEnv
 
 POLL_S = 1.0          # how often a rank looks for a stack request
@@ -191,7 +191,7 @@ class Control:
         try:
             write_atomic(self.run_dir / contract.HELLO_FILE.format(rank=self.env.rank), json.dumps(hello))
         except OSError as exc:
-            print(f"clusterddp: cannot write to the run directory {self.run_dir} ({exc.strerror}): "
+            print(f"clusterddp: cannot write to the run directory {rundir.shown(self.run_dir)} ({exc.strerror}): "
                   "clusterddp stacks will not find this rank", file=sys.stderr, flush=True)
 
     def _run(self) -> None:
@@ -308,7 +308,7 @@ class Control:
             call["summary"] = f"hung since {since}: {call['summary']}"
             write_atomic(directory / "rollcall.json", json.dumps(call, indent=1))
             write_atomic(final, rollcall.format_text(call))
-            sys.stderr.write(f"clusterddp: roll call ({directory}):\n{rollcall.format_text(call)}")
+            sys.stderr.write(f"clusterddp: roll call ({rundir.shown(directory)}):\n{rollcall.format_text(call)}")
             sys.stderr.flush()
         else:
             deadline = time.monotonic() + COLLECT_S + 10

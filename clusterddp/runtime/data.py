@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .. import contract
 from ..datafiles import write_atomic
-from . import telemetry
+from . import rundir, telemetry
 from .control import heartbeat
 from .group import rank, world_size
 
@@ -97,7 +97,7 @@ def _checking(made: EpochLoader) -> Optional[int]:
     limit = max(1, min(int(text), 10_000))
     if made.epoch == 0:
         indices = list(DistributedSampler.__iter__(made.sampler))[:limit * (made.batch_size or 1)]  # type: ignore
-        path = Path(run_dir) / contract.CHECK_FILE.format(rank=rank(), loader=made.number)
+        path = Path(rundir.at(run_dir)) / contract.CHECK_FILE.format(rank=rank(), loader=made.number)
         write_atomic(path, json.dumps({"rank": rank(), "loader": made.number, "indices": [int(i) for i in indices]}))
     return limit
 

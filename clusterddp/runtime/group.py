@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
-from . import drill, report, telemetry
+from . import drill, report, rundir, telemetry
 from .ckptfile import atomic
 from .control import heartbeat
 from .env import DistEnv
@@ -103,7 +103,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     environ = os.environ if environ is None else environ
     env = DistEnv.from_env(environ, allow_single=allow_single)
     seconds = timeout if timeout is not None else _seconds(environ.get(contract.TIMEOUT), DEFAULT_TIMEOUT_S)
-    control = Control(env, environ.get(contract.RUN_DIR), seconds, environ)
+    control = Control(env, rundir.hold(environ.get(contract.RUN_DIR)), seconds, environ)
     torch_seconds = collective_timeout(seconds, control.hang_timeout)
     device = _job_device(env, environ)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
@@ -321,7 +321,7 @@ def atomic_save(obj: Any, path: str) -> None:
     """torch.save to a temp file in the same directory, fsync, rename: a reader sees the old file or the new one."""
     import torch
 
-    atomic(path, lambda fh: torch.save(obj, fh))
+    atomic(rundir.at(path), lambda fh: torch.save(obj, fh))
 
 
 def spawn(fn: Any, nprocs: Optional[int] = None, args: tuple = ()) -> None:

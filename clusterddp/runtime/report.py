@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
-from . import state
+from . import rundir, state
 
 
 def _number(name: str, value: Any) -> float:
@@ -47,7 +47,7 @@ def report(step: Optional[int] = None, **metrics: Any) -> bool:
     # NaN and infinities are kept as strings JSON can carry (a diverged trial is a result too).
     fields = {k: (v if math.isfinite(v) else str(v)) for k, v in values.items()}
     line = json.dumps({"step": step, "time": round(time.time(), 3), "metrics": fields}, sort_keys=True) + "\n"
-    fd = os.open(os.path.join(run_dir, contract.METRICS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(rundir.at(run_dir), contract.METRICS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
@@ -80,7 +80,7 @@ def tensorboard(name: str) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
 
-        board = SummaryWriter(log_dir=os.path.join(run_dir, "tensorboard", name))
+        board = SummaryWriter(log_dir=os.path.join(rundir.at(run_dir), "tensorboard", name))
     except Exception:  # not installed (an optional extra): the files of our own are there all the same
         board = None
     _BOARDS[name] = board
