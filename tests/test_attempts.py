@@ -56,7 +56,7 @@ def test_spares_are_asked_of_slurm_and_each_attempt_runs_on_nodes_of_its_own():
     # The supervisor's policy, the nodes excluded at submission as one shell word (a requeue keeps them out).
     assert ("--nodes 2 --per-node 2 --retries 2 --max-requeues 3 --requeues --gate --exclude 'gpu7,gpu[01-02]')"
             in text)
-    assert "ExcNodeList=\"$1\" NumNodes=2-3" in text
+    assert "ExcNodeList=\"${1:-}\" NumNodes=2-3" in text
     plain = render(JobSpec("train.py", nodes=2, gpus_per_node=2, retries=0))
     assert "#SBATCH --nodes=2" in plain.splitlines() and "clusterddp_gate" not in plain
     assert "--retries 0 --max-requeues" in plain and "--gate" not in plain

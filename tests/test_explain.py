@@ -32,3 +32,20 @@ def test_explain_per_launcher_and_warnings():
     assert "gpus-per-task" not in cpu
     narrow = explain(JobSpec("t.py", nodes=1, gpus_per_node=2, launcher="srun", gpu_request="gpus-per-task"))
     assert "each sees it as device 0" in narrow
+
+
+def test_explain_says_which_requeue_a_node_fault_takes_and_expedite_needs_a_requeue(tmp_path, monkeypatch):
+    """Issue 39 (item 5): explain names the path of a requeue after a node fault; --expedite without a requeue is a
+    usage error that says how to turn requeue on."""
+    for expedite, said in ((None, "expedited, starting again at once, where the cluster allows it"),
+                           (True, "an expedited requeue: it starts again at once"),
+                           (False, "after Slurm's requeue delay, 120 s by default")):
+        assert said in explain(JobSpec("t.py", nodes=2, time="1:00:00", expedite=expedite))
+    assert "expedite" not in explain(JobSpec("t.py", nodes=2))  # no requeue, no requeue path
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    r = CliRunner().invoke(cli, ["submit", "--dry-run", "--expedite", "train.py"])
+    assert r.exit_code == 2 and "expedite (an expedited requeue) needs the job to requeue: give --time" in r.output
+    assert "Traceback" not in r.output
+    r = CliRunner().invoke(cli, ["submit", "--dry-run", "--time", "30", "--expedite", "train.py"])
+    assert r.exit_code == 0 and "#SBATCH --requeue=expedite\n" in r.stdout, r.output

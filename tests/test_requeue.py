@@ -119,7 +119,10 @@ def test_interrupted_job_resumes_bit_identical(work, reference, launcher):
 
 @pytest.mark.slurm
 @pytest.mark.slurm_releases("24.11", "26.05")  # the batch script's own count: one release is enough
-def test_requeue_limit_ends_the_job_clearly(work):
+def test_requeue_limit_ends_the_job_clearly(work, slurm_release):
+    """Ends FAILED (75) at the limit, not held: on 26.05 the job asks for an expedited requeue (its test cluster
+    allows it), which Slurm would turn into REQUEUE_HOLD for a job that fails; and its time-limit requeues still wait
+    Slurm's requeue delay (interrupt_and_release finds BeginTime)."""
     proc = run_cli("submit", "--launcher", "srun", *SHAPE, "--time", "10", "--max-requeues",
                    "1", *job_args(work, "run", 0.25), cwd=work)
     assert proc.returncode == 0, proc.stderr
@@ -133,6 +136,8 @@ def test_requeue_limit_ends_the_job_clearly(work):
     interrupt_and_release(job_id, work / "run.log", after_steps=first_run + 3)
     final = slurm.wait(job_id)
     assert final.state == "FAILED" and final.exit_code == 75, final
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    assert ("ExpeditedRequeue=Yes" in shown) == (slurm_release == "26.05"), shown
     batch_log = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
     assert "requeue limit reached (1 of 1 requeues used)" in batch_log
     done = steps(work / "run.log")

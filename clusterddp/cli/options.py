@@ -85,6 +85,11 @@ HEALING_OPTIONS = [
                       "[default: on when --time is given]."),
     click.option("--max-requeues", type=int, default=D("max_requeues"), show_default=True,
                  help="Requeue at most this often (SLURM_RESTART_COUNT)."),
+    click.option("--expedite/--no-expedite", default=None,
+                 help="Submit with sbatch --requeue=expedite (Slurm 25.11+, where the site sets "
+                      "SlurmctldParameters=enable_expedited_requeue): a requeue after a node fault starts again at "
+                      "once instead of after Slurm's requeue delay (120 s); a time-limit requeue still waits it "
+                      "[default: where the cluster allows it, asked at submission]."),
     click.option("--retries", type=int, default=D("retries"), show_default=True,
                  help="After a node fault (a rank killed with no traceback, a lost node, a hang, ranks that never "
                       "arrived), run the job step again from its last checkpoint without the node at fault: on "

@@ -113,6 +113,10 @@ def node_faults(spec: JobSpec) -> List[str]:
             f"each attempt runs on {spec.nodes})" if spec.spare_nodes else "no spare nodes (--spare-nodes)")
     last = ("then the job requeues itself with the node(s) at fault excluded (within --max-requeues) when its "
             "partition still has room without them, else runs again in place if the health gate passes them"
+            + {True: " (an expedited requeue: it starts again at once, not after Slurm's requeue delay)",
+               False: " (after Slurm's requeue delay, 120 s by default; --expedite where the cluster allows it)",
+               None: " (expedited, starting again at once, where the cluster allows it: scontrol show config "
+                     "lists enable_expedited_requeue; else after Slurm's requeue delay)"}[spec.expedite]
             if spec.requeues else "then the job ends (requeue is off: --time or --requeue turns it on)")
     out = [f"retries: up to {spec.retries} after a node fault (srun's node failure, every rank of a node killed, a "
            "hang's odd ranks, ranks that never arrived), from the last checkpoint, without the node(s) at fault; "

@@ -57,6 +57,7 @@ class JobSpec:
     exclude: Tuple[str, ...] = ()
     requeue: Optional[bool] = None
     max_requeues: int = 3
+    expedite: Optional[bool] = None  # Slurm 25.11's expedited requeue; None: where the cluster allows it
     retries: int = 2
     spare_nodes: int = 0
     health_check: Optional[str] = None
@@ -190,7 +191,8 @@ class JobSpec:
         if self.requeues:
             # B: signals only the batch shell, which asks the ranks to stop (USR1 is swallowed by NCCL in known
             # versions; without B: the torchrun agent dies of it). A requeued job appends to its logs.
-            d += [("signal", f"B:USR2@{self.signal_seconds}"), ("requeue", None), ("open-mode", "append")]
+            d += [("signal", f"B:USR2@{self.signal_seconds}"), ("requeue", "expedite" if self.expedite else None),
+                  ("open-mode", "append")]
         # Not %x: the job name is user text and a '/' in it would make paths; the stem is sanitised. A '%'
         # in the directory would be read as a pattern by sbatch, so it is doubled.
         log = contract.batch_log(self.file_stem.replace("%", "%%"), "%j")

@@ -98,6 +98,9 @@ def _time_and_signals(spec: JobSpec) -> None:
         raise SpecError(f"hang_timeout: {exc} (0 turns the hang watchdog off)") from None
     if spec.time is not None:
         parse_time(spec.time)
+    if spec.expedite and not spec.requeues:
+        raise SpecError("expedite (an expedited requeue) needs the job to requeue: give --time (requeue is on with a "
+                        "time limit) or --requeue")
     if spec.requeues and spec.stop_grace >= spec.signal_seconds:
         raise SpecError(f"stop_grace={spec.stop_grace} s is not below signal_seconds={spec.signal_seconds} s: "
                         "Slurm would kill the job at its time limit before it could requeue; lower --stop-grace "

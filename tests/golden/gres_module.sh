@@ -137,12 +137,12 @@ clusterddp_requeue() {  # [NODES]: without these nodes (after a node fault); the
     [[ "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}" =~ ^[0-9]+_[0-9]+$ ]] && target="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
     echo "clusterddp: requeueing job $target${1:+ without $1} (requeue $((10#$CLUSTERDDP_RESTARTS + 1)) of 3)"
     trap - USR2 TERM
+    local update=(ExcNodeList="${1:-}" NumNodes=4-4)
     [ -n "${1:-}" ] || { scontrol requeue "$target"; exit 0; }
-    # Slurm changes ExcNodeList only while pending; requeuehold sends SIGTERM at once: live on (KillWait) to update.
+    # Slurm changes a job only while pending; requeuehold sends SIGTERM at once: live on (KillWait) to update.
     trap '' TERM
     scontrol requeuehold "$target"
-    scontrol update JobId="$target" ExcNodeList="$1" NumNodes=4-4 ||
-        echo "clusterddp: could not exclude $1 from the requeued job" >&2
+    scontrol update JobId="$target" "${update[@]}" || echo "clusterddp: could not update the requeued job: ${update[*]}" >&2
     scontrol release "$target"
     exit 0
 }

@@ -6,7 +6,7 @@
 #SBATCH --gpus-per-node=2
 #SBATCH --time=4:00:00
 #SBATCH --signal=B:USR2@120
-#SBATCH --requeue
+#SBATCH --requeue=expedite
 #SBATCH --open-mode=append
 #SBATCH --output=clusterddp-runs/train-%j.out
 #
@@ -93,10 +93,12 @@ clusterddp_next() {  # PHASE [OPTION...]: the supervisor's answer in CLUSTERDDP_
     { IFS= read -r CLUSTERDDP_DO; IFS= read -r CLUSTERDDP_STEP_NODES; IFS= read -r CLUSTERDDP_BAD; IFS= read -r CLUSTERDDP_STATUS; } <<<"$out" || true
     case "$CLUSTERDDP_STATUS" in ''|*[!0-9]*) CLUSTERDDP_STATUS=1 ;; esac
 }
+clusterddp_unhold() { [ "$1" -eq 0 ] || scontrol update JobId="$SLURM_JOB_ID" Requeue=0 >/dev/null 2>&1 || :; }  # (Slurm holds a failed expedited job)
+trap 'clusterddp_unhold $?' EXIT
 # The run directory, before anything is written there: the job's own (healing/__main__.py), else the job ends here.
 clusterddp_next start --began "$CLUSTERDDP_BEGAN"
 [ "$CLUSTERDDP_DO" != end ] || exit "$CLUSTERDDP_STATUS"
-trap 'printf "end\t%s\t%s\n" "$CLUSTERDDP_RESTARTS" "$(date +%s.%N)" >>"$RUN_DIR/allocations.tsv" 2>/dev/null || :' EXIT
+trap 'CLUSTERDDP_RC=$?; printf "end\t%s\t%s\n" "$CLUSTERDDP_RESTARTS" "$(date +%s.%N)" >>"$RUN_DIR/allocations.tsv" 2>/dev/null || :; clusterddp_unhold $CLUSTERDDP_RC' EXIT
 # NCCL: PyTorch's flight recorder keeps every rank's last collectives and writes them here when one times out
 # (or the hang watchdog ends the job); a failed collective aborts the job instead of hanging it.
 # (--no-flight-recorder leaves these out; a value given with -e is kept.)
@@ -133,12 +135,12 @@ clusterddp_requeue() {  # [NODES]: without these nodes (after a node fault); the
     [[ "${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}" =~ ^[0-9]+_[0-9]+$ ]] && target="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
     echo "clusterddp: requeueing job $target${1:+ without $1} (requeue $((10#$CLUSTERDDP_RESTARTS + 1)) of 3)"
     trap - USR2 TERM
-    [ -n "${1:-}" ] || { scontrol requeue "$target"; exit 0; }
-    # Slurm changes ExcNodeList only while pending; requeuehold sends SIGTERM at once: live on (KillWait) to update.
+    local update=(ExcNodeList="${1:-}" NumNodes=2-3)
+    [ -n "${1:-}" ] || update=(StartTime=now+120)  # (expedited, it would start at once: after the time limit it waits as usual)
+    # Slurm changes a job only while pending; requeuehold sends SIGTERM at once: live on (KillWait) to update.
     trap '' TERM
     scontrol requeuehold "$target"
-    scontrol update JobId="$target" ExcNodeList="$1" NumNodes=2-3 ||
-        echo "clusterddp: could not exclude $1 from the requeued job" >&2
+    scontrol update JobId="$target" "${update[@]}" || echo "clusterddp: could not update the requeued job: ${update[*]}" >&2
     scontrol release "$target"
     exit 0
 }

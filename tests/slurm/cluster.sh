@@ -128,6 +128,12 @@ pair_line() {
     [ "${#NODES[@]}" -lt 2 ] || echo "PartitionName=pair Nodes=${NODES[0]},${NODES[1]} Default=NO MaxTime=INFINITE State=UP"
 }
 
+expedite_line() {
+    # Slurm 25.11+: jobs may ask for an expedited requeue (sbatch --requeue=expedite); clusterddp uses it where a
+    # cluster allows it (tests/test_self_healing.py), so the newest release's cluster allows it.
+    [ "$RELEASE" != 26.05 ] || echo "SlurmctldParameters=enable_expedited_requeue"
+}
+
 node_lines() {
     local i=1
     for n in "${NODES[@]}"; do
@@ -174,6 +180,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 SchedulerParameters=batch_sched_delay=0
+$(expedite_line)
 MpiDefault=none
 ReturnToService=2
 MinJobAge=300

@@ -220,9 +220,17 @@ class Slurm:
 
     def max_array_size(self) -> Optional[int]:
         """Slurm's MaxArraySize (array task ids go below it), from scontrol show config; None: unknown."""
-        proc = self.run(["scontrol", "show", "config"], check=False)
-        m = re.search(r"^MaxArraySize\s*=\s*([0-9]+)", proc.stdout or "", re.M)
+        m = re.search(r"^MaxArraySize\s*=\s*([0-9]+)", self._config(), re.M)
         return int(m.group(1)) if m else None
+
+    def expedited_requeue(self) -> bool:
+        """Whether jobs may ask for an expedited requeue (Slurm 25.11+: SlurmctldParameters lists
+        enable_expedited_requeue); False where scontrol cannot tell."""
+        m = re.search(r"^SlurmctldParameters\s*=\s*(\S*)", self._config(), re.M)
+        return m is not None and "enable_expedited_requeue" in m.group(1).split(",")
+
+    def _config(self) -> str:
+        return self.run(["scontrol", "show", "config"], check=False).stdout or ""
 
     def cancel(self, job_id: str) -> None:
         """scancel JOBID, after checking that Slurm knows the job (a clear JobNotFound, not scancel's terse one)."""

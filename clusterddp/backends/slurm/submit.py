@@ -36,6 +36,9 @@ def submit(spec: "JobSpec", host: "Host", slurm: "Slurm", template_dirs: Sequenc
     if check:
         check_local(spec, here=not host.remote)
     host.check_copy(spec)
+    if spec.expedite is None and spec.requeues:  # where the cluster allows it (--expedite/--no-expedite decide)
+        spec = spec.replace(expedite=slurm.expedited_requeue())
+        text = render(spec, template_dirs=template_dirs)
     if check:
         for line in check_cluster(spec, slurm.partitions()):
             note(line)
