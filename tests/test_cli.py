@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,31 @@ def test_runtime_never_imports_the_login_side():
     mods = _imported_modules("import clusterddp.runtime")
     assert "click" not in mods and "jinja2" not in mods and "submitit" not in mods
 
+
+
+def test_a_link_that_cannot_be_moved_from_the_next_log_path_cancels_the_job(runner, tmp_path, monkeypatch):
+    """Issue 41 (the batch-log link): a link planted at the new job's log path that cannot be moved aside (here the
+    output directory turns immutable once sbatch ran, as a place the user cannot change would be) is never left for
+    Slurm to write through: the job is cancelled and the error names the path. A real Slurm cannot be made to race
+    this way on demand, so stand-in sbatch and scancel record what they were asked."""
+    if os.getuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr (an immutable directory)")
+    fake, out = tmp_path / "bin", tmp_path / "clusterddp-runs"
+    fake.mkdir()
+    out.mkdir()
+    (fake / "sbatch").write_text(f"#!/bin/sh\nchattr +i {out} || exit 9\necho 4242\n")
+    (fake / "scancel").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scancel.txt\n")
+    for tool in ("sbatch", "scancel"):
+        (fake / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    victim = tmp_path / "victim"
+    (out / "train-4242.out").symlink_to(victim)
+    try:
+        r = runner.invoke(cli, ["submit", "--no-check", "train.py"])
+    finally:
+        subprocess.run(["chattr", "-i", str(out)], check=True)
+    assert r.exit_code == 1, r.output
+    assert f"job 4242 cancelled before it could write anything: {out}/train-4242.out or {out}/train-4242 is in" \
+        in r.stderr, r.stderr
+    assert "could not be moved aside" in r.stderr and "Traceback" not in r.output
+    assert (tmp_path / "scancel.txt").read_text() == "4242\n" and not victim.exists()

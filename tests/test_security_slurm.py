@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -198,3 +199,26 @@ def test_a_job_held_on_purpose_stays_held(work):
                             env=env).stdout
     assert "JobState=PENDING" in fields and "Reason=JobHeldUser" in fields
     subprocess.run(["scancel", job["job_id"]], env=env, check=True)
+
+
+@pytest.mark.slurm_releases("26.05")  # the supervisor's check is Python, the same on every release: one is enough
+def test_a_run_directory_below_one_others_can_change_is_refused_on_the_cluster(work):
+    """Issue 41 (whole paths), on the real cluster: a run directory below a directory others may write (0777, not
+    sticky: they could rename what it holds, and swap the run directory after the check) ends the job with one line
+    before anything is written there; below a sticky one (1777, like /tmp) the same job runs. Both jobs at once."""
+    d, env = work
+    for name, mode in (("open", 0o777), ("sticky", 0o1777)):
+        (d / name).mkdir()
+        os.chmod(d / name, mode)
+    argv = [sys.executable, "-m", "clusterddp", "submit", "--wait", "--launcher", "srun", "plumbing.py"]
+    jobs = {name: subprocess.Popen([*argv, "--output-dir", str(d / name / "runs")], cwd=d, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for name in ("open", "sticky")}
+    done = {name: proc.communicate(timeout=240) for name, proc in jobs.items()}
+    assert jobs["sticky"].returncode == 0, done["sticky"]
+    assert jobs["open"].returncode == 1, done["open"]
+    job_id = done["open"][0].split()[0]
+    log = (d / "open" / "runs" / f"plumbing-{job_id}.out").read_text()
+    assert (f"the run directory {d}/open/runs/plumbing-{job_id} is not this job's own ({d}/open above it is "
+            "writable by group and others, who could swap it)") in log, log
+    assert not (d / "open" / "runs" / f"plumbing-{job_id}").exists()

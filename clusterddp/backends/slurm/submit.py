@@ -68,7 +68,15 @@ def submit(spec: "JobSpec", host: "Host", slurm: "Slurm", template_dirs: Sequenc
         for old, kept in host.move_aside(paths):
             note(f"an earlier job {job_id} left {old}: kept as {kept}")
     except OSError as exc:
-        note(f"warning: could not move an earlier job {job_id}'s files aside ({exc}); the new job writes beside them")
+        # Slurm would write the new job's log through whatever stays there (a planted link): the job goes.
+        try:
+            slurm.run(["scancel", job_id], check=False)
+        except ClusterDDPError:
+            pass
+        raise ClusterDDPError(f"job {job_id} cancelled before it could write anything: {host.shown(paths[0])} or "
+                              f"{host.shown(paths[1])} is in the way (an earlier job's files, or a link someone "
+                              f"planted) and could not be moved aside ({exc}); remove it, or use another "
+                              "--output-dir") from None
     record = JobRecord(job_id=job_id, script_path=script, batch_log=paths[0], run_dir=paths[1],
                        launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes,
                        cluster=host.cluster.name, python=spec.python)

@@ -285,7 +285,7 @@ for p in "$@"; do
     [ -e "$p" ] || [ -L "$p" ] || continue
     n=1
     while [ -e "$p.$n" ] || [ -L "$p.$n" ]; do n=$((n + 1)); done
-    mv -- "$p" "$p.$n" && printf '%s\t%s\n' "$p" "$p.$n"
+    mv -- "$p" "$p.$n" && printf '%s\t%s\n' "$p" "$p.$n" || exit 1
 done
 """
 
@@ -293,6 +293,8 @@ done
 def move_aside(cluster: Cluster, paths: Sequence[str]) -> List[List[str]]:
     """hosts.Here.move_aside on the cluster: existing files of an earlier job with the same id become NAME.n."""
     proc = sh(cluster, _MOVE_ASIDE, list(paths))
+    if proc.returncode != 0:
+        raise OSError(f"on {cluster.name}: {proc.stderr.strip()[-300:] or 'mv failed'}")
     return [ln.split("\t", 1) for ln in proc.stdout.splitlines() if "\t" in ln]
 
 
