@@ -210,8 +210,8 @@ def test_a_run_directory_below_one_others_can_change_is_refused_on_the_cluster(w
     for name, mode in (("open", 0o777), ("sticky", 0o1777)):
         (d / name).mkdir()
         os.chmod(d / name, mode)
-    argv = [sys.executable, "-m", "clusterddp", "submit", "--wait", "--launcher", "srun", "plumbing.py"]
-    jobs = {name: subprocess.Popen([*argv, "--output-dir", str(d / name / "runs")], cwd=d, env=env,
+    argv = [sys.executable, "-m", "clusterddp", "submit", "--wait", "--launcher", "srun"]
+    jobs = {name: subprocess.Popen([*argv, "--output-dir", str(d / name / "runs"), "plumbing.py"], cwd=d, env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for name in ("open", "sticky")}
     done = {name: proc.communicate(timeout=240) for name, proc in jobs.items()}
