@@ -157,8 +157,8 @@ class Drill:
         if not all(Path(e["path"]).resolve().is_relative_to(where) for e in saves):
             raise DrillError(f"the script writes its checkpoints outside the directory it runs in ({saves[0]['path']}):"
                              " each scenario runs in a directory of its own, so keep them under $CLUSTERDDP_RUN_DIR "
-                             "(the run directory: a requeued or retried job keeps it, each sweep trial has its own) "
-                             "or give a relative checkpoint directory")
+                             "(the run directory: a requeued or retried job keeps it, each sweep trial has its own; "
+                             "a fixed directory would be shared by every trial of a sweep)")
         return ref, steps
 
     def scenarios(self, ref: Run, steps: int, only: Sequence[str] = SCENARIOS) -> List[Verdict]:

@@ -3,6 +3,7 @@ Checkpointer.save writes (model, optimizer, loader position, every rank's random
 restores exactly; a planted checkpoint that would run code at load is refused in one line, and runs nothing."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -187,11 +188,16 @@ def test_a_checkpoint_that_differs_from_its_manifest_is_passed_over(tmp_path):
     assert older.returncode == 0 and older.stdout.splitlines()[-2].startswith("step 7 "), older.stderr
 
 
+#: Another user, modelled with chown: root only.
+as_root = pytest.mark.skipif(os.getuid() != 0, reason="models another user with chown: needs root")
+
+
 @pytest.mark.ranks
+@as_root
 def test_checkpoints_planted_by_another_user_are_neither_loaded_nor_pruned_for(tmp_path):
     """Issue 41: in a checkpoint directory others can write, a weights-only checkpoint with a higher step planted
-    by another user is not loaded (and does not push the job's own out of `keep`), and a FIFO named like a
-    checkpoint does not hang the load."""
+    by another user is not loaded (and does not push the job's own out of `keep`, nor is it pruned, nor is another
+    user's temp file), and a FIFO named like a checkpoint does not hang the load."""
     import os
     import shutil
 
@@ -206,6 +212,13 @@ def test_checkpoints_planted_by_another_user_are_neither_loaded_nor_pruned_for(t
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.splitlines()[-2].startswith("step 7 "), loaded.stdout
     assert "99" not in loaded.stdout + loaded.stderr and planted.exists()
+    # Saving again prunes by the job's own checkpoints only: the planted ones neither count nor go
+    foreign_tmp = ck / ".tmp-planted"
+    foreign_tmp.write_bytes(b"x")
+    os.chown(foreign_tmp, 4242, 4242)
+    os.utime(foreign_tmp, (1, 1))  # old enough for the stale-temp sweep, but not the job's own
+    assert _run(tmp_path, str(ck), "save").returncode == 0
+    assert (ck / "ckpt-0000000007.pt").exists() and planted.exists() and foreign_tmp.exists()
 
 
 HELD = r'''
@@ -224,6 +237,7 @@ runtime.shutdown()
 
 
 @pytest.mark.ranks
+@as_root
 def test_a_run_directory_renamed_after_init_redirects_none_of_the_runtime_s_files(tmp_path):
     """Issue 41 (whole paths): a rank holds its run directory open from init on and writes through that handle, so
     the directory renamed and another put in its place afterwards gets nothing (checkpoints, manifests, metrics,

@@ -89,7 +89,10 @@ def test_too_few_steps_and_an_absolute_checkpoint_directory_are_one_line(tmp_pat
     assert short.returncode == 1 and "the script ran 0 step(s) (should_stop() calls)" in short.stderr.splitlines()[-1]
     outside = drill(tmp_path, "--ckpt-dir", str(tmp_path / "abs"))
     assert outside.returncode == 1, outside.stderr
-    assert "writes its checkpoints outside the directory it runs in" in outside.stderr.splitlines()[-1]
+    refusal = outside.stderr.splitlines()[-1]
+    assert "writes its checkpoints outside the directory it runs in" in refusal
+    # Issue 41: the advice is the run directory, never a fixed one that every trial of a sweep would share
+    assert "keep them under $CLUSTERDDP_RUN_DIR" in refusal and "give a relative checkpoint directory" not in refusal
 
 
 def test_a_partial_drill_says_what_it_did_not_prove():
