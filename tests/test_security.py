@@ -417,7 +417,8 @@ def test_a_drill_s_variables_in_the_submitting_shell_never_reach_a_real_job(tmp_
 def test_a_sweep_s_code_snapshot_is_run_only_from_directories_of_the_user_s_own(tmp_path):
     """Issue 41: a sweep's directory and code snapshot in a shared output directory. One someone else made first
     (or one others can write) is refused, before anything runs; a snapshot whose files changed after it was made
-    (a train.py swapped in) is refused; the user's own, unchanged, is used as it is."""
+    (a train.py swapped in) is refused; the user's own, unchanged, is used as it is; and one below a directory others
+    can change (not sticky: they could swap the sweep directory after the check) is refused as a run directory is."""
     from clusterddp.errors import PreflightError
     from clusterddp.job.code import code_hash
     from clusterddp.sweeps.run import snapshot
@@ -449,6 +450,12 @@ def test_a_sweep_s_code_snapshot_is_run_only_from_directories_of_the_user_s_own(
     (mine / "train.py").write_text("print('swapped')\n")
     with pytest.raises(PreflightError, match="no longer holds"):
         snapshot(project, names, mine)
+    open_parent = tmp_path / "open"
+    open_parent.mkdir()
+    os.chmod(open_parent, 0o777)
+    with pytest.raises(PreflightError, match=f"sweep: the sweep directory {open_parent}/sweep-lr is not yours alone "
+                       f"\\({open_parent} above it is writable by group and others, who could swap it\\)"):
+        snapshot(project, names, open_parent / "sweep-lr" / "code" / code)
 
 
 def test_each_drill_gets_a_new_private_directory(tmp_path):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import dirs
 from ..contract import PLACEHOLDERS
-from ..datafiles import NotOwned, own_dir, read_json, write_atomic
+from ..datafiles import NotOwned, own_dir, own_run_dir, read_json, write_atomic
 from ..errors import ClusterDDPError, PreflightError, SpecError
 from ..job.clusters import Cluster
 from ..job.code import code_files, code_hash, leaves
@@ -142,10 +142,14 @@ def spec_fields(spec: JobSpec) -> Dict[str, Any]:
 
 def snapshot(cwd: Path, names: Sequence[str], target: Path) -> Path:
     """A private copy of the code at ``target`` (made once per code version: it is the same code). The sweep's
-    directory and its code/ are this user's own (datafiles.own_dir), and a snapshot found there is used only when
-    it still holds the code its name (the code's hash) says: a copy run as the user is never one someone changed."""
+    directory and its code/ are this user's own (datafiles.own_dir), below directories nobody else can change
+    (datafiles.own_run_dir's whole-path rule), and a snapshot found there is used only when it still holds the code
+    its name (the code's hash) says: a copy run as the user is never one someone changed."""
     try:
-        own_dir(target.parent.parent)
+        try:
+            own_run_dir(target.parent.parent)
+        except NotOwned as exc:
+            raise NotOwned(f"the sweep directory {target.parent.parent} is not yours alone ({exc})") from None
         own_dir(target.parent)
         if os.path.lexists(target):
             own_dir(target)
