@@ -64,19 +64,7 @@ def submit(spec: "JobSpec", host: "Host", slurm: "Slurm", template_dirs: Sequenc
     except ClusterDDPError as exc:
         raise type(exc)(f"{exc}\n  the script is kept at {host.shown(script)}") from None
     paths = [f"{out}/{contract.batch_log(spec.file_stem, job_id)}", f"{out}/{contract.run_dir(spec.file_stem, job_id)}"]
-    try:
-        for old, kept in host.move_aside(paths):
-            note(f"an earlier job {job_id} left {old}: kept as {kept}")
-    except OSError as exc:
-        # Slurm would write the new job's log through whatever stays there (a planted link): the job goes.
-        try:
-            slurm.run(["scancel", job_id], check=False)
-        except ClusterDDPError:
-            pass
-        raise ClusterDDPError(f"job {job_id} cancelled before it could write anything: {host.shown(paths[0])} or "
-                              f"{host.shown(paths[1])} is in the way (an earlier job's files, or a link someone "
-                              f"planted) and could not be moved aside ({exc}); remove it, or use another "
-                              "--output-dir") from None
+    _clear_the_way(job_id, paths, host, slurm, note)
     record = JobRecord(job_id=job_id, script_path=script, batch_log=paths[0], run_dir=paths[1],
                        launcher=spec.launcher, procs_per_node=spec.tasks_per_node, nodes=spec.nodes,
                        cluster=host.cluster.name, python=spec.python)
@@ -89,3 +77,21 @@ def submit(spec: "JobSpec", host: "Host", slurm: "Slurm", template_dirs: Sequenc
             raise SlurmError(f"job {job_id} was submitted held and could not be released: run "
                              f"scontrol release {job_id}", exc.argv, exc.returncode, exc.stderr) from None
     return record
+
+
+def _clear_the_way(job_id: str, paths: Sequence[str], host: "Host", slurm: "Slurm",
+                   note: Callable[[str], None]) -> None:
+    """An earlier job's log and run directory with this id (or a link planted there) moved aside; where that fails,
+    the job is cancelled: Slurm would write its log through whatever stays there."""
+    try:
+        for old, kept in host.move_aside(paths):
+            note(f"an earlier job {job_id} left {old}: kept as {kept}")
+    except OSError as exc:
+        try:
+            slurm.run(["scancel", job_id], check=False)
+        except ClusterDDPError:
+            pass
+        raise ClusterDDPError(f"job {job_id} cancelled before it could write anything: {host.shown(paths[0])} or "
+                              f"{host.shown(paths[1])} is in the way (an earlier job's files, or a link someone "
+                              f"planted) and could not be moved aside ({exc}); remove it, or use another "
+                              "--output-dir") from None
