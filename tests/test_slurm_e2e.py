@@ -156,9 +156,12 @@ def hold_port(node: str, port: int) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_golden_cases_pass_sbatch_test_only(slurm_env, tmp_path, name):
-    """Each golden case, shrunk to fit the test cluster (2 nodes, 2 GPUs, partition debug), is accepted."""
+def test_golden_cases_pass_sbatch_test_only(slurm_env, tmp_path, name, slurm_release):
+    """Each golden case, shrunk to fit the test cluster (2 nodes, 2 GPUs, partition debug), is accepted; an
+    expedited requeue (the spares case) where the release knows it (26.05's test cluster allows it; 22.05's sbatch
+    refuses --requeue=expedite, which submit says before sbatch: test_expedite_where_the_cluster_does_not_allow_it)."""
     spec = CASES[name]
+    spec = spec.replace(expedite=spec.expedite if slurm_release == "26.05" else None)
     spec = spec.replace(partition=None, account=None, qos=None, constraint=None, mem=None,
                         cpus_per_task=spec.cpus_per_task and 2,
                         nodes=min(spec.nodes, 2), gpus_per_node=min(spec.gpus_per_node, 2),
@@ -168,6 +171,15 @@ def test_golden_cases_pass_sbatch_test_only(slurm_env, tmp_path, name):
     script.write_text(render(spec))
     proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0 and "to start at" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slurm_releases("22.05")
+def test_expedite_where_the_cluster_does_not_allow_it_is_refused_before_sbatch(work):
+    """Issue 39: --expedite on a cluster without expedited requeue is one line (exit 2) before anything is queued."""
+    proc = submit(work, "--launcher", "srun", "--time", "10", "--expedite", "plumbing.py")
+    assert proc.returncode == 2, proc.stderr
+    assert "--expedite: this cluster does not allow an expedited requeue" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 def test_request_that_cannot_fit_fails_at_submit(work):

@@ -36,8 +36,8 @@ def submit(spec: "JobSpec", host: "Host", slurm: "Slurm", template_dirs: Sequenc
     if check:
         check_local(spec, here=not host.remote)
     host.check_copy(spec)
-    if spec.expedite is None and spec.requeues:  # where the cluster allows it (--expedite/--no-expedite decide)
-        spec = spec.replace(expedite=slurm.expedited_requeue())
+    if spec.requeues and spec.expedite is not False:
+        spec = _expedite(spec, slurm)
         text = render(spec, template_dirs=template_dirs)
     if check:
         for line in check_cluster(spec, slurm.partitions()):
@@ -95,3 +95,13 @@ def _clear_the_way(job_id: str, paths: Sequence[str], host: "Host", slurm: "Slur
                               f"{host.shown(paths[1])} is in the way (an earlier job's files, or a link someone "
                               f"planted) and could not be moved aside ({exc}); remove it, or use another "
                               "--output-dir") from None
+
+
+def _expedite(spec: "JobSpec", slurm: "Slurm") -> "JobSpec":
+    """An expedited requeue where the cluster allows it (--expedite/--no-expedite decide): asked of scontrol."""
+    allowed = slurm.expedited_requeue()
+    if spec.expedite and not allowed:
+        raise PreflightError("--expedite: this cluster does not allow an expedited requeue (scontrol show config: "
+                             "SlurmctldParameters has no enable_expedited_requeue; Slurm 25.11+), so sbatch would "
+                             "refuse --requeue=expedite; submit without --expedite")
+    return spec.replace(expedite=allowed)
