@@ -237,3 +237,30 @@ def test_ranks_srun_kills_while_ending_the_step_are_not_the_cause(tmp_path):
     assert (kind, nodes) == ("ambiguous", "node2") and "1 of the node's 2 ranks" in why, why
     kind, nodes, _ = fault_report(run, "srun: error: node2: tasks 2-3: Killed\nsrun: Terminating StepId=161.0\n")
     assert (kind, nodes) == ("infrastructure", "node2")
+
+
+def test_slurm_s_memory_kill_is_the_program_s_only_for_this_job_s_attempt_and_a_killed_rank(tmp_path):
+    """Issue 39: slurmstepd's OverMemoryKill line (in the log of the node's first task) makes a killed rank's end
+    out of memory, the program's, with the numbers; the same words printed for another job, before the attempt
+    began, or in the log of a rank srun never said was killed, are not Slurm's record of this attempt."""
+    from clusterddp.healing import faults
+
+    run = tmp_path / "run"
+    run.mkdir()
+    start = time.mktime(time.strptime("2026-12-04T02:55:00", "%Y-%m-%dT%H:%M:%S"))
+    line = "[2026-12-04T02:55:02.637] error: StepId=4.1 exceeded memory limit (1626045440 > 1572864000), being killed"
+    err = run / "srun-0.0.err"
+    err.write_text("srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"
+                   "srun: error: node2: task 2: Killed\nsrun: Terminating StepId=4.1\n"
+                   "srun: error: node1: tasks 0-1: Killed\nsrun: error: node2: task 3: Killed\n")
+    for rank in range(4):
+        (run / f"rank-{rank}.out").write_text(f"rank {rank}: started\n" + (line + "\n") * (rank == 2))
+    oom = faults.attempt(run, err, ["node1", "node2"], 2, job="4", since=start)
+    assert (oom.kind, oom.nodes, oom.ranks) == ("program", (), (2,)), oom
+    assert oom.why.startswith("out of memory on node2: Slurm killed the step there when it used 1550 MiB, over the "
+                              "job's limit of 1500 MiB per node: the program, not the node"), oom.why
+    assert oom.evidence == f'rank-2.out: "{line}"'
+    assert faults.attempt(run, err, ["node1", "node2"], 2, job="5", since=start).kind == "ambiguous"
+    assert faults.attempt(run, err, ["node1", "node2"], 2, job="4", since=start + 60).kind == "ambiguous"
+    err.write_text("srun: error: node2: task 3: Killed\n")  # rank 2, whose log has the line, was not killed
+    assert faults.attempt(run, err, ["node1", "node2"], 2, job="4", since=start).kind == "ambiguous"

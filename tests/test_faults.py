@@ -148,3 +148,26 @@ def test_an_abort_is_the_program_s_and_after_the_work_it_blames_no_node(work):
     assert "fault: after-work: rank 3 on node2 aborted after its work ended" in status.stdout, status.stdout
     assert "clusterddp: quarantined" not in after.stderr + during.stderr
     assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined")
+
+
+@pytest.mark.slurm_releases("26.05")
+def test_a_rank_over_the_job_s_memory_is_out_of_memory_the_program_s_and_blames_no_node(work):
+    """Issue 39. The 26.05 test cluster limits memory as a site does (tests/slurm/cluster.sh: each step's use
+    polled, a step over its limit killed by Slurm). One rank taking more than --mem allows: named out of memory with
+    Slurm's numbers and line, the program's, not retried though a spare is there, no node blamed."""
+    shutil.copy(SCRIPTS / "memory_hog.py", work)
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2", "--time", "5",
+                   "--mem", "300M", "--wait", "memory_hog.py", cwd=work, timeout=240)
+    job_id = proc.stdout.split()[0]
+    assert proc.returncode != 0 and f"job {job_id} ended FAILED" in proc.stderr, proc.stderr
+    (only,) = attempts.read(work / "clusterddp-runs" / f"memory_hog-{job_id}")
+    assert (only.fault, only.fault_nodes, only.next, only.nodes) == ("program", (), "end", ("node1", "node2")), only
+    used = re.match(r"out of memory on node2: Slurm killed the step there when it used (\d+) MiB, over the job's "
+                    r"limit of 300 MiB per node: the program, not the node", only.why)
+    assert used and int(used.group(1)) > 300, only.why
+    assert re.match(r'rank-[23]\.out: "\[[0-9T:.-]+\] error: StepId=' + job_id + r'\.\d+ exceeded memory limit '
+                    r'\(\d+ > 314572800\), being killed"$', only.evidence), only.evidence
+    status = run_cli("status", job_id, cwd=work)
+    assert "fault: program: out of memory on node2" in status.stdout, status.stdout
+    assert "clusterddp: quarantined" not in proc.stderr
+    assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined")

@@ -147,7 +147,7 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
         _record(args, status, None, contract.NEXT_END, f"SIG{args.signal}" if args.signal else "", **record)
         return Action(Act.END, (), tuple(bad), status)
     step_err = run_dir / contract.STEP_ERR.format(restarts=args.restart, attempt=args.attempt)
-    fault = faults.attempt(run_dir, step_err, ran_on, policy.per_node)
+    fault = faults.attempt(run_dir, step_err, ran_on, policy.per_node, os.environ.get("SLURM_JOB_ID", ""), args.start)
     print(f"clusterddp: attempt {args.attempt + 1} failed: {fault.line()}", file=sys.stderr)
     action = supervise.after_failure(fault, history=history, policy=policy, hosts=hosts, bad=bad, ran_on=ran_on,
                                      restart=args.restart, room=_room(args), exit_code=status)

@@ -31,10 +31,12 @@ from .launchers import (
     BY_SIGNUM,
     OOM,
     OOM_STEP,
+    OVER_MEMORY,
     SIGNAL_WORDS,
     SYNCHRONOUS,
     exitcode,
     expand,
+    killed_tasks,
     short,
     signalled_on,
     srun_first,
@@ -101,6 +103,31 @@ def out_of_memory(lines: Sequence[str]) -> Optional[Fault]:
                                                 "the program, not the node; it needs less memory per rank or more "
                                                 "(--mem)"), "Out Of Memory")
     return None
+
+
+def over_memory(logs: Sequence[Path], err: Sequence[str], job: str = "", since: float = 0) -> Optional[Fault]:
+    """Slurm killed the step for using more memory than the job asked for (OverMemoryKill): slurmstepd's line in the
+    log of a rank srun says was killed, of job ``job`` (where given) and written ``since`` (a Unix time; its clock is
+    the node's local time, as srun's), the latest such. The program's: it needs as much on any node."""
+    killed = killed_tasks(err)
+    found = []
+    for log in logs:
+        rank = log.name[5:-4] if log.name.startswith("rank-") and log.name.endswith(".out") else ""
+        if not rank.isdigit() or int(rank) not in killed:
+            continue
+        for line in tail(log, 1 << 20):
+            m = OVER_MEMORY.match(line)
+            when = time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m and m.group(1) else None
+            if m and (not job or m.group(2) == job) and (not since or when is not None and when >= since - 2):
+                found.append((when or 0, int(rank), line, int(m.group(3)) >> 20, int(m.group(4)) >> 20))
+    if not found:
+        return None
+    _, rank, line, used, limit = max(found)
+    node = killed[rank]
+    return Fault(PROGRAM, (), printable(
+        f"out of memory on {node}: Slurm killed the step there when it used {used} MiB, over the job's limit of "
+        f"{limit} MiB per node: the program, not the node; it needs less memory per rank (a smaller batch) or more "
+        "(--mem)"), "Killed", (rank,), cite(f"rank-{rank}.out", line))
 
 
 def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],
@@ -180,10 +207,11 @@ def recorded(run_dir: Path) -> List[logscan.Traceback]:
 
 
 def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nodes: Sequence[str] = (),
-             node_failed: bool = False, per_node: int = 0) -> Optional[Fault]:
+             node_failed: bool = False, per_node: int = 0, job: str = "", since: float = 0) -> Optional[Fault]:
     """The fault class of a job that failed, or None when nothing tells (then it is reported as today).
     ``nodes``: the job's node names (to map torchrun's host names); ``node_failed``: Slurm said NODE_FAIL;
-    ``per_node``: ranks per node (0: unknown, then any rank killed by a signal is its node's fault)."""
+    ``per_node``: ranks per node (0: unknown, then any rank killed by a signal is its node's fault); ``job`` and
+    ``since``: the job's id and the attempt's start (Slurm's memory kill of this attempt only)."""
     run_dir = Path(run_dir)
     hang = hang_report(run_dir)
     if hang is not None:
@@ -205,6 +233,9 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     oom = out_of_memory(err)
     if oom is not None:
         return oom._replace(evidence=cite(name, next(t for t in err if OOM.match(t) or OOM_STEP.match(t))))
+    over = over_memory([p for p in logs if p.name.startswith("rank-")], err, job, since)
+    if over is not None:
+        return over
     found = logscan.tracebacks(list(logs))
     primary = recorded(run_dir) or [t for t in found if not t.secondary]
     first = srun_first(err)
@@ -243,14 +274,15 @@ def hang_place(call: object) -> str:
     return printable(str(frames[0]))[:200] if isinstance(frames, list) and frames else ""
 
 
-def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str], per_node: int = 0) -> Fault:
+def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str], per_node: int = 0, job: str = "",
+            since: float = 0) -> Fault:
     """The fault of one failed attempt of the batch script's retry loop (the run directory holds only this
     attempt's logs and reports; earlier attempts' are under attempts/). A hang at the place where an earlier
     attempt hung is the program's, not a node's; a rank that failed after its runtime's shutdown() ended is
     after-work."""
     run_dir = Path(run_dir)
     logs = sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
-    fault = classify(run_dir, logs, step_err, nodes, per_node=per_node)
+    fault = classify(run_dir, logs, step_err, nodes, per_node=per_node, job=job, since=since)
     if fault is None:
         return Fault(FaultKind.UNKNOWN, (), "nothing the job left tells a node fault from a program fault")
     hang = hang_report(run_dir)

@@ -29,6 +29,13 @@ BY_SIGNUM = {-1: "Hangup", -4: "Illegal instruction", -5: "Trace/breakpoint trap
 # oom_kill event in StepId=...").
 OOM = re.compile(r"^srun: error: ([A-Za-z0-9._-]+): tasks? ([0-9,-]+): Out Of Memory")
 OOM_STEP = re.compile(r"^(?:slurmstepd|srun): error: Detected (\d{1,9}) oom[-_]kill event")
+# slurmstepd's words when it ends a step over its memory limit itself (JobAcctGatherParams=OverMemoryKill, where a
+# site polls memory rather than confine it by cgroup), written to the stderr of the node's first task, the numbers
+# in bytes: "[2026-12-04T02:52:29.220] error: StepId=2.0 exceeded memory limit (1809863680 > 1572864000), being
+# killed" (src/slurmd/common/jobacct_gather: "%ps exceeded memory limit"; 22.05 and 26.05 alike).
+OVER_MEMORY = re.compile(r"^(?:\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d{1,6})?\] )?(?:slurmstepd: )?error: "
+                         r"(?:StepId=|JobId=|Step |Job )(\d{1,12})(?:\.[a-z0-9]{1,12})? exceeded memory limit "
+                         r"\((\d{1,20}) > (\d{1,20})\), being killed")
 # torchrun's "Root Cause (first observed failure)" block (torch/distributed/elastic/multiprocessing/errors).
 _ROOT = re.compile(r"^\s*(time|host|rank|exitcode|traceback)\s*: (.*)$")
 _MAX_LOG = 1 << 22  # a batch log read for srun lines: its last 4 MiB
@@ -134,6 +141,17 @@ def srun_is_first_for(primary: Sequence[logscan.Traceback], tasks: str) -> bool:
     killed = set(expand(tasks))
     own = {int(m.group(1)) for t in primary if (m := re.match(r"rank[- ](\d+)", t.label))}
     return not (own & killed)
+
+
+def killed_tasks(lines: Iterable[str]) -> dict:
+    """Every task srun says was killed (SIGKILL), with its node: {rank: node}."""
+    killed: dict = {}
+    for line in lines:
+        m = SRUN_TASKS.match(line)
+        if m and m.group(3).startswith("Killed"):
+            for task in expand(m.group(2)):
+                killed.setdefault(task, m.group(1))
+    return killed
 
 
 def expand(ranges: str) -> List[int]:

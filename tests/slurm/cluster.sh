@@ -134,10 +134,30 @@ expedite_line() {
     [ "$RELEASE" != 26.05 ] || echo "SlurmctldParameters=enable_expedited_requeue"
 }
 
+memory_lines() {
+    # The newest release's cluster limits memory as a site would, so that a rank using more than its job asked for
+    # is killed by Slurm for real (tests/test_self_healing.py): memory is consumable and each step's use is polled
+    # every second and killed over its limit (OverMemoryKill: task/cgroup would need a cgroup tree per slurmd, and
+    # the three share this machine's). A job that asks nothing gets 8000M per node, far more than any test uses,
+    # and the nodes claim 8 x that, so that memory never decides where or when a job runs: CPUs still do.
+    if [ "$RELEASE" = 26.05 ]; then
+        echo "JobAcctGatherType=jobacct_gather/linux"
+        echo "JobAcctGatherParams=OverMemoryKill,UsePss"
+        echo "JobAcctGatherFrequency=task=1"
+        echo "SelectTypeParameters=CR_CPU_Memory"
+        echo "DefMemPerNode=8000"
+    else
+        echo "JobAcctGatherType=jobacct_gather/none"
+        echo "SelectTypeParameters=CR_CPU"
+    fi
+}
+
+node_memory() { if [ "$RELEASE" = 26.05 ]; then echo 64000; else echo 8000; fi; }
+
 node_lines() {
     local i=1
     for n in "${NODES[@]}"; do
-        echo "NodeName=$n NodeAddr=$SUBNET.$i NodeHostname=$n CPUs=$CPUS_PER_NODE RealMemory=8000 Gres=gpu:$GPUS_PER_NODE State=UNKNOWN"
+        echo "NodeName=$n NodeAddr=$SUBNET.$i NodeHostname=$n CPUs=$CPUS_PER_NODE RealMemory=$(node_memory) Gres=gpu:$GPUS_PER_NODE State=UNKNOWN"
         i=$((i + 1))
     done
 }
@@ -172,12 +192,11 @@ SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
+$(memory_lines)
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/log/jobcomp.txt
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 SchedulerParameters=batch_sched_delay=0
 $(expedite_line)
