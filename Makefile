@@ -21,6 +21,9 @@ endif
 PIP = $(PYTHON) -m pip
 # torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
+# torch 2.13's torchvision, for the public scripts tests/test_migrate.py runs (installed without its dependencies:
+# it would ask for torch again).
+TORCHVISION ?= torchvision==0.28.0
 
 .PHONY: demo test test-serial test-fast test-release lint install install-test cluster-up cluster-down bench gpu-check
 
@@ -37,6 +40,7 @@ install: $(if $(VENV),$(VENV)/bin/python)
 
 install-test: install
 	$(PIP) install -q -e ".[torch,test]"
+	$(PIP) install -q --no-deps "$(TORCHVISION)"
 	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then tests/slurm/cluster.sh install && \
 		CLUSTERDDP_SLURM_RELEASE=26.05 tests/slurm/cluster.sh install; \
 	else echo "not root on Linux: the Slurm tests will be skipped"; fi

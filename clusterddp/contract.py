@@ -153,6 +153,7 @@ TRIAL_FILE = "trial.json"              # in the trial's run directory: sweep, in
 #: sample indices it gave this rank (CHECK_FILE), so the check can say how the ranks' data differed.
 CHECK_STEPS = "CLUSTERDDP_CHECK_STEPS"
 CHECK_FILE = "check/rank-{rank}-loader-{loader}.json"
+CHECK_MODELS = "check/rank-{rank}-models.json"  # at shutdown: a digest of each wrapped model's parameters
 RUN_ID = "CLUSTERDDP_RUN_ID"           # set by init(): the job's identity for trackers (runtime.run_id())
 METRICS_FILE = "metrics.jsonl"         # runtime.report(): one JSON object per line, appended by rank 0
 

@@ -170,6 +170,46 @@ def test_each_unsafe_construct_gets_its_line(snippet, said):
     assert f"u.py:{line}: to check: {what}" in report(m, "u.py", False)
 
 
+def test_a_wrap_under_a_gpu_count_happens_whenever_there_are_ranks():
+    """Four of the five public scripts wrap only "if torch.cuda.device_count() > 1" (or a --gpuid list): under DDP
+    each rank has one GPU, so as written the ranks would train apart. The condition becomes the world size (the
+    finding on that line goes: it is rewritten); a loader bound to a training name with ``**kwargs`` (pytorch/
+    examples' ``DataLoader(dataset1, **train_kwargs)``, shuffled only where CUDA is) becomes runtime.loader."""
+    source = ("import torch\nimport torch.nn as nn\nmodel = Net()\nif torch.cuda.device_count() > 1:  # many\n"
+              "    print('GPUs:', torch.cuda.device_count())\n    model = nn.DataParallel(model)\n"
+              "train_loader = torch.utils.data.DataLoader(ds1, **train_kwargs)\n"
+              "test_loader = torch.utils.data.DataLoader(ds2, **test_kwargs)\nif x > 1:\n    y = 2\n")
+    m = migrate_source(source, "g.py")
+    assert "if runtime.world_size() > 1:  # many\n    runtime.print0('GPUs:', torch.cuda.device_count())\n" \
+           "    model = runtime.wrap(model)\n" in m.text, m.text
+    assert "train_loader = runtime.loader(ds1, **train_kwargs)\n" in m.text
+    assert "test_loader = torch.utils.data.DataLoader(ds2, **test_kwargs)\nif x > 1:\n" in m.text
+    assert (4, "if torch.cuda.device_count() > 1: (the DataParallel wrap's condition) -> if runtime.world_size() > "
+               "1: (each rank has one GPU: the job's ranks decide)") in m.changes
+    assert [line for line, _ in m.findings] == [5, 8], m.findings  # the print's device_count; the test loader
+
+
+def test_the_check_says_when_the_ranks_were_not_kept_in_step(tmp_path):
+    """The check's verdict on the weights each rank recorded at shutdown: none wrapped, different, the same."""
+    import json
+
+    from clusterddp.migrate.check import verdict
+
+    def recorded(models: list) -> list:
+        (tmp_path / "check").mkdir(exist_ok=True)
+        for rank, digests in enumerate(models):
+            (tmp_path / "check" / f"rank-{rank}-models.json").write_text(json.dumps({"rank": rank, "models": digests}))
+        return verdict(0, tmp_path)[1]
+
+    assert "no model went through runtime.wrap, so each rank trained its own copy" in recorded([[]] * 4)[1]
+    assert recorded([["a"], ["a"], ["b"], ["a"]])[1] == ("check: weights: the ranks' parameters differ at the end: "
+                                                        "they were not kept in step")
+    assert recorded([["a"]] * 4)[1] == "check: weights: every rank ended with the same parameters (DDP kept them " \
+                                       "in step)"
+    (tmp_path / "check" / "rank-3-models.json").write_text("{not json")
+    assert recorded([["a"]] * 3)[1].startswith("check: weights: 3 of 4 ranks recorded theirs")
+
+
 def test_migrate_never_imports_torch_in_the_cli(tmp_path):
     import subprocess
     import sys
@@ -266,3 +306,91 @@ def test_the_readme_screen_runs_from_a_dataparallel_script(tmp_path):
     assert other.returncode == 0, other.stderr  # trained; its own sampler: the data is not runtime.loader's
     assert "check: data: no runtime.loader was used" in other.stderr, other.stderr
     assert not list(tmp_path.glob("*dp_accumulate_ddp*")) and not list(tmp_path.glob(".*_check.py"))
+
+
+def _losses(text: str, pattern: str) -> list:
+    return [float(m) for m in re.findall(r"^\s*\[rank 0\].*?" + pattern, text, re.MULTILINE)]
+
+
+# The five public scripts, run as a user would after `migrate`: their arguments, small fake data in the real
+# formats (tests/offline_data.py), rank 0's loss as the script prints it, the file it saves, and the one edit on
+# the CPU that the migration report (or the check) asks for where the script needs one.
+CPU_FIXES = {
+    # its CPU path returns the model before the wrap: the check says the ranks were never kept in step
+    "cifar10_dp_gpuid_cuda.py": ("        args.gpu = False\n        return net\n",
+                                 "        args.gpu = False\n        return runtime.wrap(net)\n"),
+    # "to check: torch.cuda.device_count() ... use runtime.world_size()": 25 // 0 on a machine without GPUs
+    "dvc_cnn_dp_imagefolder.py": ("    num_gpus = torch.cuda.device_count()\n",
+                                  "    num_gpus = runtime.world_size()\n"),
+}
+RUNS = {
+    "mnist_examples_dp_steplr.py": (["--batch-size", "16", "--epochs", "3", "--log-interval", "1", "--save-model"],
+                                    r"Loss: ([0-9.]+)", "mnist_cnn.pt"),
+    "mnist_resnet18_dp_argparse.py": (["--batch_size", "16", "--max_epochs", "3"], r"\| Loss: ([0-9.]+)", None),
+    "cifar10_dp_gpuid_cuda.py": (["--cpu", "--batchsize", "8", "--epoch", "3"], r"Loss: ([0-9.]+) ,", None),
+    "cifar10_resnet50_dp.py": ([], r"loss: ([0-9.]+)", "cifar_net.pth"),  # one epoch, batch 1024: one loss
+    "dvc_cnn_dp_imagefolder.py": ([], r"train loss: ([0-9.]+)", None),      # 50 epochs of one batch
+}
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_each_public_script_migrated_trains_as_four_ranks_on_fake_data(tmp_path, name):
+    """Issue 43's acceptance on the real scripts: migrated, `--check` runs each as 4 ranks on 2 emulated nodes on
+    the CPU (torchvision's real datasets and models over small fake files): it trains, its loss goes down, every
+    rank ends with the same weights, no rank sees another's samples, and what it saves is saved once (rank 0)."""
+    import importlib.util
+
+    from . import offline_data
+
+    if importlib.util.find_spec("torchvision") is None:
+        pytest.skip("torchvision is not installed (make install-test installs it)")
+    args, loss, saved = RUNS[name]
+    shutil.copy(PUBLIC / name, tmp_path)
+    extra = {}
+    if name.startswith("mnist"):
+        offline_data.mnist(tmp_path / "data")
+    elif name.startswith("cifar"):
+        offline_data.cifar10(tmp_path / "data")
+    else:
+        offline_data.image_folder(tmp_path / "dogs-vs-cats" / "train-2000", {"train": 8, "validation": 2, "test": 2})
+        extra["DATADIR"] = str(tmp_path)
+    if "resnet18" in name:
+        offline_data.resnet18_weights(tmp_path / "torch")
+    env = offline_data.environment(tmp_path / "torch", **extra)
+    check = ["migrate", name, "--check", "--check-steps", "20", "--", *args]
+    proc = run_cli(*check, cwd=tmp_path, env=env, timeout=300)
+    out = tmp_path / name.replace(".py", "_ddp.py")
+    text = out.read_text()
+    assert "torch.save(" not in text and "DataParallel(" not in text
+    code, said = proc.returncode, proc.stderr
+    if name in CPU_FIXES:
+        before = proc
+        assert before.returncode == 1, before.stderr
+        if "gpuid" in name:  # as migrated, on the CPU: the ranks train apart, and the check says so
+            assert "check: weights: no model went through runtime.wrap, so each rank trained its own copy" in \
+                before.stderr, before.stderr
+        else:
+            assert "ZeroDivisionError" in before.stderr, before.stderr
+        old, new = CPU_FIXES[name]
+        assert old in text
+        out.write_text(text.replace(old, new))
+        check = ["submit", "--local", "--nodes", "2", "--procs-per-node", "2", out.name, "--", *args]
+        proc = run_cli(*check, cwd=tmp_path, env={**env, "CLUSTERDDP_CHECK_STEPS": "20"}, timeout=300)
+        said = proc.stdout + proc.stderr
+        run_dir = sorted((tmp_path / "clusterddp-runs").glob("*/"))[-1]
+        from clusterddp.migrate.check import verdict
+
+        code, lines = verdict(proc.returncode, run_dir)
+        said += "\n".join(lines)
+    assert code == 0, said
+    assert re.search(r"check: trained: 4 ranks on 2 emulated nodes, \d+ steps each, exit 0", said), said
+    assert "check: weights: every rank ended with the same parameters (DDP kept them in step)" in said, said
+    assert re.search(r"check: data \(loader 1\): each rank saw its own samples \(4 ranks x \d+ .* none shared\)",
+                     said), said
+    losses = _losses(said, loss)
+    assert losses and all(x == x for x in losses), said  # printed, and a number
+    if len(losses) > 1:
+        assert losses[-1] < losses[0], losses
+    if saved:
+        assert (tmp_path / saved).is_file() and not list(tmp_path.glob(f".{saved}*")), list(tmp_path.iterdir())

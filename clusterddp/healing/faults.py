@@ -112,14 +112,14 @@ def over_memory(logs: Sequence[Path], err: Sequence[str], job: str = "", since: 
     killed = killed_tasks(err)
     found = []
     for log in logs:
-        rank = log.name[5:-4] if log.name.startswith("rank-") and log.name.endswith(".out") else ""
-        if not rank.isdigit() or int(rank) not in killed:
+        number = log.name[5:-4] if log.name.startswith("rank-") and log.name.endswith(".out") else ""
+        if not number.isdigit() or int(number) not in killed:
             continue
         for line in tail(log, 1 << 20):
             m = OVER_MEMORY.match(line)
             when = time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m and m.group(1) else None
             if m and (not job or m.group(2) == job) and (not since or when is not None and when >= since - 2):
-                found.append((when or 0, int(rank), line, int(m.group(3)) >> 20, int(m.group(4)) >> 20))
+                found.append((when or 0, int(number), line, int(m.group(3)) >> 20, int(m.group(4)) >> 20))
     if not found:
         return None
     _, rank, line, used, limit = max(found)

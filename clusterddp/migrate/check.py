@@ -47,6 +47,9 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
     else:
         lines.append(f"check: did not train: exit {code}, steps per rank {steps or 'none recorded'} (the output "
                      f"above; the logs in {run})")
+    in_step = _in_step(run)
+    trained = trained and in_step[0]
+    lines.append(in_step[1])
     shares = _shares(run)
     if not shares:
         lines.append("check: data: no runtime.loader was used, so how the ranks' data differ is not known")
@@ -65,6 +68,26 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
     lines.append("check: throughput against DataParallel needs GPUs: on a GPU machine, examples/dp_vs_ddp.py "
                  "measures the same model both ways")
     return (0 if trained else 1), lines
+
+
+def _in_step(run: Path) -> Tuple[bool, str]:
+    """Whether the ranks ended with the same parameters (their models went through runtime.wrap)."""
+    models = {}
+    for path in sorted((run / "check").glob("rank-*-models.json"))[:4096]:
+        try:
+            data = json.loads(read_bounded(path, 1 << 20) or b"null")
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("rank"), int) and isinstance(data.get("models"), list):
+            models[data["rank"]] = tuple(str(m) for m in data["models"])
+    if len(models) < RANKS:
+        return False, f"check: weights: {len(models)} of {RANKS} ranks recorded theirs (did each reach shutdown?)"
+    if not any(models.values()):
+        return False, ("check: weights: no model went through runtime.wrap, so each rank trained its own copy and "
+                       "none was averaged: wrap the model whatever the GPU count (runtime.wrap(model))")
+    if len(set(models.values())) > 1:
+        return False, "check: weights: the ranks' parameters differ at the end: they were not kept in step"
+    return True, "check: weights: every rank ended with the same parameters (DDP kept them in step)"
 
 
 def _shares(run: Path) -> Dict[int, Dict[int, Set[int]]]:

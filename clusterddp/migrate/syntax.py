@@ -46,9 +46,13 @@ def is_loader(call: Any) -> bool:
     return dotted(call.func).split(".")[-1] == "DataLoader"
 
 
-def training_loader(call: Any) -> bool:
+def training_loader(call: Any, names: Any = ()) -> bool:
+    """shuffle=True; or, bound to a name with "train" in it, its arguments from a ``**dict`` that may say so
+    (pytorch/examples' ``DataLoader(dataset1, **train_kwargs)``, which shuffles only where CUDA is)."""
     shuffle = keyword(call, "shuffle")
     given = positional(call)
     if shuffle is None and len(given) >= 3:
         shuffle = given[2]
-    return shuffle is not None and code_of(shuffle.value).strip() == "True"
+    if shuffle is None:
+        return any(a.star == "**" for a in call.args) and any("train" in n.lower() for n in names)
+    return code_of(shuffle.value).strip() == "True"

@@ -30,12 +30,15 @@ class Survey(cst.CSTVisitor):
         self.optimizers: Set[str] = set()
         self.findings: Lines = []
         self.loops = 0
+        self.trains: Set[int] = set()  # the DataLoader calls that train (by the name they are bound to)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         names = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
         if isinstance(value, cst.Call) and dotted(value.func).split(".")[-1] == "DataParallel":
             self.wrapped |= names
+        if isinstance(value, cst.Call) and is_loader(value) and training_loader(value, names):
+            self.trains.add(id(value))
         if isinstance(value, cst.Call) and ".optim." in f".{dotted(value.func)}" and "lr_scheduler" not in \
                 dotted(value.func):
             self.optimizers |= names
@@ -59,7 +62,7 @@ class Survey(cst.CSTVisitor):
         elif is_loader(node) and (keyword(node, "sampler") or keyword(node, "batch_sampler")):
             self.findings.append((at, "a DataLoader with its own sampler is not rewritten: give each rank its share "
                                       "(a DistributedSampler around it, set_epoch every epoch)"))
-        elif is_loader(node) and not training_loader(node):
+        elif is_loader(node) and not training_loader(node) and id(node) not in self.trains:
             self.findings.append((at, "a DataLoader without shuffle=True (evaluation?) is left as it is: every rank "
                                       "goes through the whole set; to share it, runtime.loader(..., shuffle=False) "
                                       "and average the metric with runtime.all_reduce_mean"))
@@ -91,6 +94,7 @@ class ToDDP(cst.CSTTransformer):
         self.s, self.keep = survey, keep_global_batch
         self.changes: Lines = []
         self.guarded = False
+        self.retested: Set[int] = set()  # lines of the ifs whose test is now the world size
 
     def _did(self, node: Any, what: str) -> None:
         self.changes.append((_line(self, node), what))
@@ -109,7 +113,8 @@ class ToDDP(cst.CSTTransformer):
         if name == "torch.device" and "cuda" in code_of(original):
             self._did(original, f"{code_of(original)} -> runtime.device() (cuda:LOCAL_RANK, or the CPU)")
             return cst.parse_expression("runtime.device()")
-        if is_loader(original) and training_loader(original) and not keyword(original, "sampler") \
+        if is_loader(original) and (training_loader(original) or id(original) in self.s.trains) and \
+                not keyword(original, "sampler") \
                 and not keyword(original, "batch_sampler") and len(positional(original)) <= 3:
             self._did(original, "DataLoader -> runtime.loader (each rank its share; a new shuffle every epoch)")
             args = [self._per_rank(a, i) for i, a in enumerate(updated.args)]
@@ -148,6 +153,14 @@ class ToDDP(cst.CSTTransformer):
         return updated
 
     def leave_If(self, original: cst.If, updated: cst.If) -> Any:
+        if not _main_guard(original) and isinstance(original.body, cst.IndentedBlock) and "runtime." not in \
+                code_of(original.test) and any("DataParallel(" in code_of(s) for s in original.body.body):
+            # "if device_count() > 1: model = DataParallel(model)": under DDP each rank has one GPU, so the wrap
+            # would never happen and every rank would train its own copy. The ranks decide.
+            self.retested.add(_line(self, original))
+            self._did(original, f"if {code_of(original.test)}: (the DataParallel wrap's condition) -> if "
+                                "runtime.world_size() > 1: (each rank has one GPU: the job's ranks decide)")
+            return updated.with_changes(test=cst.parse_expression("runtime.world_size() > 1"))
         if not _main_guard(original) or not isinstance(updated.body, cst.IndentedBlock):
             return updated
         self.guarded = True
@@ -192,4 +205,5 @@ def rewrite(module: cst.Module, keep_global_batch: bool) -> Tuple[str, Lines, Li
     wrapper.visit(survey)
     transformer = ToDDP(survey, keep_global_batch)
     new = wrapper.visit(transformer)
-    return new.code, transformer.changes, sorted(set(survey.findings))
+    findings = {(line, what) for line, what in survey.findings if line not in transformer.retested}
+    return new.code, transformer.changes, sorted(findings)

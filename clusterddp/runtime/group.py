@@ -152,6 +152,9 @@ def shutdown() -> None:
             writer.settle(peers_may_be_gone=True)
         except RuntimeEnvError as exc:  # raised once everything below is released
             failed = exc
+    if "wrapped" in STATE:  # migrate --check: were the ranks' models kept in step?
+        from .data import check_models
+        check_models(STATE["wrapped"])
     # A DDP reducer that outlives its process group can abort the process at exit ("terminate called without
     # an active exception", seen with gloo under mp.spawn): release the reducers of wrapped models first.
     for model in list(STATE.get("wrapped", ())):
