@@ -390,6 +390,7 @@ def test_each_public_script_migrated_trains_as_four_ranks_on_fake_data(tmp_path,
                      said), said
     losses = _losses(said, loss)
     assert losses and all(x == x for x in losses), said  # printed, and a number
+    print(f"{name}: rank 0's loss {losses[0]} -> {losses[-1]} ({len(losses)} printed)")
     if len(losses) > 1:
         assert losses[-1] < losses[0], losses
     if saved:
