@@ -5,7 +5,6 @@ Imports torch at module level: ``clusterddp.runtime`` loads this module on first
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -101,23 +100,6 @@ def _checking(made: EpochLoader) -> Optional[int]:
         path = Path(rundir.at(run_dir)) / contract.CHECK_FILE.format(rank=rank(), loader=made.number)
         write_atomic(path, json.dumps({"rank": rank(), "loader": made.number, "indices": [int(i) for i in indices]}))
     return limit
-
-
-def check_models(wrapped: Any) -> None:
-    """``--check``, at shutdown: a digest of each wrapped model's parameters (not buffers: BatchNorm's running
-    statistics follow each rank's last batch), so that the check can tell whether the ranks stayed in step."""
-    run_dir = os.environ.get(contract.RUN_DIR)
-    if not os.environ.get(contract.CHECK_STEPS, "").isdigit() or not run_dir:
-        return
-    digests = []
-    for model in wrapped:
-        h = hashlib.sha256()
-        for name, p in getattr(model, "module", model).named_parameters():
-            h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        digests.append(h.hexdigest())
-    path = Path(rundir.at(run_dir)) / contract.CHECK_MODELS.format(rank=rank())
-    write_atomic(path, json.dumps({"rank": rank(), "models": sorted(digests)}))
 
 
 def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False,

@@ -153,8 +153,8 @@ def shutdown() -> None:
         except RuntimeEnvError as exc:  # raised once everything below is released
             failed = exc
     if "wrapped" in STATE:  # migrate --check: were the ranks' models kept in step?
-        from .data import check_models
-        check_models(STATE["wrapped"])
+        from .checkmode import check_models
+        check_models(STATE["wrapped"], rank())
     # A DDP reducer that outlives its process group can abort the process at exit ("terminate called without
     # an active exception", seen with gloo under mp.spawn): release the reducers of wrapped models first.
     for model in list(STATE.get("wrapped", ())):
