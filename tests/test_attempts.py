@@ -262,5 +262,8 @@ def test_slurm_s_memory_kill_is_the_program_s_only_for_this_job_s_attempt_and_a_
     assert oom.evidence == f'rank-2.out: "{line}"'
     assert faults.attempt(run, err, ["node1", "node2"], 2, job="5", since=start).kind == "ambiguous"
     assert faults.attempt(run, err, ["node1", "node2"], 2, job="4", since=start + 60).kind == "ambiguous"
+    (run / "rank-2.out").write_text(line.replace("2026-12-04T02", "2026-19-99T02") + "\n")  # not a time: data
+    assert faults.attempt(run, err, ["node1", "node2"], 2, job="4", since=start).kind == "ambiguous"
+    (run / "rank-2.out").write_text(line + "\n")
     err.write_text("srun: error: node2: task 3: Killed\n")  # rank 2, whose log has the line, was not killed
     assert faults.attempt(run, err, ["node1", "node2"], 2, job="4", since=start).kind == "ambiguous"

@@ -256,6 +256,34 @@ def test_ddp_contract_four_ranks_one_step_equal_one_process_on_the_global_batch(
     assert not torch.equal(ddp["0.weight"], build()[1].state_dict()["0.weight"])  # it did train
 
 
+@pytest.mark.ranks
+def test_compare_dp_times_the_original_under_dataparallel_and_the_migrated_script_the_same_way(tmp_path):
+    """Issue 43's "the throughput against the original under DataParallel": --compare-dp runs the original first
+    (one process, DataParallel as written, only its training loader cut and its steps counted) and then the
+    migrated one, and compares samples/s from both runs' step telemetry. On the CPU it compares processes, and
+    says so; where GPUs are it is the default."""
+    shutil.copy(OURS / "dp_train.py", tmp_path)
+    alone = run_cli("migrate", "dp_train.py", "--compare-dp", cwd=tmp_path)
+    assert alone.returncode == 2 and alone.stderr.strip().splitlines()[-1] == (
+        "clusterddp: error: --compare-dp compares the runs of --check: give --check too"), alone.stderr
+    proc = run_cli("migrate", "dp_train.py", "--diff", "--check", "--compare-dp", "--check-steps", "6", "--",
+                   "--epochs", "2", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "clusterddp: check: the original under DataParallel, one process: .dp_train_dp_check.py --epochs 2" in \
+        proc.stderr and "  validation loss " in proc.stderr, proc.stderr  # the original ran, as written
+    m = re.search(r"check: throughput on the CPU \(no GPU here: this compares processes, not GPUs\): the original "
+                  r"under DataParallel, 1 process: ([0-9.]+) samples/s \((\d+) a step, median step ([0-9.]+) ms\); "
+                  r"migrated, DDP, 4 ranks: ([0-9.]+) samples/s \((\d+) a step, median step ([0-9.]+) ms\): "
+                  r"([0-9.]+)x$", proc.stderr, re.MULTILINE)
+    assert m, proc.stderr
+    dp, dp_batch, dp_ms, ddp, ddp_batch, ddp_ms, ratio = (float(g) for g in m.groups())
+    assert (dp_batch, ddp_batch) == (16, 64)  # DataParallel's batch is global; each of the 4 ranks takes 16
+    assert dp == pytest.approx(dp_batch / dp_ms * 1000, rel=0.01) and ddp == pytest.approx(ddp_batch / ddp_ms * 1000,
+                                                                                           rel=0.01)
+    assert ratio == pytest.approx(ddp / dp, rel=0.01)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp_train.py", "model.pt"]  # no variant left behind
+
+
 def readme_screen() -> list:
     """The README's screen "From a DataParallel script to a multi-node job": its command lines, comments cut."""
     text = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")

@@ -28,8 +28,12 @@ from .base import Command
                    "to --check-steps batches, and say whether it trained and how the ranks' data differed. ARGS "
                    "after -- go to the script.")
 @click.option("--check-steps", type=click.IntRange(1, 1000), default=3, show_default=True, metavar="N")
+@click.option("--compare-dp/--no-compare-dp", default=None,
+              help="With --check: first run the original under DataParallel (one process, every GPU here) the "
+                   "same way, and compare the throughput (samples/s). Default: where GPUs are. On the CPU it "
+                   "compares processes, not GPUs. What the original writes, it writes too.")
 def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], diff: bool, in_place: bool,
-                    keep_global_batch: bool, check: bool, check_steps: int) -> None:
+                    keep_global_batch: bool, check: bool, check_steps: int, compare_dp: Optional[bool]) -> None:
     """From nn.DataParallel to DistributedDataParallel in one command: SCRIPT rewritten with clusterddp's runtime
     (comments and formatting kept, untouched lines byte for byte), every change listed with its line, and what
     cannot be rewritten safely listed with what to do (custom samplers, gradient accumulation without no_sync,
@@ -53,6 +57,8 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
         raise SpecError("-o, --diff and --in-place are three different answers to where the result goes: give one")
     if args and not check:
         raise SpecError(f"arguments after SCRIPT ({' '.join(args)}) are for --check (the script's own arguments)")
+    if compare_dp and not check:
+        raise SpecError("--compare-dp compares the runs of --check: give --check too")
     try:
         source = script.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError) as exc:
@@ -74,7 +80,11 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
     if not diff:
         _write(script, target, source, m.text, in_place)
     if check:
-        _check(script, target, m.text, diff, args, check_steps)
+        if compare_dp is None:
+            from ..backends.local.plan import visible_gpus
+
+            compare_dp = bool(visible_gpus())
+        _check(script, target, m.text, diff, args, check_steps, source if compare_dp else None)
 
 
 def _write(script: Path, target: Path, source: str, text: str, in_place: bool) -> None:
@@ -89,7 +99,8 @@ def _write(script: Path, target: Path, source: str, text: str, in_place: bool) -
     click.echo(f"clusterddp: wrote {target}; next: clusterddp submit --local --nodes 2 --gpus 2 {target}", err=True)
 
 
-def _check(script: Path, target: Path, text: str, diff: bool, args: Sequence[str], steps: int) -> None:
+def _check(script: Path, target: Path, text: str, diff: bool, args: Sequence[str], steps: int,
+           original: Optional[str]) -> None:
     """--check: the migrated script run here (with --diff, from a file of its own beside SCRIPT, removed after)."""
     from ..datafiles import write_atomic
     from ..migrate.check import run
@@ -99,7 +110,7 @@ def _check(script: Path, target: Path, text: str, diff: bool, args: Sequence[str
         checked = script.with_name(f".{script.stem}_ddp_check{script.suffix}")
         write_atomic(checked, text)
     try:
-        code, lines = run(checked, args, steps, echo=lambda line: click.echo(line, err=True))
+        code, lines = run(checked, args, steps, echo=lambda line: click.echo(line, err=True), original=original)
     finally:
         if diff:
             checked.unlink(missing_ok=True)

@@ -117,7 +117,7 @@ def over_memory(logs: Sequence[Path], err: Sequence[str], job: str = "", since: 
             continue
         for line in tail(log, 1 << 20):
             m = OVER_MEMORY.match(line)
-            when = time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) if m and m.group(1) else None
+            when = _clock(m.group(1)) if m and m.group(1) else None
             if m and (not job or m.group(2) == job) and (not since or when is not None and when >= since - 2):
                 found.append((when or 0, int(number), line, int(m.group(3)) >> 20, int(m.group(4)) >> 20))
     if not found:
@@ -128,6 +128,14 @@ def over_memory(logs: Sequence[Path], err: Sequence[str], job: str = "", since: 
         f"out of memory on {node}: Slurm killed the step there when it used {used} MiB, over the job's limit of "
         f"{limit} MiB per node: the program, not the node; it needs less memory per rank (a smaller batch) or more "
         "(--mem)"), "Killed", (rank,), cite(f"rank-{rank}.out", line))
+
+
+def _clock(text: str) -> Optional[float]:
+    """Slurm's local time ('2026-12-04T02:55:02') as a Unix time; None for one that is not a time."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
 
 
 def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],

@@ -9,9 +9,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import contract
+from ..backends.local.plan import visible_gpus
 from ..datafiles import read_bounded
 from ..observe import telemetry
 
@@ -19,8 +20,11 @@ SHAPE = ("--nodes", "2", "--procs-per-node", "2")
 RANKS = 4
 
 
-def run(script: Path, args: Sequence[str], steps: int, echo: Callable[[str], None]) -> Tuple[int, List[str]]:
-    """Run it; the exit code and the verdict's lines."""
+def run(script: Path, args: Sequence[str], steps: int, echo: Callable[[str], None],
+        original: Optional[str] = None) -> Tuple[int, List[str]]:
+    """Run it; the exit code and the verdict's lines. ``original``: the script before migration, to time under
+    DataParallel first (one process, every GPU here), the same way (--compare-dp)."""
+    dp = _original(script, original, args, steps, echo) if original is not None else None
     out = Path(tempfile.mkdtemp(prefix="clusterddp-migrate-check-"))
     env = dict(os.environ, **{contract.CHECK_STEPS: str(steps)})
     argv = [sys.executable, "-m", "clusterddp", "submit", "--local", *SHAPE, "--quiet", "--output-dir", str(out),
@@ -31,7 +35,62 @@ def run(script: Path, args: Sequence[str], steps: int, echo: Callable[[str], Non
     for line in proc.stdout.splitlines()[-40:]:
         echo(f"  {line}")
     runs = sorted(out.glob("*/"))
-    return verdict(proc.returncode, runs[-1] if runs else None)
+    code, lines = verdict(proc.returncode, runs[-1] if runs else None)
+    if original is not None:
+        lines[-1] = compared(dp, throughput(runs[-1]) if runs else None, len(visible_gpus()))
+    return code, lines
+
+
+def _original(script: Path, source: str, args: Sequence[str], steps: int,
+              echo: Callable[[str], None]) -> Union[str, Tuple[float, float, int]]:
+    """The original under DataParallel, one process, timed (throughput), or why it was not."""
+    from ..datafiles import write_atomic
+    from .rules import measuring_source
+
+    out = Path(tempfile.mkdtemp(prefix="clusterddp-migrate-dp-"))
+    variant = script.with_name(f".{script.stem}_dp_check{script.suffix}")
+    write_atomic(variant, measuring_source(source))
+    env = dict(os.environ, **{contract.CHECK_STEPS: str(steps), contract.RUN_DIR: str(out)})
+    echo(f"clusterddp: check: the original under DataParallel, one process: {variant.name} {' '.join(args)}")
+    try:
+        proc = subprocess.run([sys.executable, str(variant), *args], cwd=script.parent, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    finally:
+        variant.unlink(missing_ok=True)
+    for line in proc.stdout.splitlines()[-12:]:
+        echo(f"  {line}")
+    measured = throughput(out)
+    if proc.returncode != 0 or measured is None:
+        return f"it ended with exit {proc.returncode}" if proc.returncode else "too few steps recorded"
+    return measured
+
+
+def throughput(run: Path) -> Optional[Tuple[float, float, int]]:
+    """(samples/s, median step time, samples per step) of a check's ranks: their telemetry's median step and the
+    batch size of each rank's first loader."""
+    table = telemetry.rank_table(telemetry.read(run, 0))
+    batch = 0
+    for path in sorted((run / "check").glob("rank-*-loader-0.json"))[:4096]:
+        try:
+            batch += int(json.loads(read_bounded(path, 16 << 20) or b"")["batch_size"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    steps = sorted(r["step_p50_s"] for r in table if r["steps"] > 1 and r["step_p50_s"])
+    if not steps or len(steps) != len(table) or not batch:
+        return None
+    median = steps[len(steps) // 2]
+    return batch / median, median, batch
+
+
+def compared(dp: object, ddp: Optional[Tuple[float, float, int]], gpus: int) -> str:
+    """The seed's comparison, measured: the original under DataParallel against the migrated script under DDP."""
+    where = f"{gpus} GPU(s)" if gpus else "the CPU (no GPU here: this compares processes, not GPUs)"
+    if not isinstance(dp, tuple) or ddp is None:
+        why = dp if isinstance(dp, str) else "the migrated run recorded too few steps"
+        return f"check: throughput against DataParallel on {where}: not measured ({why}; --check-steps 5 or more)"
+    return (f"check: throughput on {where}: the original under DataParallel, 1 process: {dp[0]:.1f} samples/s "
+            f"({dp[2]} a step, median step {dp[1] * 1000:.1f} ms); migrated, DDP, {RANKS} ranks: {ddp[0]:.1f} "
+            f"samples/s ({ddp[2]} a step, median step {ddp[1] * 1000:.1f} ms): {ddp[0] / dp[0]:.2f}x")
 
 
 def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
@@ -65,8 +124,8 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
             trained = False
             lines.append(f"check: data (loader {loader + 1}): ranks share samples ({overlap} pairs, {len(shared)} "
                          "seen by all): a sampler that does not split the data per rank?")
-    lines.append("check: throughput against DataParallel needs GPUs: on a GPU machine, examples/dp_vs_ddp.py "
-                 "measures the same model both ways")
+    lines.append("check: throughput against DataParallel: not measured (--compare-dp, the default where GPUs are; "
+                 "examples/dp_vs_ddp.py measures a model both ways)")
     return (0 if trained else 1), lines
 
 

@@ -66,6 +66,15 @@ def migrate_source(source: str, filename: str = "<script>", keep_global_batch: b
     return out
 
 
+def measuring_source(source: str) -> str:
+    """The original as it runs under DataParallel, for --compare-dp to time as it times the migrated one: only its
+    training loader cut (runtime.loader in a world of one), its optimizer steps counted, its entry point between
+    runtime.init(allow_single=True) and runtime.shutdown(). ``source`` parsed already (migrate_source)."""
+    from .transform import rewrite
+
+    return rewrite(libcst_module().parse_module(source), False, measure=True)[0]
+
+
 def report(m: Migration, filename: str, keep_global_batch: bool) -> List[str]:
     """The lines for people: what changed, what to look at, the batch size said plainly."""
     lines = [f"{filename}:{line}: {what}" for line, what in sorted(m.changes)]

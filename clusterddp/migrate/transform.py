@@ -90,8 +90,11 @@ class ToDDP(cst.CSTTransformer):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, survey: Survey, keep_global_batch: bool) -> None:
-        self.s, self.keep = survey, keep_global_batch
+    def __init__(self, survey: Survey, keep_global_batch: bool, measure: bool = False) -> None:
+        # measure: the original as it is (DataParallel, its devices, its saves and prints) but for what --check
+        # needs to time it the same way: the training loader cut (runtime.loader, a world of one), the steps counted
+        self.s, self.keep, self.measure = survey, keep_global_batch, measure
+        self.init = "runtime.init(allow_single=True)" if measure else "runtime.init()"
         self.changes: Lines = []
         self.guarded = False
         self.retested: Set[int] = set()  # lines of the ifs whose test is now the world size
@@ -102,6 +105,8 @@ class ToDDP(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
         name = dotted(original.func)
         last = name.split(".")[-1]
+        if self.measure and not is_loader(original):
+            return updated
         if last == "DataParallel" and positional(original):
             self._did(original, f"{code_of(original)} -> runtime.wrap({code_of(positional(original)[0].value)})")
             return cst.parse_expression(f"runtime.wrap({code_of(positional(updated)[0].value)})")
@@ -137,7 +142,7 @@ class ToDDP(cst.CSTTransformer):
         return arg.with_changes(value=cst.parse_expression(f"max(1, ({code_of(arg.value)}) // runtime.world_size())"))
 
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> Any:
-        if original.attr.value == "module" and isinstance(original.value, cst.Name) and \
+        if not self.measure and original.attr.value == "module" and isinstance(original.value, cst.Name) and \
                 original.value.value in self.s.wrapped:
             self._did(original, f"{original.value.value}.module -> runtime.unwrap({original.value.value})")
             return cst.parse_expression(f"runtime.unwrap({original.value.value})")
@@ -153,8 +158,9 @@ class ToDDP(cst.CSTTransformer):
         return updated
 
     def leave_If(self, original: cst.If, updated: cst.If) -> Any:
-        if not _main_guard(original) and isinstance(original.body, cst.IndentedBlock) and "runtime." not in \
-                code_of(original.test) and any("DataParallel(" in code_of(s) for s in original.body.body):
+        if not self.measure and not _main_guard(original) and isinstance(original.body, cst.IndentedBlock) and \
+                "runtime." not in code_of(original.test) and \
+                any("DataParallel(" in code_of(s) for s in original.body.body):
             # "if device_count() > 1: model = DataParallel(model)": under DDP each rank has one GPU, so the wrap
             # would never happen and every rank would train its own copy. The ranks decide.
             self.retested.add(_line(self, original))
@@ -165,7 +171,7 @@ class ToDDP(cst.CSTTransformer):
             return updated
         self.guarded = True
         self._did(original, "the entry point runs between runtime.init() and runtime.shutdown()")
-        body = [cst.parse_statement("runtime.init()\n"), *updated.body.body,
+        body = [cst.parse_statement(f"{self.init}\n"), *updated.body.body,
                 cst.parse_statement("runtime.shutdown()\n")]
         return updated.with_changes(body=updated.body.with_changes(body=body))
 
@@ -178,7 +184,7 @@ class ToDDP(cst.CSTTransformer):
                 at = i + 1
         added = [cst.parse_statement(IMPORT + "\n")]
         if not self.guarded:  # a script without a main guard: the whole module is the entry point
-            added.append(cst.parse_statement("runtime.init()\n"))
+            added.append(cst.parse_statement(f"{self.init}\n"))
             body.append(cst.parse_statement("runtime.shutdown()\n"))
         self.changes.append((1, f"{IMPORT}" + ("" if self.guarded else "; runtime.init() after the imports, "
                                                "runtime.shutdown() at the end")))
@@ -198,12 +204,12 @@ class _Average(cst.CSTTransformer):
         return updated
 
 
-def rewrite(module: cst.Module, keep_global_batch: bool) -> Tuple[str, Lines, Lines]:
+def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) -> Tuple[str, Lines, Lines]:
     """The new text, the changes and the findings."""
     wrapper = MetadataWrapper(module)
     survey = Survey()
     wrapper.visit(survey)
-    transformer = ToDDP(survey, keep_global_batch)
+    transformer = ToDDP(survey, keep_global_batch, measure)
     new = wrapper.visit(transformer)
     findings = {(line, what) for line, what in survey.findings if line not in transformer.retested}
     return new.code, transformer.changes, sorted(findings)

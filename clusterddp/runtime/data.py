@@ -98,7 +98,8 @@ def _checking(made: EpochLoader) -> Optional[int]:
     if made.epoch == 0:
         indices = list(DistributedSampler.__iter__(made.sampler))[:limit * (made.batch_size or 1)]  # type: ignore
         path = Path(rundir.at(run_dir)) / contract.CHECK_FILE.format(rank=rank(), loader=made.number)
-        write_atomic(path, json.dumps({"rank": rank(), "loader": made.number, "indices": [int(i) for i in indices]}))
+        write_atomic(path, json.dumps({"rank": rank(), "loader": made.number, "batch_size": made.batch_size,
+                                      "indices": [int(i) for i in indices]}))
     return limit
 
 
