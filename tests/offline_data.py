@@ -35,7 +35,7 @@ def mnist(root: Path, train: int = 256, test: int = 64) -> None:
         (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 0x801, n) + labels.tobytes())
 
 
-def cifar10(root: Path, per_batch: int = 16, test: int = 32) -> None:
+def cifar10(root: Path, per_batch: int = 16, test: int = 16) -> None:
     """``root``/cifar-10-batches-py/: five training batches, the test batch and the meta file, pickled as the real
     ones (rows of 3072 bytes, channels first)."""
     out = root / "cifar-10-batches-py"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import difflib
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import click
 
@@ -84,7 +84,7 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
             from ..backends.local.plan import visible_gpus
 
             compare_dp = bool(visible_gpus())
-        _check(script, target, m.text, diff, args, check_steps, source if compare_dp else None)
+        _check(script, target, m.text, diff, args, check_steps, (script, source) if compare_dp else None)
 
 
 def _write(script: Path, target: Path, source: str, text: str, in_place: bool) -> None:
@@ -100,7 +100,7 @@ def _write(script: Path, target: Path, source: str, text: str, in_place: bool) -
 
 
 def _check(script: Path, target: Path, text: str, diff: bool, args: Sequence[str], steps: int,
-           original: Optional[str]) -> None:
+           original: Optional[Tuple[Path, str]]) -> None:
     """--check: the migrated script run here (with --diff, from a file of its own beside SCRIPT, removed after)."""
     from ..datafiles import write_atomic
     from ..migrate.check import run

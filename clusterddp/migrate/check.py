@@ -21,10 +21,10 @@ RANKS = 4
 
 
 def run(script: Path, args: Sequence[str], steps: int, echo: Callable[[str], None],
-        original: Optional[str] = None) -> Tuple[int, List[str]]:
-    """Run it; the exit code and the verdict's lines. ``original``: the script before migration, to time under
-    DataParallel first (one process, every GPU here), the same way (--compare-dp)."""
-    dp = _original(script, original, args, steps, echo) if original is not None else None
+        original: Optional[Tuple[Path, str]] = None) -> Tuple[int, List[str]]:
+    """Run it; the exit code and the verdict's lines. ``original``: the script before migration (path, text), to
+    time under DataParallel first (one process, every GPU here), the same way (--compare-dp)."""
+    dp = _original(*original, args, steps, echo) if original is not None else None
     out = Path(tempfile.mkdtemp(prefix="clusterddp-migrate-check-"))
     env = dict(os.environ, **{contract.CHECK_STEPS: str(steps)})
     argv = [sys.executable, "-m", "clusterddp", "submit", "--local", *SHAPE, "--quiet", "--output-dir", str(out),
@@ -89,8 +89,8 @@ def compared(dp: object, ddp: Optional[Tuple[float, float, int]], gpus: int) -> 
         why = dp if isinstance(dp, str) else "the migrated run recorded too few steps"
         return f"check: throughput against DataParallel on {where}: not measured ({why}; --check-steps 5 or more)"
     return (f"check: throughput on {where}: the original under DataParallel, 1 process: {dp[0]:.1f} samples/s "
-            f"({dp[2]} a step, median step {dp[1] * 1000:.1f} ms); migrated, DDP, {RANKS} ranks: {ddp[0]:.1f} "
-            f"samples/s ({ddp[2]} a step, median step {ddp[1] * 1000:.1f} ms): {ddp[0] / dp[0]:.2f}x")
+            f"({dp[2]} a step, median step {dp[1] * 1000:.3f} ms); migrated, DDP, {RANKS} ranks: {ddp[0]:.1f} "
+            f"samples/s ({ddp[2]} a step, median step {ddp[1] * 1000:.3f} ms): {ddp[0] / dp[0]:.2f}x")
 
 
 def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:

@@ -116,6 +116,10 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, d
         kwargs["generator"] = torch.Generator()
     sampler = ResumableSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
                                drop_last=drop_last)
+    if os.environ.get(contract.CHECK_STEPS, "").isdigit() and kwargs.get("num_workers") and \
+            "persistent_workers" not in kwargs:
+        # migrate --check cuts every epoch to a few batches: workers started anew for each would be most of its time
+        kwargs["persistent_workers"] = True
     made = EpochLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
     made.seed, made.own_generator = seed, own_generator
     made.number, _MADE[0] = _MADE[0], _MADE[0] + 1

@@ -142,7 +142,7 @@ memory_lines() {
     # and the nodes claim 8 x that, so that memory never decides where or when a job runs: CPUs still do.
     if [ "$RELEASE" = 26.05 ]; then
         echo "JobAcctGatherType=jobacct_gather/linux"
-        echo "JobAcctGatherParams=OverMemoryKill,UsePss"
+        echo "JobAcctGatherParams=OverMemoryKill"
         echo "JobAcctGatherFrequency=task=1"
         echo "SelectTypeParameters=CR_CPU_Memory"
         echo "DefMemPerNode=8000"
