@@ -265,6 +265,20 @@ def test_compare_dp_compares_the_runs_of_check(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dp_train.py"]
 
 
+def test_a_comparison_that_could_not_be_measured_says_why():
+    from clusterddp.migrate import check
+
+    ddp = (1000.0, 0.064, 64)
+    assert check.compared("it ended with exit 1", ddp, 0) == (
+        "check: throughput against DataParallel on the CPU (no GPU here: this compares processes, not GPUs): not "
+        "measured (it ended with exit 1: its output above)")
+    assert "on 8 GPU(s): not measured (the migrated run recorded too few steps;" in check.compared((1.0, 1.0, 1),
+                                                                                                   None, 8)
+    assert check.compared((500.0, 0.032, 16), ddp, 8).endswith(
+        "on 8 GPU(s): the original under DataParallel, 1 process: 500.0 samples/s (16 a step, median step 32.000 ms); "
+        "migrated, DDP, 4 ranks: 1000.0 samples/s (64 a step, median step 64.000 ms): 2.00x")
+
+
 def compared(said: str, dp_batch: int, ddp_batch: int) -> None:
     """Issue 43's "the throughput against the original under DataParallel" (--compare-dp, on the CPU here): both
     runs timed by their step telemetry, samples/s = a step's samples / the median step, and their ratio."""

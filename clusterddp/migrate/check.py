@@ -87,7 +87,8 @@ def compared(dp: object, ddp: Optional[Tuple[float, float, int]], gpus: int) -> 
     where = f"{gpus} GPU(s)" if gpus else "the CPU (no GPU here: this compares processes, not GPUs)"
     if not isinstance(dp, tuple) or ddp is None:
         why = dp if isinstance(dp, str) else "the migrated run recorded too few steps"
-        return f"check: throughput against DataParallel on {where}: not measured ({why}; --check-steps 5 or more)"
+        hint = "; --check-steps 5 or more" if "steps" in why else ": its output above"
+        return f"check: throughput against DataParallel on {where}: not measured ({why}{hint})"
     return (f"check: throughput on {where}: the original under DataParallel, 1 process: {dp[0]:.1f} samples/s "
             f"({dp[2]} a step, median step {dp[1] * 1000:.3f} ms); migrated, DDP, {RANKS} ranks: {ddp[0]:.1f} "
             f"samples/s ({ddp[2]} a step, median step {ddp[1] * 1000:.3f} ms): {ddp[0] / dp[0]:.2f}x")
