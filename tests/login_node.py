@@ -14,6 +14,7 @@ from typing import Dict
 LOGIN_ADDR = "10.200.0.10"
 TCSH_PORT = 2222
 PASSWORD_PORT = 2223
+HOME_PORT = 2224
 PASSWORD = "cddp-test-only"  # root's password on cddp-password only (a file in that sshd's own mount namespace)
 NAMESPACE = "cddp-login"
 CLUSTER_DIR = os.environ.get("CLUSTERDDP_CLUSTER_DIR", "/tmp/clusterddp-cluster")
@@ -109,6 +110,31 @@ Host cddp-password
                                    + (d / log).read_text()[-2000:])
             time.sleep(0.2)
     return config
+
+
+def start_home(d: Path, config: Path, home: Path, environment: Dict[str, str]) -> str:
+    """Another sshd of the login node (host cddp-home in ``config``) where root's home is ``home`` (a real
+    directory, or a link to one, as /home/alice -> /gpfs/home/alice) and the site's environment is
+    ``environment`` (~/.ssh/environment there, as a site's login profile would give it: no setup lines needed).
+    Returns the host name."""
+    ssh = Path(os.path.realpath(home)) / ".ssh"
+    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh / "environment").write_text("".join(f"{k}={v}\n" for k, v in environment.items()))
+    _variant(d, "home", HOME_PORT, {"/etc/passwd": _root_field(Path("/etc/passwd"), 5, str(home))},
+             {"UsePAM no": "UsePAM no\nPermitUserEnvironment yes"})
+    host_pub = (d / "host_key.pub").read_text().split()
+    with open(d / "known_hosts", "a") as fh:
+        fh.write(f"[{LOGIN_ADDR}]:{HOME_PORT} {host_pub[0]} {host_pub[1]}\n")
+    with open(config, "a") as fh:
+        fh.write(f"Host cddp-home\n  HostName {LOGIN_ADDR}\n  Port {HOME_PORT}\n  IdentityFile {d}/id\n  User root\n"
+                 f"  IdentitiesOnly yes\n  UserKnownHostsFile {d}/known_hosts\n  StrictHostKeyChecking yes\n"
+                 "  BatchMode yes\n")
+    deadline = time.monotonic() + 20
+    while subprocess.run(["ssh", "-F", str(config), "cddp-home", "true"], capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError("sshd with its own home did not answer: " + (d / "sshd-home.log").read_text()[-2000:])
+        time.sleep(0.2)
+    return "cddp-home"
 
 
 def _root_field(path: Path, index: int, value: str) -> str:

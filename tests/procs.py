@@ -62,3 +62,12 @@ def kill_at_once(pids: list, timeout: float = 10.0) -> None:
     finally:
         for ppid in parents:
             os.kill(ppid, signal.SIGCONT)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.5) -> None:
+    """Until ``predicate()`` holds (an event, not a fixed sleep); fails the test naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:.0f} s for {what}")
+        time.sleep(interval)

@@ -18,6 +18,7 @@ import pytest
 
 from . import login_node
 from .conftest import CLUSTER_DIR, CLUSTER_SH, ROOT, SCRIPTS, run_cli
+from .procs import wait_for
 
 # SSH, rsync and records are the same on every Slurm release: one test runs on each, the rest on the newest.
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.slurm_releases("24.11", "26.05")]
@@ -419,3 +420,60 @@ def test_refused_key_unreachable_host_missing_python(laptop):
     _one_line(too_big, 2, "partition debug has 3 node")  # sinfo of that cluster, over SSH
     outside = run_cli("submit", "--cluster", "tc", "--gpus", "0", str(proj / "probe.py"), cwd=proj, env=env)
     _one_line(outside, 2, "is not a path inside the directory you submit from")
+
+
+def test_the_documented_profiles_submit_for_real(login, laptop, tmp_path):
+    """Issue 52: each profile docs/remote.md shows, used for a real submission over SSH. The minimal one (only
+    host; ssh_config stands for the laptop's ~/.ssh/config) puts the copy under the home's clusterddp/, the home
+    reached through a link (/home/me -> /gpfs/home/me) and Slurm found through the site's login environment;
+    remote_dir = "~/x"; and the full example (its setup lines: `module load slurm`, a venv's activate) with an
+    absolute remote_dir. status, logs and cancel each work for them."""
+    proj, env, _ = laptop
+    shutil.copy(SCRIPTS / "plumbing.py", proj)
+    (proj / "sleepy.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    real = tmp_path / "gpfs-home"
+    real.mkdir(mode=0o700)
+    home = tmp_path / "home-link"
+    home.symlink_to(real)
+    bins = f"{CLUSTER_DIR}/bin:{Path(sys.executable).parent}:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    (real / ".bashrc").write_text(  # what a site's Lmod init gives bash run by sshd: a `module` function
+        f'module() {{ echo "$*" >> "$HOME/module.log"; [ "$*" = "load slurm" ] && '
+        f'export SLURM_CONF={CLUSTER_DIR}/slurm.conf PATH="{CLUSTER_DIR}/bin:$PATH"; }}\n')
+    (real / "venvs" / "torch" / "bin").mkdir(parents=True)
+    (real / "venvs" / "torch" / "bin" / "activate").write_text(f'export PATH="{Path(sys.executable).parent}:$PATH"\n')
+    host = login_node.start_home(login.parent, login, home,
+                                 {"SLURM_CONF": f"{CLUSTER_DIR}/slurm.conf", "PATH": bins})
+    scratch = tmp_path / "scratch" / "cddp"
+    (proj / "clusterddp.toml").write_text(
+        f'[clusters.mini]\nhost = "{host}"\nssh_config = "{login}"\n\n'
+        f'[clusters.tilde]\nhost = "{host}"\nssh_config = "{login}"\nremote_dir = "~/x"\n\n'
+        f'[clusters.full]\nhost = "{host}"\nssh_config = "{login}"\n'
+        'setup = ["module load slurm", "source ~/venvs/torch/bin/activate"]   # the docs\' example\n'
+        f'remote_dir = "{scratch}"\n')
+    where = {"mini": real / "clusterddp" / "proj", "tilde": real / "x" / "proj", "full": scratch / "proj"}
+    jobs = {}
+    for name in ("mini", "full"):
+        proc = run_cli("submit", "--cluster", name, "--launcher", "srun", "--nodes", "2", "--gpus", "0",
+                       "--procs-per-node", "2", "-t", "5", "plumbing.py", "--wait", cwd=proj, env=env, timeout=240)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        jobs[name] = proc.stdout.strip().splitlines()[-1]
+        assert f"to {name}:{where[name]} (ssh {host})" in proc.stderr, proc.stderr
+        assert f"job {jobs[name]} ended COMPLETED, exit code 0" in proc.stderr, proc.stderr
+        assert (where[name] / "plumbing.py").is_file()
+        status = run_cli("status", "--cluster", name, jobs[name], cwd=proj, env=env)
+        assert status.returncode == 0 and "COMPLETED" in status.stdout, status.stdout + status.stderr
+        rank3 = run_cli("logs", "--cluster", name, jobs[name], "--rank", "3", cwd=proj, env=env)
+        assert rank3.returncode == 0 and '"rank": 3' in rank3.stdout and '"sum": 10.0' in rank3.stdout, rank3.stdout
+    assert (real / "module.log").read_text().splitlines().count("load slurm") >= 2  # the setup line ran there
+    assert list((real / "clusterddp" / ".lib").glob("*/clusterddp/runtime/__init__.py"))  # the modules beside it
+    # remote_dir = "~/x": submitted, seen running, its log read, cancelled.
+    job = _job_id(run_cli("submit", "--cluster", "tilde", "--launcher", "srun", "--gpus", "0", "sleepy.py",
+                          cwd=proj, env=env, timeout=120))
+    assert (where["tilde"] / "sleepy.py").is_file()
+    wait_for(lambda: "up" in run_cli("logs", "--cluster", "tilde", job, "--rank", "0", cwd=proj, env=env).stdout,
+             90, f"job {job}'s rank 0 to start")
+    assert "RUNNING" in run_cli("status", "--cluster", "tilde", job, cwd=proj, env=env).stdout
+    cancel = run_cli("cancel", "--cluster", "tilde", job, cwd=proj, env=env)
+    assert cancel.returncode == 0, cancel.stderr
+    wait_for(lambda: "CANCELLED" in run_cli("status", "--cluster", "tilde", job, cwd=proj, env=env).stdout, 60,
+             f"job {job} to be cancelled")

@@ -108,7 +108,8 @@ def from_table(name: str, table: Mapping[str, Any], where: str) -> Cluster:
         raise SpecError(f"{where}: clusters.{name}.port must be an integer 1-65535, got {port!r}")
     remote_dir = text("remote_dir", None, "a directory on the cluster (relative to your home there, or absolute)")
     if remote_dir is not None:
-        remote_dir = remote_dir[2:] if remote_dir.startswith("~/") else remote_dir
+        # ~ and ~/x: the home there and x under it (a relative path is relative to the home there).
+        remote_dir = "." if remote_dir in ("~", "~/") else remote_dir[2:] if remote_dir.startswith("~/") else remote_dir
         # ~user/...: rsync would expand it and the shell lines (which quote it) would not; give the path itself.
         if remote_dir.startswith("-") or remote_dir.startswith("~") or remote_dir == "" or "\\" in remote_dir:
             raise SpecError(f"{where}: clusters.{name}.remote_dir {remote_dir!r} cannot be used: give a directory "

@@ -159,10 +159,17 @@ def run(cluster: Cluster, argv: Sequence[str], cwd: Optional[str] = None, timeou
     return proc
 
 
+def sh_argv(script: str, args: Sequence[str] = (), cwd: Optional[str] = None) -> List[str]:
+    """The command ``sh`` runs there. Without ``cwd`` it starts in the home there, whatever the setup lines did:
+    a relative path (remote_dir's default) is relative to the home, as rsync and the docs take it."""
+    start = "" if cwd else 'cd -- "$HOME" 2>/dev/null\n'
+    return ["sh", "-c", start + script, "clusterddp", *args]
+
+
 def sh(cluster: Cluster, script: str, args: Sequence[str] = (), cwd: Optional[str] = None,
        timeout: float = 60, input: Optional[str] = None) -> subprocess.CompletedProcess:
     """A fixed sh script of ours with quoted arguments ("$1", "$2", ...) on the login node."""
-    return run(cluster, ["sh", "-c", script, "clusterddp", *args], cwd=cwd, timeout=timeout, input=input)
+    return run(cluster, sh_argv(script, args, cwd), cwd=cwd, timeout=timeout, input=input)
 
 
 @functools.lru_cache(maxsize=None)

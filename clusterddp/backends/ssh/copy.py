@@ -59,22 +59,28 @@ class CodeDir:
 # up to / must be this user's or root's and writable by nobody else unless sticky (/tmp): another user's directory
 # on the way (a /scratch/alice made by someone else first) could swap train.py or the modules before the job runs.
 # $1 code directory, $2 modules' directory, $3 where the code comes from (host:absolute path), $4 the code
-# directory to use instead when $1 holds another project's copy (same directory name, another origin).
+# directory to use instead when $1 holds another project's copy (same directory name, another origin). Relative
+# paths are from the home there (sh() starts there); both are made absolute (pwd -P) before anything else is
+# resolved, and the walk up is bounded: it reaches /, or ends the script (exit 3) saying what it found.
 _PREPARE = r"""
 umask 077
-mkdir -p -- "$2" || exit 3
+mkdir -p -- "$2" && lib="$(cd -- "$2" && pwd -P)" && [ -n "$lib" ] || exit 3
 code="$1"
 if [ -f "$code/.clusterddp-origin" ] && [ "$(cat -- "$code/.clusterddp-origin")" != "$3" ]; then code="$4"; fi
 mkdir -p -- "$code" && cd -- "$code" || exit 3
 [ -f .clusterddp-origin ] || printf '%s\n' "$3" > .clusterddp-origin
 pwd -P
 me="$(id -u)"
-for top in "$(pwd -P)" "$(cd -- "$2" && pwd -P)"; do
+for top in "$(pwd -P)" "$lib"; do
     d="$top"
+    n=0
     while :; do
+        case "$d" in /*) ;; *) echo "cannot resolve $top to an absolute path" >&2; exit 3 ;; esac
         bad="$(find "$d" -maxdepth 0 \( \( ! -uid "$me" ! -uid 0 \) -o \( -perm /022 ! -perm -1000 \) \) -print)"
         [ -z "$bad" ] || echo "unsafe $d"
         [ "$d" = / ] && break
+        n=$((n + 1))
+        [ "$n" -lt 256 ] || { echo "$top is deeper than 256 directories" >&2; exit 3; }
         d="$(dirname -- "$d")"
     done
 done
@@ -84,13 +90,16 @@ for c in "$@"; do command -v -- "$c" >/dev/null 2>&1 || echo "missing $c"; done
 
 
 # Where _PREPARE would put the code, changing nothing (for --dry-run): $1-$3 as _PREPARE's $1, $3, $4. A directory
-# not made yet is resolved through its deepest existing parent, as pwd -P resolves the made one.
+# not made yet is resolved through its deepest existing parent, as pwd -P resolves the made one (bounded as above).
 _WHERE = r"""
 code="$1"
 if [ -f "$code/.clusterddp-origin" ] && [ "$(cat -- "$code/.clusterddp-origin")" != "$2" ]; then code="$3"; fi
-case "$code" in /*) ;; *) code="$HOME/$code" ;; esac
+case "$code" in /*) ;; *) code="$(pwd -P)/$code" ;; esac
 rest=""
-while [ ! -d "$code" ]; do rest="/$(basename -- "$code")$rest"; code="$(dirname -- "$code")"; done
+n=0
+while [ ! -d "$code" ] && [ "$n" -lt 256 ]; do
+    rest="/$(basename -- "$code")$rest"; code="$(dirname -- "$code")"; n=$((n + 1))
+done
 printf '%s%s\n' "$(cd -- "$code" && pwd -P)" "$rest"
 """
 
@@ -197,10 +206,9 @@ def check_copy(cluster: Cluster, spec: "JobSpec", local_dir: Path) -> None:
         f"(\"0\": no limit)")
 
 
-def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = True) -> CodeDir:
-    """Connect, make the code directory, check the commands the job needs (pre-flight), copy the code (what
-    changed since the last copy; .gitignore'd files, .git and the output directory stay here) and clusterddp's
-    job-side modules. Returns the absolute code directory there."""
+def make_code_dir(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = True) -> str:
+    """The project's copy there made (private, checked on the way up) and the commands the job needs found:
+    its absolute path, or one line that says what is wrong."""
     command = contract.LAUNCHERS[spec.launcher].login_command
     needed = [spec.python] + ([command] if command and not spec.apptainer
                               and not spec.container_image else [])
@@ -231,6 +239,14 @@ def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = Tr
         raise PreflightError(f"{where(cluster)} has no {' and no '.join(shown(m) for m in missing)} on PATH "
                              f"(after its setup lines): the job needs the Python environment with torch there; "
                              f"{fix}{maybe}")
+    return path
+
+
+def prepare(cluster: Cluster, spec: "JobSpec", local_dir: Path, check: bool = True) -> CodeDir:
+    """Connect, make the code directory, check the commands the job needs (pre-flight), copy the code (what
+    changed since the last copy; .gitignore'd files, .git and the output directory stay here) and clusterddp's
+    job-side modules. Returns the absolute code directory there."""
+    path = make_code_dir(cluster, spec, local_dir, check)
     names = selected_names(spec, local_dir)
     with code_selection(spec, local_dir, names) as chosen:
         sent = rsync(cluster, [*COPY_ARGS, "--stats", "--out-format=cddp> %n", *chosen,
