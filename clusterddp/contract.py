@@ -155,6 +155,9 @@ CHECK_STEPS = "CLUSTERDDP_CHECK_STEPS"
 CHECK_FILE = "check/rank-{rank}-loader-{loader}.json"
 CHECK_MODELS = "check/rank-{rank}-models.json"  # at shutdown: a digest of each wrapped model's parameters
 RUN_ID = "CLUSTERDDP_RUN_ID"           # set by init(): the job's identity for trackers (runtime.run_id())
+#: A checkpoint (file, or a directory: its newest) to start from when the run has none of its own: another run's
+#: (fine-tuning, or a resubmitted job continuing a finished one). Checkpointer.load_latest(start_from=...) too.
+START_FROM = "CLUSTERDDP_START_FROM"
 METRICS_FILE = "metrics.jsonl"         # runtime.report(): one JSON object per line, appended by rank 0
 
 
@@ -245,5 +248,11 @@ RESERVED_ENV_NAMES = frozenset({
 })
 
 
+#: The job side's options a user sets per job (-e/--env, a profile's env): read by the runtime alone.
+USER_ENV_NAMES = frozenset({TELEMETRY, START_FROM})
+
+
 def reserved_env_name(name: str) -> bool:
+    if name in USER_ENV_NAMES:
+        return False
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES) or name.startswith("BASH_FUNC_")

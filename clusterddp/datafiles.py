@@ -47,12 +47,43 @@ def read_bounded(path: Union[str, Path], limit: int = MAX_FILE) -> Optional[byte
     return data if len(data) <= limit else None
 
 
+#: What a file of ours holds at most: nesting this deep, integers of this many digits (larger ones are no count,
+#: size or time of ours, and Python's int/str conversions of them are slow or refused).
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 20
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits")
+    return int(text)
+
+
+def parse_json(raw: Union[str, bytes], max_depth: int = MAX_DEPTH) -> Any:
+    """JSON text that a job, another machine or another user may have written, as data with bounds: nesting at most
+    ``max_depth`` deep, integers of at most MAX_INT_DIGITS digits. Anything else is a ValueError that says what
+    (never a RecursionError): the one reader of such JSON, so every caller reads bad input as data."""
+    try:
+        data = json.loads(raw, parse_int=_bounded_int)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {max_depth}") from None
+    stack = [(data, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > max_depth:
+                raise ValueError(f"nested deeper than {max_depth}")
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return data
+
+
 def read_json(path: Union[str, Path], limit: int = MAX_FILE) -> Any:
-    """JSON from a file, as data with bounds (read_bounded; nesting too deep to parse): or None."""
+    """JSON from a file, as data with bounds (read_bounded, parse_json): or None."""
     data = read_bounded(path, limit)
     try:
-        return None if data is None else json.loads(data)
-    except (ValueError, RecursionError):
+        return None if data is None else parse_json(data)
+    except ValueError:
         return None
 
 

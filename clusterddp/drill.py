@@ -22,6 +22,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import contract
 from .backends.local.tree import end_run, ranks_of_node
+from .datafiles import parse_json
 from .errors import ClusterDDPError
 from .job.spec import JobSpec
 
@@ -67,7 +68,15 @@ def _events(directory: Path) -> Dict[int, List[dict]]:
     out: Dict[int, List[dict]] = {}
     for path in sorted(directory.glob("rank-*.jsonl")):
         rank = int(path.stem.split("-")[1])
-        out[rank] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        events = []
+        for line in path.read_text().split("\n"):
+            try:
+                event = parse_json(line) if line.strip() else None
+            except ValueError:
+                continue  # (a record cut short by a kill)
+            if isinstance(event, dict) and isinstance(event.get("e"), str):
+                events.append(event)
+        out[rank] = events
     return out
 
 

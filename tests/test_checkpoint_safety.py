@@ -121,20 +121,22 @@ def test_save_keeps_the_last_keep_checkpoints(tmp_path):
 def test_a_damaged_newest_checkpoint_is_passed_over_and_stale_temp_files_go(tmp_path):
     """Issue 41: the newest checkpoint cut short (a full disk, a node lost mid-write) no longer fails every restart:
     the older good one loads, with a line saying so; only damaged ones is one clear error. A write killed half-way
-    leaves a .tmp- file: the next save removes it (an hour old), never a fresh one or a link."""
-    import os
-    import time
+    leaves a .tmp-TAG- file: the same run's next start removes it (issue 58: fresh or old), never another run's
+    (its write may be in flight), an untagged one, or a link."""
+    from clusterddp.runtime import ckptfile
 
     ck = tmp_path / "ck"
-    old_tmp = ck / ".tmp-killed"
     ck.mkdir()
-    old_tmp.write_bytes(b"half a checkpoint")
-    os.utime(old_tmp, (time.time() - 3600, time.time() - 3600))
-    (ck / ".tmp-fresh").write_bytes(b"")
-    (ck / ".tmp-link").symlink_to(old_tmp)
+    mine = f".tmp-{ckptfile.tag(None)}-"  # (outside a job: the run None)
+    (ck / f"{mine}killed").write_bytes(b"half a checkpoint")
+    (ck / f"{mine}fresh").write_bytes(b"")
+    (ck / f".tmp-{ckptfile.tag('another-run')}-inflight").write_bytes(b"")
+    (ck / ".tmp-untagged").write_bytes(b"")
+    (ck / f"{mine}link").symlink_to(ck / ".tmp-untagged")
     assert _run(tmp_path, str(ck), "save").returncode == 0
-    assert sorted(p.name for p in ck.iterdir()) == [".tmp-fresh", ".tmp-link", "ckpt-0000000007.json",
-                                                       "ckpt-0000000007.pt"]
+    assert sorted(p.name for p in ck.iterdir()) == sorted([
+        f".tmp-{ckptfile.tag('another-run')}-inflight", ".tmp-untagged", f"{mine}link", "ckpt-0000000007.json",
+        "ckpt-0000000007.pt"])
     good = (ck / "ckpt-0000000007.pt").read_bytes()
     (ck / "ckpt-0000000009.pt").write_bytes(good[: len(good) // 2])   # cut short
     (ck / "ckpt-0000000010.pt").write_bytes(b"not a checkpoint")
@@ -168,7 +170,7 @@ def test_a_checkpoint_that_differs_from_its_manifest_is_passed_over(tmp_path):
     good = (ck / "ckpt-0000000007.pt").read_bytes()
     record = json.loads((ck / "ckpt-0000000007.json").read_text())
     assert record == {"file": "ckpt-0000000007.pt", "step": 7, "size": len(good),
-                      "sha256": hashlib.sha256(good).hexdigest()}
+                      "sha256": hashlib.sha256(good).hexdigest(), "run": None}  # (outside a job: no run)
     assert stat.S_IMODE(os.stat(ck / "ckpt-0000000007.json").st_mode) == 0o600
     with zipfile.ZipFile(ck / "ckpt-0000000007.pt") as z:  # where the first tensor's bytes are
         info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))

@@ -2,6 +2,7 @@
 traceback, no unbounded work, nothing overwritten without asking."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -252,3 +253,29 @@ def test_printed_equals_written_property(runner, tmp_path, setup, args, name):
         assert printed.stdout == dry.stdout == out.read_bytes().decode("utf-8")
     else:
         assert printed.stderr == dry.stderr == written.stderr
+
+
+@settings(max_examples=200, deadline=None)
+@given(depth=st.integers(0, 100_000), digits=st.integers(1, 5000), junk=st.binary(max_size=64))
+def test_json_from_files_others_write_is_data_with_bounds(depth, digits, junk):
+    """Issue 58: datafiles.parse_json, the one reader of JSON that jobs or other machines write: nesting, huge
+    integers and bytes that are not JSON are each a ValueError that says what, never a RecursionError or a slow
+    conversion; what is within the bounds reads as json.loads reads it."""
+    from clusterddp.datafiles import MAX_DEPTH, MAX_INT_DIGITS, parse_json
+
+    for text in ("[" * depth + "1" + "]" * depth, '{"a": ' * depth + "1" + "}" * depth):
+        if depth <= MAX_DEPTH:
+            assert parse_json(text) == json.loads(text)
+        else:
+            with pytest.raises(ValueError, match=f"nested deeper than {MAX_DEPTH}"):
+                parse_json(text)
+    number = "7" * digits
+    if digits <= MAX_INT_DIGITS:
+        assert parse_json(f"[{number}, -{number}]") == [int(number), -int(number)]
+    else:
+        with pytest.raises(ValueError, match=f"an integer of {digits} digits"):
+            parse_json(f'{{"step": {number}}}')
+    try:
+        parse_json(junk)
+    except ValueError:
+        pass

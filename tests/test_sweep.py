@@ -429,3 +429,37 @@ def test_sweep_status_reads_odd_trial_files_and_metrics_as_data(project):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     (row,) = json.loads(proc.stdout)
     assert row["run_dir"] == str(good) and row["last"] == {"loss": 0.5}, row
+
+
+def test_sweep_status_shows_the_table_and_one_line_per_unreadable_file(project):
+    """Issue 58: a metrics.jsonl line nested 50,000 deep (what a trial's own script, or a hostile login node, can
+    write), a 400-digit number, a trial.json whose key has the wrong type: the table, and one line per bad file."""
+    from clusterddp.sweeps.run import SweepRecord
+
+    sweep_dir = project / "clusterddp-runs" / "sweep-deep"
+    rec = SweepRecord("deep", ".local", str(sweep_dir), {"script": "trial.py"},
+                      trials={"k0": {"index": 0, "params": [["lr", "0.1"]], "code": "c"},
+                              "k1": {"index": 1, "params": [["lr", "0.2"]], "code": "c"}},
+                      submissions=[{"job_id": "local", "time": 0, "tasks": {}}], submitted_from=str(project))
+    rec.save()
+    for name, key, lines in (("deep-0", "k0", ["[" * 50_000 + "]" * 50_000, '{"step": 1, "metrics": {"loss": 0.25}}',
+                                               '{"step": 2, "metrics": {"loss": 1' + "0" * 400 + "}}"]),
+                             ("deep-1", "k1", ['{"step": 1, "metrics": {"loss": 0.5}}'])):
+        (sweep_dir / name).mkdir(parents=True)
+        (sweep_dir / name / "trial.json").write_text(json.dumps({"sweep": "deep", "key": key}))
+        (sweep_dir / name / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (sweep_dir / "deep-9").mkdir()
+    (sweep_dir / "deep-9" / "trial.json").write_text(json.dumps({"sweep": "deep", "key": {"k0": 1}}))
+    proc = run_cli("sweep", "status", "deep", "--local", cwd=project)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[1].split()[:4] == ["trial", "lr", "state", "loss"], proc.stdout
+    assert lines[2].split()[:5] == ["0", "0.1", "FAILED", "0.25", "0.25"], proc.stdout
+    assert lines[3].split()[:5] == ["1", "0.2", "FAILED", "0.5", "0.5"], proc.stdout
+    unread = [ln.strip() for ln in lines if ln.strip().startswith("not read:")]
+    assert unread == ["not read: deep-9/trial.json: not a trial record (JSON with a string key); that run directory "
+                      "is left out",
+                      "not read: deep-0/metrics.jsonl: 2 line(s) not read (line 1: nested deeper than 64)"], lines
+    as_json = run_cli("sweep", "status", "deep", "--local", "--json", cwd=project)
+    assert as_json.returncode == 0 and len(json.loads(as_json.stdout)) == 2
+    assert as_json.stderr.count("clusterddp: not read: ") == 2, as_json.stderr

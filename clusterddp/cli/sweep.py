@@ -146,13 +146,17 @@ def sweep_status_command(name: str, sort: Optional[str], maximize: Sequence[str]
     if as_json and as_csv:
         raise SpecError("--json and --csv: choose one")
     record = SweepRecord.load(name, LOCAL_RECORDS if local else cluster)
-    rows = sweep_status.ordered(sweep_status.states(record, maximize, minimize), sort, maximize, minimize)
+    problems: List[str] = []
+    rows = sweep_status.ordered(sweep_status.states(record, maximize, minimize, problems), sort, maximize, minimize)
     if sort and not any(sort in r.best for r in rows):
         known = sweep_status.metric_names(rows)
         raise SpecError(f"--sort {sort}: no trial reported that metric (reported: {', '.join(known) or 'none yet'})")
+    if as_json or as_csv:
+        for problem in problems:  # (the table says these below it; tools get them on stderr)
+            click.echo(f"clusterddp: not read: {problem}", err=True)
     if as_json:
         click.echo(sweep_status.as_json(rows))
     elif as_csv:
         click.echo(sweep_status.as_csv(rows), nl=False)
     else:
-        click.echo(sweep_status.table(record, rows, maximize, minimize), nl=False)
+        click.echo(sweep_status.table(record, rows, maximize, minimize, problems), nl=False)

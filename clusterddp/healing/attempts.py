@@ -71,7 +71,7 @@ def read(run_dir: Path) -> List[Attempt]:
     if raw is None:
         return []
     out = []
-    for line in raw.decode("utf-8", "replace").splitlines()[:_MAX_LINES]:
+    for line in raw.decode("utf-8", "replace").split("\n")[:_MAX_LINES]:
         f = line.split("\t")
         if len(f) == len(contract.ATTEMPT_FIELDS) - 1:  # (a record from before the evidence column)
             f.append("")
@@ -123,7 +123,7 @@ def allocations(run_dir: Path) -> List[Allocation]:
     """Every allocation recorded, by restart (the first begin and the last end of each)."""
     raw = read_bounded(Path(run_dir) / contract.ALLOCATIONS_FILE)
     found: dict = {}
-    for line in (raw or b"").decode("utf-8", "replace").splitlines()[:_MAX_LINES]:
+    for line in (raw or b"").decode("utf-8", "replace").split("\n")[:_MAX_LINES]:
         f = line.split("\t")
         if len(f) == 4 and f[0] == "begin" and _time(f[2]) and _int(f[1]) not in found:
             found[_int(f[1])] = Allocation(_int(f[1]), _time(f[2]), 0.0, _nodes(f[3]))

@@ -3,7 +3,6 @@ CPU gloo without GPUs), each epoch cut to a few batches, and say whether it trai
 differed. The script runs as it is, from its own directory: what it writes, it writes."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import contract
 from ..backends.local.plan import visible_gpus
-from ..datafiles import read_bounded
+from ..datafiles import parse_json, read_bounded
 from ..observe import telemetry
 
 SHAPE = ("--nodes", "2", "--procs-per-node", "2")
@@ -72,7 +71,7 @@ def throughput(run: Path) -> Optional[Tuple[float, float, int]]:
     batch = 0
     for path in sorted((run / "check").glob("rank-*-loader-0.json"))[:4096]:
         try:
-            batch += int(json.loads(read_bounded(path, 16 << 20) or b"")["batch_size"])
+            batch += int(parse_json(read_bounded(path, 16 << 20) or b"")["batch_size"])
         except (ValueError, KeyError, TypeError):
             return None
     steps = sorted(r["step_p50_s"] for r in table if r["steps"] > 1 and r["step_p50_s"])
@@ -135,7 +134,7 @@ def _in_step(run: Path) -> Tuple[bool, str]:
     models = {}
     for path in sorted((run / "check").glob("rank-*-models.json"))[:4096]:
         try:
-            data = json.loads(read_bounded(path, 1 << 20) or b"null")
+            data = parse_json(read_bounded(path, 1 << 20) or b"null")
         except ValueError:
             continue
         if isinstance(data, dict) and isinstance(data.get("rank"), int) and isinstance(data.get("models"), list):
@@ -155,7 +154,7 @@ def _shares(run: Path) -> Dict[int, Dict[int, Set[int]]]:
     for path in sorted((run / "check").glob("rank-*-loader-*.json"))[:4096]:
         raw = read_bounded(path, 16 << 20)
         try:
-            data = json.loads(raw or b"")
+            data = parse_json(raw or b"")
             rank, loader, indices = int(data["rank"]), int(data["loader"]), data["indices"]
         except (ValueError, KeyError, TypeError):
             continue

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract, rollcall
 from ..contract import EXIT
-from ..datafiles import write_atomic
+from ..datafiles import parse_json, write_atomic
 from ..errors import ClusterDDPError, SlurmError
 
 FALLBACK_MODULE = "clusterddp.runtime.pyspy"
@@ -204,7 +204,7 @@ def module_answer(backend: Any, python: str, module: str, args: List[str], timeo
             note(line)
     argv = ["python", "-m", module, *args]
     try:
-        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+        answer = parse_json(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise SlurmError(f"clusterddp {command} on cluster {name} gave no answer", argv, proc.returncode,
                          proc.stderr) from None

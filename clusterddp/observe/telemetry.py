@@ -7,7 +7,6 @@ short, is skipped, never trusted.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import re
 import statistics
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract
-from ..datafiles import read_bounded
+from ..datafiles import parse_json, read_bounded
 
 WINDOW = 40            # steps the numbers and the straggler verdict look at
 SLOWER = 0.20          # a phase this much above the others' median, ...
@@ -61,8 +60,8 @@ def parse(raw: bytes, keep: int = _ROWS) -> Optional[RankSteps]:
     """One rank's file, or None when it is not one (damaged, of another shape, out of range); its last ``keep``
     steps."""
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+        data = parse_json(raw)
+    except ValueError:
         return None
     if not isinstance(data, dict) or data.get("version") != 1:
         return None

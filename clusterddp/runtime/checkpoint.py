@@ -1,17 +1,24 @@
 """Checkpoints that make an interrupted job continue exactly where it stopped: model, optimizer, the loader's
 position and every rank's random number states, written atomically by rank 0, each with a manifest (step, size,
-SHA-256) that a load checks: a file changed after it was written is damaged, and an older one is loaded."""
+SHA-256, the run that wrote it) that a load checks: a file changed after it was written is damaged, and an older one
+is loaded; a checkpoint of another run (a sweep's other trial in a shared directory) is never resumed unless the
+user names it (``start_from``)."""
 from __future__ import annotations
 
+import atexit
 import base64
+import json
 import os
 import re
+import socket
 import stat
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from .. import contract
+from ..datafiles import read_json, write_atomic
 from ..errors import RuntimeEnvError
-from . import ckptfile, drill, rundir, telemetry, writer
+from . import ckptfile, drill, report, rundir, telemetry, writer
 from .collect import broadcast_json, gather_json
 from .group import barrier, is_main, print0, rank, unwrap, world_size
 
@@ -124,6 +131,79 @@ def _check(payload: Any) -> None:
         raise KeyError(f"not a checkpoint of Checkpointer.save: no {', '.join(missing)}")
 
 
+def owner(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Whose checkpoints this job resumes: a sweep trial's (its sweep and key, the same in every rerun of the trial),
+    else the job's run id (the same across its requeues and retries); None outside a job."""
+    environ = os.environ if environ is None else environ
+    run_dir = environ.get(contract.RUN_DIR)
+    if not run_dir:
+        return None
+    trial = read_json(rundir.at(os.path.join(run_dir, contract.TRIAL_FILE)), 1 << 16)
+    if isinstance(trial, dict) and isinstance(trial.get("sweep"), str) and isinstance(trial.get("key"), str):
+        return f"sweep-{trial['sweep'][:40]}-trial-{trial['key'][:16]}"
+    return report.run_id(environ)
+
+
+_CLAIM = ".clusterddp-writer-"  # + a run's tag: that run writes checkpoints in this directory now
+_CLAIM_FRESH_S = 600  # a claim of another machine's run is live while it was renewed this recently (at each save)
+
+
+def _alive(record: Mapping[str, Any], age: float) -> bool:
+    if record.get("host") != socket.gethostname():
+        return age < _CLAIM_FRESH_S
+    pid = record.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _claim(directory: str, run: Optional[str]) -> List[str]:
+    """Rank 0, before the first step: this run's mark in the checkpoint directory (removed at exit, renewed at each
+    save), and the runs whose live mark is there too: they write the same checkpoint names."""
+    where = rundir.at(directory)
+    os.makedirs(where, exist_ok=True)
+    mine = os.path.join(where, _CLAIM + ckptfile.tag(run))
+    write_atomic(mine, json.dumps({"run": run, "host": socket.gethostname(), "pid": os.getpid()}), mode=0o600)
+
+    def unclaim() -> None:
+        record = read_json(mine, 4096)
+        if isinstance(record, dict) and record.get("pid") == os.getpid() and record.get("host") == socket.gethostname():
+            try:
+                os.unlink(mine)
+            except OSError:
+                pass
+
+    atexit.register(unclaim)
+    others = []
+    try:
+        names = [n for n in os.listdir(where) if n.startswith(_CLAIM) and n != os.path.basename(mine)]
+    except OSError:
+        return []
+    for name in names[:64]:
+        path = os.path.join(where, name)
+        record = read_json(path, 4096)
+        try:
+            age = time.time() - os.lstat(path).st_mtime
+        except OSError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if _alive(record, age):
+            others.append(f"{record.get('run')} (pid {record.get('pid')} on {record.get('host')})"[:200])
+        elif record.get("host") == socket.gethostname():
+            try:
+                os.unlink(path)  # a run of this machine that ended without removing it (killed)
+            except OSError:
+                pass
+    return others
+
+
 class Checkpointer:
     """Checkpoints that make an interrupted job continue exactly where it stopped.
 
@@ -140,12 +220,41 @@ class Checkpointer:
     training goes on, so frequent checkpoints cost little. The next ``save``, ``should_stop()`` when it says stop,
     ``wait()``, ``latest()`` and ``runtime.shutdown()`` wait for that write; one that failed raises on every rank
     there (the checkpoints before it are untouched). Memory: one more copy of the model and optimizer state.
+
+    Each checkpoint records the run that wrote it (``owner()``: the job, or a sweep's trial), and ``load_latest``
+    resumes only this run's own: another run's checkpoint in the same directory is named and passed over, unless
+    ``start_from`` (or CLUSTERDDP_START_FROM) names it and the run has none of its own yet.
     """
 
     def __init__(self, directory: str, keep: int = 3, background: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.directory, self.keep, self.background = directory, keep, bool(background)
+        self._run: Any = ()  # (not asked yet) this run's identity, rank 0's
+
+    @property
+    def run(self) -> Optional[str]:
+        """The identity this run's checkpoints carry (rank 0's answer; asked once)."""
+        if self._run == ():
+            self._run = owner()
+        return self._run
+
+    def _own(self, path: str, record: Optional[Dict[str, Any]]) -> bool:
+        """Written by this run (or by an older clusterddp, which recorded no run)."""
+        return record is None or "run" not in record or record["run"] == self.run
+
+    def _begin(self) -> None:
+        """Rank 0, once, before the first step: this run's stale temp files go; other runs writing here are named."""
+        if getattr(self, "_begun", False):
+            return
+        self._begun = True
+        ckptfile.remove_stale(rundir.at(self.directory), self.run)
+        others = _claim(self.directory, self.run) if self.run is not None else []  # (outside a job: one process)
+        if others:
+            print0(f"clusterddp: warning: checkpoint directory {self.directory} is written by another run at the same "
+                   f"time: {'; '.join(others[:3])}; both write ckpt-<step>.pt there and replace each other's files. "
+                   "Give each run its own directory (under $CLUSTERDDP_RUN_DIR: a requeued or retried job keeps it, "
+                   "each sweep trial has its own)")
 
     def _paths(self) -> List[str]:
         """This job's checkpoints, oldest first: regular files of this user's only. In a directory others can
@@ -157,39 +266,41 @@ class Checkpointer:
             return []
         steps = []
         for name in names:
-            m = re.fullmatch(r"ckpt-(\d{1,12})\.pt", name)
+            # ckpt-STEP.pt, or ckpt-STEP.TAG.pt where another run's checkpoint held the plain name (_name)
+            m = re.fullmatch(r"ckpt-(\d{1,12})(\.[0-9a-f]{12})?\.pt", name)
             try:
                 info = os.lstat(rundir.at(os.path.join(self.directory, name))) if m else None
             except OSError:
                 continue
             if m and info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
-                steps.append((int(m.group(1)), name))
-        return [os.path.join(self.directory, n) for _, n in sorted(steps)]
+                steps.append((int(m.group(1)), info.st_mtime, name))
+        return [os.path.join(self.directory, n) for _, _, n in sorted(steps)]
+
+    def _name(self, step: int) -> str:
+        """Rank 0: where checkpoint ``step`` goes: ckpt-STEP.pt, unless that name holds another run's checkpoint
+        (a directory shared with a sweep's other trial): then ckpt-STEP.TAG.pt, this run's tag, never theirs."""
+        path = os.path.join(self.directory, f"ckpt-{int(step):010d}.pt")
+        if os.path.lexists(rundir.at(path)) and not self._own(path, ckptfile.manifest(rundir.at(path))):
+            return os.path.join(self.directory, f"ckpt-{int(step):010d}.{ckptfile.tag(self.run)}.pt")
+        return path
+
+    def _own_paths(self) -> List[str]:
+        return [p for p in self._paths() if self._own(p, ckptfile.manifest(rundir.at(p)))]
 
     def _prune(self) -> None:
-        for old in self._paths()[:-self.keep]:
+        """This run's checkpoints past the last ``keep`` (never another run's), and this run's temp files left by a
+        write killed half-way (a node lost, SIGKILL): none of this run's is in flight now."""
+        for old in self._own_paths()[:-self.keep]:
             os.unlink(rundir.at(old))
             try:
                 os.unlink(rundir.at(ckptfile.manifest_of(old)))
             except FileNotFoundError:
                 pass
-        # A write killed half-way (a node lost, SIGKILL) leaves its temp file: none of ours is in flight now.
-        try:
-            names = [n for n in os.listdir(rundir.at(self.directory)) if n.startswith(".tmp-")]
-        except OSError:
-            return
-        for name in names:
-            path = rundir.at(os.path.join(self.directory, name))
-            try:
-                info = os.lstat(path)
-                if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and time.time() - info.st_mtime > 60:
-                    os.unlink(path)
-            except OSError:
-                continue
+        ckptfile.remove_stale(rundir.at(self.directory), self.run)
 
     def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
         """Write checkpoint ``step`` (collective: call it on every rank); returns its path (in the background:
-        the path it will have once written)."""
+        the path it will have once written; rank 0's answer is exact, the others' the plain ckpt-STEP.pt)."""
         with telemetry.phase("ckpt"):  # the time training waited for it (a background write: the copy only)
             return self._save(step, model, optimizer, loader, extra)
 
@@ -199,8 +310,16 @@ class Checkpointer:
             writer.settle()  # one write in flight at most; a failed one raises here, on every rank
         states = [_saved(state) for state in gather_json(_rng_state())]
         path = os.path.join(self.directory, f"ckpt-{int(step):010d}.pt")
+        if is_main():
+            self._begin()
+            path = self._name(step)
+            if self.run is not None:
+                try:
+                    os.utime(rundir.at(os.path.join(self.directory, _CLAIM + ckptfile.tag(self.run))))  # still here
+                except OSError:
+                    pass
         drill.record({"e": "save", "step": int(step), "path": os.path.abspath(path)})
-        payload = {"step": int(step), "model": unwrap(model).state_dict(),
+        payload = {"step": int(step), "run": self.run if is_main() else None, "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "loader": loader.state_dict() if loader is not None else None,
                    "rng": states, "world_size": world_size(), "extra": extra}
@@ -231,25 +350,65 @@ class Checkpointer:
     def latest(self) -> Optional[str]:
         """The newest checkpoint's path, as rank 0 sees it (every rank gets the same answer)."""
         self.wait()
-        paths = self._paths() if is_main() else []
+        paths = self._own_paths() if is_main() else []
         return broadcast_json(paths[-1] if paths else None)
 
-    def _newest_loadable(self, weights_only: bool) -> Tuple[Dict[str, Any], Any]:
-        """Rank 0: the newest checkpoint that loads (a damaged one, a write cut short on a full disk, is passed over
-        with a warning: the older ones are tried), and its payload."""
+    def _newest_loadable(self, weights_only: bool, start_from: Optional[str]) -> Tuple[Dict[str, Any], Any]:
+        """Rank 0: this run's newest checkpoint that loads (a damaged one, a write cut short on a full disk, is passed
+        over with a warning: the older ones are tried), else ``start_from``'s; and its payload. Another run's
+        checkpoints are passed over and named."""
+        self._begin()
+        found: Dict[str, Any] = {"path": None, "skipped": [], "refused": None, "foreign": [], "started": None}
+        own = []
+        for candidate in self._paths():
+            record = ckptfile.manifest(rundir.at(candidate))
+            if self._own(candidate, record):
+                own.append((candidate, record))
+            else:
+                found["foreign"].append([candidate, str(record["run"])[:200] if record else None])
+        payload = self._first_loadable(reversed(own), weights_only, found)
+        if found["path"] is None and not found["refused"] and start_from:
+            payload = self._start_from(start_from, weights_only, found)
+        return found, payload
+
+    def _start_from(self, start_from: str, weights_only: bool, found: Dict[str, Any]) -> Any:
+        """The checkpoint the user named (a file, or a directory: its newest that loads, whoever wrote it)."""
+        where = os.path.abspath(start_from)
+        if os.path.isdir(where):
+            candidates = [(p, ckptfile.manifest(rundir.at(p))) for p in reversed(Checkpointer(where)._paths())]
+            runs = {str(r.get("run")) if r else "an older clusterddp's run": p for p, r in reversed(candidates)}
+            if len(runs) > 1:  # whose to take is the user's choice, not ours
+                found["refused"] = (f"start_from {start_from!r} holds checkpoints of {len(runs)} runs ("
+                                    + "; ".join(f"{run}: newest {p}" for run, p in list(runs.items())[:4])
+                                    + "): name the checkpoint file to start from")
+                return None
+        elif os.path.isfile(where):
+            candidates = [(where, ckptfile.manifest(where))]
+        else:
+            found["refused"] = (f"start_from {start_from!r} (or ${contract.START_FROM}) is neither a checkpoint file "
+                                "nor a directory of checkpoints: give the path of a ckpt-<step>.pt or of its directory")
+            return None
+        payload = self._first_loadable(iter(candidates), weights_only, found)
+        if found["path"] is not None:
+            record = dict(candidates)[found["path"]]
+            found["started"] = str(record.get("run")) if record else "an older clusterddp's run"
+        elif not found["refused"] and not found["skipped"]:
+            found["refused"] = f"start_from {start_from!r} holds no checkpoint (ckpt-<step>.pt) of yours"
+        return payload
+
+    def _first_loadable(self, candidates: Any, weights_only: bool, found: Dict[str, Any]) -> Any:
         import pickle
 
         import torch
 
-        found: Dict[str, Any] = {"path": None, "skipped": [], "refused": None}
         payload = None
-        for candidate in reversed(self._paths()):
+        for candidate, record in candidates:
             try:
-                ckptfile.verify(rundir.at(candidate))
+                ckptfile.verify(rundir.at(candidate), record)
                 payload = torch.load(rundir.at(candidate), map_location="cpu", weights_only=weights_only)
                 _check(payload)
                 found["path"] = candidate
-                break
+                return payload
             except pickle.UnpicklingError as exc:
                 if not re.search(r"GLOBAL|global|[Cc]lass", str(exc)):  # (torch: no code asked for) damaged
                     found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
@@ -260,15 +419,20 @@ class Checkpointer:
                     f"(unpickling it could run code: {first[:200]}); if you wrote it yourself (an object in "
                     "extra=, or a checkpoint of an older clusterddp), load it with load_latest(..., "
                     "weights_only=False)")
-                break
+                return None
             except Exception as exc:  # damaged: truncated, not a checkpoint, a key missing
                 payload = None
                 found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
-        return found, payload
+        return None
 
     def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None,
-                    weights_only: bool = True) -> Optional[Dict[str, Any]]:
-        """Restore the newest checkpoint into the given objects; returns it (step, extra, ...) or None.
+                    weights_only: bool = True, start_from: Optional[str] = None) -> Optional[Dict[str, Any]]:
+        """Restore this run's newest checkpoint into the given objects; returns it (step, extra, ...) or None.
+
+        Only this run's own checkpoints are resumed (a requeue or retry of the job, a rerun of a sweep trial):
+        another run's in the same directory is named and passed over. ``start_from`` (default: the environment's
+        CLUSTERDDP_START_FROM): a checkpoint file, or a directory whose newest checkpoint is taken, of any run,
+        loaded when this run has none of its own yet (fine-tuning; a new job continuing a finished one).
 
         Loaded with ``weights_only=True``: tensors and plain data only, since a run directory may be shared and a
         planted checkpoint would otherwise run code at load. What ``save`` writes is all of that kind (random
@@ -277,8 +441,20 @@ class Checkpointer:
         import torch
 
         self.wait()
-        found, payload = self._newest_loadable(weights_only) if is_main() else ({}, None)
+        if start_from is None:
+            start_from = os.environ.get(contract.START_FROM) or None
+        found, payload = self._newest_loadable(weights_only, start_from) if is_main() else ({}, None)
         found = broadcast_json(found)
+        if found["foreign"]:
+            path, run = found["foreign"][-1]
+            more = len(found["foreign"]) - 1
+            print0(f"clusterddp: {os.path.basename(path)} in {self.directory} was written by run {run}, not this one "
+                   f"({self.run if is_main() else 'this job'}): not loaded"
+                   + (f" (nor {more} more of other runs)" if more else "")
+                   + (f"; starting from {found['path']}, as start_from asks" if found["started"] else
+                      "; this run starts afresh" if found["path"] is None else f"; resuming this run's {found['path']}")
+                   + ". To start from another run's checkpoint, pass start_from=PATH to load_latest (or set "
+                   f"{contract.START_FROM}); to keep runs apart, checkpoint under $CLUSTERDDP_RUN_DIR")
         if found["refused"]:
             raise RuntimeEnvError(found["refused"])
         for skipped in found["skipped"]:
@@ -314,6 +490,9 @@ class Checkpointer:
             done = payload.get("telemetry_steps")
             steps.resumed(done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None)
         payload["path"] = path
+        if found["started"]:
+            print0(f"clusterddp: starting from {path} (step {payload['step']}, written by run {found['started']}), as "
+                   "start_from asks: this run's own checkpoints will be resumed from now on")
         given = {"model": model, "optimizer": optimizer, "loader": loader}
         drill.record({"e": "load", "step": payload["step"], "path": os.path.abspath(path),
                       "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),

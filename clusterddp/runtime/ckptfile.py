@@ -1,5 +1,7 @@
-"""One checkpoint file on disk: written atomically with its manifest (step, size, SHA-256), and checked against it
-before a load. The manifest goes in place before the checkpoint does, so a checkpoint under its name has one."""
+"""One checkpoint file on disk: written atomically with its manifest (step, size, SHA-256, the run that wrote it),
+and checked against it before a load. The manifest goes in place before the checkpoint does, so a checkpoint under
+its name has one. Temp files carry the writing run's tag (``.tmp-TAG-...``): a run removes its own stale ones, never
+another run's write in flight."""
 from __future__ import annotations
 
 import hashlib
@@ -8,6 +10,8 @@ import os
 import stat
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, cast
+
+from ..datafiles import parse_json
 
 
 class _Hashing:
@@ -29,12 +33,21 @@ def manifest_of(path: str) -> str:
     return path[:-len(".pt")] + ".json"
 
 
-def atomic(path: str, fill: Callable[[Any], None], before: Optional[Callable[[], None]] = None) -> None:
+TMP_PREFIX = ".tmp-"
+
+
+def tag(run: Optional[str]) -> str:
+    """A run's mark in its temp files' names (file-name safe, fixed length)."""
+    return hashlib.sha256((run or "").encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def atomic(path: str, fill: Callable[[Any], None], before: Optional[Callable[[], None]] = None,
+           run_tag: str = "") -> None:
     """``fill(file)`` writes a temp file of mode 0600 beside ``path``; fsync, ``before()``, then the rename: a reader
-    sees the old file or the new one, whole (the temp file goes if anything fails)."""
+    sees the old file or the new one, whole (the temp file goes if anything fails, but for a kill)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{run_tag}-" if run_tag else TMP_PREFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as fh:
             fill(fh)
@@ -50,7 +63,8 @@ def atomic(path: str, fill: Callable[[Any], None], before: Optional[Callable[[],
 
 
 def write(payload: Dict[str, Any], path: str) -> None:
-    """torch.save to a temp file, then its manifest, then the rename: a checkpoint under its name has its manifest."""
+    """torch.save to a temp file, then its manifest, then the rename: a checkpoint under its name has its manifest.
+    ``payload["run"]``: the run that writes it (its manifest says so; its temp files carry its tag)."""
     import torch
 
     out: List[_Hashing] = []
@@ -61,25 +75,49 @@ def write(payload: Dict[str, Any], path: str) -> None:
 
     def manifest() -> None:
         record = {"file": os.path.basename(path), "step": payload["step"], "size": out[0].size,
-                  "sha256": out[0].sha.hexdigest()}
-        atomic(manifest_of(path), lambda fh: fh.write(json.dumps(record).encode()))
+                  "sha256": out[0].sha.hexdigest(), "run": payload.get("run")}
+        atomic(manifest_of(path), lambda fh: fh.write(json.dumps(record).encode()), run_tag=run_tag)
 
-    atomic(path, fill, manifest)
+    run_tag = tag(payload.get("run"))
+    atomic(path, fill, manifest, run_tag=run_tag)
 
 
-def verify(path: str) -> None:
-    """Raise when ``path`` differs from its manifest (size or SHA-256). A checkpoint without one (an older
-    clusterddp's) or with one that is not this user's regular file is loaded on its own merits, as before."""
-    manifest = manifest_of(path)
+def remove_stale(directory: str, run: Optional[str]) -> None:
+    """Remove the temp files a write of ``run`` left when it was killed half-way (call it only while no write of
+    this run is in flight): this user's regular files with the run's tag, nothing else."""
+    prefix = f"{TMP_PREFIX}{tag(run)}-"
     try:
-        info = os.lstat(manifest)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > 4096:
-            return
-        with open(manifest, "rb") as fh:
-            record = json.loads(fh.read(4096))
-    except (OSError, ValueError):
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except OSError:
         return
-    if not isinstance(record, dict) or record.get("file") != os.path.basename(path):
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid():
+                os.unlink(path)
+        except OSError:
+            continue
+
+
+def manifest(path: str) -> Optional[Dict[str, Any]]:
+    """The manifest of checkpoint ``path`` when it is this user's regular file naming that checkpoint, else None
+    (an older clusterddp's checkpoint has none)."""
+    try:
+        info = os.lstat(manifest_of(path))
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size > 4096:
+            return None
+        with open(manifest_of(path), "rb") as fh:
+            record = parse_json(fh.read(4096))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("file") == os.path.basename(path) else None
+
+
+def verify(path: str, record: Optional[Dict[str, Any]]) -> None:
+    """Raise when ``path`` differs from its manifest ``record`` (size or SHA-256). A checkpoint without one (an older
+    clusterddp's) is loaded on its own merits, as before."""
+    if record is None:
         return
     size = os.path.getsize(path)
     if size != record.get("size"):

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract
 from ..backends.jobinfo import QUEUED_STATES, JobState
-from ..datafiles import read_bounded, read_json
+from ..datafiles import parse_json, read_bounded, read_json
 from ..healing import attempts
 from ..job.ids import HERE
 from ..observe import goodput
@@ -74,26 +74,36 @@ def _local_dir(record: SweepRecord) -> Path:
                                           (contract.TRIAL_FILE, contract.ATTEMPTS_FILE, contract.METRICS_FILE))
 
 
-def metrics(run_dir: Path) -> List[Tuple[Optional[int], Dict[str, float]]]:
-    """(step, metrics) per line of metrics.jsonl; a line that is not one such object is skipped."""
+def metrics(run_dir: Path, problems: Optional[List[str]] = None) -> List[Tuple[Optional[int], Dict[str, float]]]:
+    """(step, metrics) per line of metrics.jsonl; a line that is not one such object is skipped, and said once per
+    file in ``problems`` (how many lines, the first one's number and why)."""
     raw = read_bounded(run_dir / contract.METRICS_FILE, 64 << 20)
     out = []
-    for line in (raw or b"").decode("utf-8", "replace").splitlines()[:_MAX_METRIC_LINES]:
+    bad: List[Tuple[int, str]] = []
+    for number, line in enumerate((raw or b"").decode("utf-8", "replace").split("\n")[:_MAX_METRIC_LINES], 1):
+        if not line.strip():
+            continue
         try:
-            item = json.loads(line)
-        except ValueError:
+            item = parse_json(line)
+        except ValueError as exc:
+            bad.append((number, str(exc)[:80]))
             continue
         values = item.get("metrics") if isinstance(item, dict) else None
         if not isinstance(values, dict):
+            bad.append((number, "not an object with metrics"))
             continue
         clean = {}
         for k, v in values.items():
             if isinstance(k, str) and k.isidentifier() and len(k) <= 64:
-                number = float(v) if isinstance(v, (int, float, str)) and _numeric(v) else None
-                if number is not None:
-                    clean[k] = number
+                value = float(v) if isinstance(v, (int, float, str)) and _numeric(v) else None
+                if value is not None:
+                    clean[k] = value
         step = item.get("step")
         out.append((step if isinstance(step, int) and not isinstance(step, bool) else None, clean))
+    if bad and problems is not None:
+        first, why = bad[0]
+        problems.append(f"{run_dir.name}/{contract.METRICS_FILE}: {len(bad)} line(s) not read (line {first}: "
+                        f"{printable(why)})")
     return out
 
 
@@ -105,8 +115,10 @@ def _numeric(v: Any) -> bool:
         return False
 
 
-def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence[str] = ()) -> List[TrialState]:
-    """Every trial of the record, in grid order: its state, its latest run, its metrics."""
+def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence[str] = (),
+           problems: Optional[List[str]] = None) -> List[TrialState]:
+    """Every trial of the record, in grid order: its state, its latest run, its metrics. A file that cannot be
+    read as what it should be is one line in ``problems`` (the rest is shown)."""
     queue = _queue(record)
     base = _local_dir(record)
     runs: Dict[str, List[Tuple[float, Path]]] = {}
@@ -115,6 +127,9 @@ def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence
         if isinstance(data, dict) and data.get("sweep") == record.name and isinstance(data.get("key"), str) \
                 and data["key"] in record.trials:
             runs.setdefault(data["key"], []).append((trial_file.stat().st_mtime, trial_file.parent))
+        elif problems is not None and not (isinstance(data, dict) and isinstance(data.get("key"), str)):
+            problems.append(f"{trial_file.parent.name}/{contract.TRIAL_FILE}: not a trial record (JSON with a "
+                            "string key); that run directory is left out")
     task_of = {key: f"{s['job_id']}_{index}" for s in record.submissions for index, key in s["tasks"].items()}
     out = []
     for key, t in sorted(record.trials.items(), key=lambda kv: (kv[1]["index"], kv[0])):
@@ -133,7 +148,7 @@ def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence
                     f": {last.fault}: {last.why}" if last.fault else f" ({last.why})" if last.why else "")
             else:
                 st.state, st.why = JobState.FAILED, "ended without a result (cancelled, or killed before its end)"
-            for _, values in metrics(latest[1]):
+            for _, values in metrics(latest[1], problems):
                 for name, v in values.items():
                     st.last[name] = v
                     if math.isnan(v):
@@ -190,8 +205,9 @@ def ordered(rows: Sequence[TrialState], sort: Optional[str], maximize: Sequence[
 
 
 def table(record: SweepRecord, rows: Sequence[TrialState], maximize: Sequence[str] = (),
-          minimize: Sequence[str] = ()) -> str:
-    """The results table as people read it: one row per trial, columns aligned."""
+          minimize: Sequence[str] = (), problems: Sequence[str] = ()) -> str:
+    """The results table as people read it: one row per trial, columns aligned; then a line per trial that did not
+    end well and per file that could not be read."""
     names = param_names(rows)
     ms = metric_names(rows)
     head = ["trial", *names, "state", *[c for m in ms for c in
@@ -212,7 +228,8 @@ def table(record: SweepRecord, rows: Sequence[TrialState], maximize: Sequence[st
     notes = [f"  trial {r.index}: {printable(r.why)}" for r in rows if r.why]
     total = sweep_goodput(rows)
     ledger = [f"sweep {total.line()} (its trials together)"] if total.total > 0 else []
-    return "\n".join([f"sweep {record.name}: {len(rows)} trial(s): {summary}; {where}", *lines, *notes,
+    unread = [f"  not read: {printable(p)}" for p in problems]
+    return "\n".join([f"sweep {record.name}: {len(rows)} trial(s): {summary}; {where}", *lines, *notes, *unread,
                       *ledger]) + "\n"
 
 
