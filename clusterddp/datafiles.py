@@ -47,10 +47,10 @@ def read_bounded(path: Union[str, Path], limit: int = MAX_FILE) -> Optional[byte
     return data if len(data) <= limit else None
 
 
-#: What a file of ours holds at most: nesting this deep, integers of this many digits (larger ones are no count,
-#: size or time of ours, and Python's int/str conversions of them are slow or refused).
+#: What a file of ours holds at most: nesting this deep, integers of this many digits (each still a float: a
+#: larger one overflows float(), and Python's int/str conversions of it are slow or refused).
 MAX_DEPTH = 64
-MAX_INT_DIGITS = 20
+MAX_INT_DIGITS = 300
 
 
 def _bounded_int(text: str) -> int:

@@ -92,20 +92,20 @@ def test_sweep_trials_in_one_checkpoint_directory_each_train_their_own(tmp_path,
 def test_two_runs_writing_one_directory_are_told_so(tmp_path, monkeypatch):
     """Each run marks the directory it checkpoints into; a live mark of another run there is named (and a dead
     one of this machine removed)."""
-    from clusterddp.runtime import checkpoint
+    from clusterddp.runtime import ckptowner
 
-    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from clusterddp.runtime import checkpoint; "
-                              "print(checkpoint._claim(sys.argv[1], 'run-a'), flush=True); time.sleep(60)",
+    other = subprocess.Popen([sys.executable, "-c", "import sys, time; from clusterddp.runtime import ckptowner; "
+                              "print(ckptowner.claim(sys.argv[1], 'run-a'), flush=True); time.sleep(60)",
                               str(tmp_path)], stdout=subprocess.PIPE, text=True, env={**os.environ,
                                                                                       "PYTHONPATH": str(ROOT)})
     try:
         assert other.stdout.readline().strip() == "[]"
-        found = checkpoint._claim(str(tmp_path), "run-b")
+        found = ckptowner.claim(str(tmp_path), "run-b")
         assert len(found) == 1 and found[0].startswith(f"run-a (pid {other.pid} on "), found
     finally:
         other.kill()
         other.wait()
-    assert checkpoint._claim(str(tmp_path), "run-c") == [f"run-b (pid {os.getpid()} on {os.uname().nodename})"]
+    assert ckptowner.claim(str(tmp_path), "run-c") == [f"run-b (pid {os.getpid()} on {os.uname().nodename})"]
     assert len(list(tmp_path.glob(".clusterddp-writer-*"))) == 2  # run-a's (its process gone) was removed
 
 

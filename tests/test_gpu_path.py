@@ -148,7 +148,7 @@ def test_cuda_random_state_is_this_ranks_own_device(monkeypatch):
     restores the rest and says the CUDA states were not restored."""
     import torch
 
-    from clusterddp.runtime import checkpoint
+    from clusterddp.runtime import ckptstate
     from clusterddp.runtime import state as runtime_state
 
     calls = []
@@ -159,16 +159,16 @@ def test_cuda_random_state_is_this_ranks_own_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, dev: calls.append(("set", dev, s.tolist())))
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: pytest.fail("every visible GPU's state"))
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: pytest.fail("restored by position"))
-    saved = checkpoint._saved(checkpoint._rng_state())
+    saved = ckptstate.saved_rng(ckptstate.rng_state())
     assert calls == [("get", torch.device("cuda", 3))] and saved["cuda"].tolist() == list(range(16))
-    checkpoint._set_rng_state(saved)
+    ckptstate.set_rng_state(saved)
     assert calls[-1] == ("set", torch.device("cuda", 3), list(range(16)))
     notes = []
-    monkeypatch.setattr(checkpoint, "print0", notes.append)
-    checkpoint._set_rng_state({**saved, "cuda": [state, state]})
+    monkeypatch.setattr(ckptstate, "print0", notes.append)
+    ckptstate.set_rng_state({**saved, "cuda": [state, state]})
     assert len(calls) == 2 and "CUDA random states not restored" in notes[0]
     monkeypatch.setattr(runtime_state, "STATE", {**runtime_state.STATE, "device": torch.device("cpu")})
-    assert "cuda" not in checkpoint._rng_state()  # a CPU rank keeps none
+    assert "cuda" not in ckptstate.rng_state()  # a CPU rank keeps none
 
 
 def test_dp_vs_ddp_runs_autocast_inside_each_replicas_thread():

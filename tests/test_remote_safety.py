@@ -43,11 +43,13 @@ def test_an_rsync_without_protect_args_is_refused_before_connecting(tmp_path):
     assert not (tmp_path / "ssh-ran").exists()
 
 
-@pytest.mark.parametrize("remote_dir", ["~alice/clusterddp", "~", "~/"])
+@pytest.mark.parametrize("remote_dir", ["~alice/clusterddp", "~~", "~alice"])
 def test_remote_dir_with_a_tilde_user_is_refused(remote_dir):
     with pytest.raises(SpecError, match="cannot be used"):
         from_table("c", {"host": "h", "remote_dir": remote_dir}, "cfg")
     assert from_table("c", {"host": "h", "remote_dir": "~/runs"}, "cfg").remote_dir == "runs"
+    for home in ("~", "~/"):  # the home itself (issue 52), relative to it as every relative remote_dir is
+        assert from_table("c", {"host": "h", "remote_dir": home}, "cfg").remote_dir == "."
 
 
 def test_links_in_a_remote_run_directory_do_not_come_back(tmp_path):

@@ -5,203 +5,17 @@ is loaded; a checkpoint of another run (a sweep's other trial in a shared direct
 user names it (``start_from``)."""
 from __future__ import annotations
 
-import atexit
-import base64
-import json
 import os
 import re
-import socket
 import stat
-import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import contract
-from ..datafiles import read_json, write_atomic
 from ..errors import RuntimeEnvError
-from . import ckptfile, drill, report, rundir, telemetry, writer
+from . import ckptfile, ckptowner, drill, rundir, telemetry, writer
+from .ckptstate import check_payload, cpu_copy, rng_state, saved_rng, set_rng_state
 from .collect import broadcast_json, gather_json
 from .group import barrier, is_main, print0, rank, unwrap, world_size
-
-
-def _rng_state() -> Dict[str, Any]:
-    """This rank's random number states as JSON-able data (exact: ints, byte strings as base64, repr floats)."""
-    import random
-
-    import torch
-
-    version, internal, gauss = random.getstate()
-    state: Dict[str, Any] = {"python": [version, list(internal), gauss], "torch": _b64(torch.get_rng_state())}
-    dev = _rank_device()
-    if dev is not None:
-        # This rank's own GPU only: the visible GPUs differ between layouts (gpus-per-task shows one, gpus-per-node
-        # all of the node's), so a list restored by position would miss or cross devices on resume.
-        state["cuda"] = _b64(torch.cuda.get_rng_state(dev))
-    numpy = _numpy()
-    if numpy is not None:
-        name, keys, pos, has_gauss, cached = numpy.random.get_state()
-        state["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
-    return state
-
-
-def _rank_device() -> Any:
-    """This rank's CUDA device, or None (CPU ranks, or no process group yet)."""
-    from .group import device
-
-    try:
-        dev = device()
-    except RuntimeEnvError:
-        return None
-    return dev if dev.type == "cuda" else None
-
-
-def _b64(tensor: Any) -> str:
-    return base64.b64encode(bytes(tensor.tolist())).decode()
-
-
-def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:
-        return None
-    return numpy
-
-
-def _saved(state: Mapping[str, Any]) -> Dict[str, Any]:
-    """The gathered JSON form as the checkpoint keeps it: tuples, ints, floats, strings and uint8 tensors."""
-    import torch
-
-    def tensor(text: str) -> Any:
-        return torch.tensor(list(base64.b64decode(text)), dtype=torch.uint8)
-
-    out: Dict[str, Any] = {"python": (state["python"][0], tuple(state["python"][1]), state["python"][2]),
-                           "torch": tensor(state["torch"])}
-    if "cuda" in state:
-        out["cuda"] = tensor(state["cuda"])
-    if "numpy" in state:
-        out["numpy"] = tuple(state["numpy"])
-    return out
-
-
-def _cpu_copy(obj: Any, old: Any = None) -> Any:
-    """``obj`` with every tensor copied to CPU memory of its own (state dicts alias the live parameters and the
-    optimizer's buffers, which the next step changes in place). ``old``: the previous copy, whose write is done:
-    its tensors of the same shape and type are written over instead of allocated again (fresh memory costs page
-    faults on every save)."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        if (isinstance(old, torch.Tensor) and old.shape == obj.shape and old.dtype == obj.dtype
-                and old.device.type == "cpu" and not old.is_sparse and not obj.is_sparse and obj.is_contiguous()):
-            return old.copy_(obj.detach())
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        kept = old if isinstance(old, dict) else {}
-        return obj.__class__((k, _cpu_copy(v, kept.get(k))) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        items = old if isinstance(old, (list, tuple)) and len(old) == len(obj) else [None] * len(obj)
-        return obj.__class__(_cpu_copy(v, b) for v, b in zip(obj, items))
-    return obj
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    import random
-
-    import torch
-
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    dev = _rank_device()
-    if "cuda" in state and dev is not None:
-        if isinstance(state["cuda"], (list, tuple)):  # written before clusterddp kept one state per rank
-            print0("clusterddp: this checkpoint keeps the CUDA random states of every visible GPU by position, not "
-                   "of each rank's own: CUDA random states not restored")
-        else:
-            torch.cuda.set_rng_state(state["cuda"], dev)
-    numpy = _numpy() if "numpy" in state else None
-    if numpy is not None:
-        name, keys, *rest = state["numpy"]
-        numpy.random.set_state((name, numpy.asarray(keys, dtype=numpy.uint32), *rest))
-
-
-def _check(payload: Any) -> None:
-    """What save writes is there (a file that unpickles to something else is damaged, for load_latest)."""
-    missing = [k for k in ("step", "model", "optimizer", "loader", "rng", "world_size") if k not in payload] \
-        if isinstance(payload, dict) else ["a dict"]
-    if missing:
-        raise KeyError(f"not a checkpoint of Checkpointer.save: no {', '.join(missing)}")
-
-
-def owner(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """Whose checkpoints this job resumes: a sweep trial's (its sweep and key, the same in every rerun of the trial),
-    else the job's run id (the same across its requeues and retries); None outside a job."""
-    environ = os.environ if environ is None else environ
-    run_dir = environ.get(contract.RUN_DIR)
-    if not run_dir:
-        return None
-    trial = read_json(rundir.at(os.path.join(run_dir, contract.TRIAL_FILE)), 1 << 16)
-    if isinstance(trial, dict) and isinstance(trial.get("sweep"), str) and isinstance(trial.get("key"), str):
-        return f"sweep-{trial['sweep'][:40]}-trial-{trial['key'][:16]}"
-    return report.run_id(environ)
-
-
-_CLAIM = ".clusterddp-writer-"  # + a run's tag: that run writes checkpoints in this directory now
-_CLAIM_FRESH_S = 600  # a claim of another machine's run is live while it was renewed this recently (at each save)
-
-
-def _alive(record: Mapping[str, Any], age: float) -> bool:
-    if record.get("host") != socket.gethostname():
-        return age < _CLAIM_FRESH_S
-    pid = record.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _claim(directory: str, run: Optional[str]) -> List[str]:
-    """Rank 0, before the first step: this run's mark in the checkpoint directory (removed at exit, renewed at each
-    save), and the runs whose live mark is there too: they write the same checkpoint names."""
-    where = rundir.at(directory)
-    os.makedirs(where, exist_ok=True)
-    mine = os.path.join(where, _CLAIM + ckptfile.tag(run))
-    write_atomic(mine, json.dumps({"run": run, "host": socket.gethostname(), "pid": os.getpid()}), mode=0o600)
-
-    def unclaim() -> None:
-        record = read_json(mine, 4096)
-        if isinstance(record, dict) and record.get("pid") == os.getpid() and record.get("host") == socket.gethostname():
-            try:
-                os.unlink(mine)
-            except OSError:
-                pass
-
-    atexit.register(unclaim)
-    others = []
-    try:
-        names = [n for n in os.listdir(where) if n.startswith(_CLAIM) and n != os.path.basename(mine)]
-    except OSError:
-        return []
-    for name in names[:64]:
-        path = os.path.join(where, name)
-        record = read_json(path, 4096)
-        try:
-            age = time.time() - os.lstat(path).st_mtime
-        except OSError:
-            continue
-        if not isinstance(record, dict):
-            continue
-        if _alive(record, age):
-            others.append(f"{record.get('run')} (pid {record.get('pid')} on {record.get('host')})"[:200])
-        elif record.get("host") == socket.gethostname():
-            try:
-                os.unlink(path)  # a run of this machine that ended without removing it (killed)
-            except OSError:
-                pass
-    return others
 
 
 class Checkpointer:
@@ -236,7 +50,7 @@ class Checkpointer:
     def run(self) -> Optional[str]:
         """The identity this run's checkpoints carry (rank 0's answer; asked once)."""
         if self._run == ():
-            self._run = owner()
+            self._run = ckptowner.owner()
         return self._run
 
     def _own(self, path: str, record: Optional[Dict[str, Any]]) -> bool:
@@ -249,7 +63,8 @@ class Checkpointer:
             return
         self._begun = True
         ckptfile.remove_stale(rundir.at(self.directory), self.run)
-        others = _claim(self.directory, self.run) if self.run is not None else []  # (outside a job: one process)
+        # (outside a job there is one process: no run to tell apart)
+        others = ckptowner.claim(self.directory, self.run) if self.run is not None else []
         if others:
             print0(f"clusterddp: warning: checkpoint directory {self.directory} is written by another run at the same "
                    f"time: {'; '.join(others[:3])}; both write ckpt-<step>.pt there and replace each other's files. "
@@ -308,16 +123,13 @@ class Checkpointer:
         if self.background:
             writer.used()
             writer.settle()  # one write in flight at most; a failed one raises here, on every rank
-        states = [_saved(state) for state in gather_json(_rng_state())]
+        states = [saved_rng(state) for state in gather_json(rng_state())]
         path = os.path.join(self.directory, f"ckpt-{int(step):010d}.pt")
         if is_main():
             self._begin()
             path = self._name(step)
             if self.run is not None:
-                try:
-                    os.utime(rundir.at(os.path.join(self.directory, _CLAIM + ckptfile.tag(self.run))))  # still here
-                except OSError:
-                    pass
+                ckptowner.renew(self.directory, self.run)
         drill.record({"e": "save", "step": int(step), "path": os.path.abspath(path)})
         payload = {"step": int(step), "run": self.run if is_main() else None, "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
@@ -333,7 +145,7 @@ class Checkpointer:
             barrier()
         elif is_main():
             # The previous copy's write is settled (above): its memory is reused.
-            copy = self._copy = _cpu_copy(payload, getattr(self, "_copy", None))
+            copy = self._copy = cpu_copy(payload, getattr(self, "_copy", None))
 
             def write() -> None:
                 ckptfile.write(copy, rundir.at(path))
@@ -406,7 +218,7 @@ class Checkpointer:
             try:
                 ckptfile.verify(rundir.at(candidate), record)
                 payload = torch.load(rundir.at(candidate), map_location="cpu", weights_only=weights_only)
-                _check(payload)
+                check_payload(payload)
                 found["path"] = candidate
                 return payload
             except pickle.UnpicklingError as exc:
@@ -424,6 +236,18 @@ class Checkpointer:
                 payload = None
                 found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
         return None
+
+    def _say_foreign(self, found: Dict[str, Any]) -> None:
+        """The line about another run's checkpoints passed over (rank 0's findings, on rank 0)."""
+        path, run = found["foreign"][-1]
+        more = len(found["foreign"]) - 1
+        print0(f"clusterddp: {os.path.basename(path)} in {self.directory} was written by run {run}, not this one "
+               f"({self.run if is_main() else 'this job'}): not loaded"
+               + (f" (nor {more} more of other runs)" if more else "")
+               + (f"; starting from {found['path']}, as start_from asks" if found["started"] else
+                  "; this run starts afresh" if found["path"] is None else f"; resuming this run's {found['path']}")
+               + ". To start from another run's checkpoint, pass start_from=PATH to load_latest (or set "
+               f"{contract.START_FROM}); to keep runs apart, checkpoint under $CLUSTERDDP_RUN_DIR")
 
     def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None,
                     weights_only: bool = True, start_from: Optional[str] = None) -> Optional[Dict[str, Any]]:
@@ -446,15 +270,7 @@ class Checkpointer:
         found, payload = self._newest_loadable(weights_only, start_from) if is_main() else ({}, None)
         found = broadcast_json(found)
         if found["foreign"]:
-            path, run = found["foreign"][-1]
-            more = len(found["foreign"]) - 1
-            print0(f"clusterddp: {os.path.basename(path)} in {self.directory} was written by run {run}, not this one "
-                   f"({self.run if is_main() else 'this job'}): not loaded"
-                   + (f" (nor {more} more of other runs)" if more else "")
-                   + (f"; starting from {found['path']}, as start_from asks" if found["started"] else
-                      "; this run starts afresh" if found["path"] is None else f"; resuming this run's {found['path']}")
-                   + ". To start from another run's checkpoint, pass start_from=PATH to load_latest (or set "
-                   f"{contract.START_FROM}); to keep runs apart, checkpoint under $CLUSTERDDP_RUN_DIR")
+            self._say_foreign(found)
         if found["refused"]:
             raise RuntimeEnvError(found["refused"])
         for skipped in found["skipped"]:
@@ -469,6 +285,19 @@ class Checkpointer:
             return None
         if payload is None:
             payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
+        self._restore(payload, path, model, optimizer, loader)
+        payload["path"] = path
+        if found["started"]:
+            print0(f"clusterddp: starting from {path} (step {payload['step']}, written by run {found['started']}), as "
+                   "start_from asks: this run's own checkpoints will be resumed from now on")
+        given = {"model": model, "optimizer": optimizer, "loader": loader}
+        drill.record({"e": "load", "step": payload["step"], "path": os.path.abspath(path),
+                      "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
+                      "held": sorted(k for k in given if payload.get(k) is not None)})
+        return payload
+
+    def _restore(self, payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:
+        """The payload into the given objects, the random states and the step count."""
         if model is not None:
             unwrap(model).load_state_dict(payload["model"])
         if optimizer is not None and payload["optimizer"] is not None:
@@ -476,7 +305,7 @@ class Checkpointer:
         if loader is not None and payload["loader"] is not None:
             loader.load_state_dict(payload["loader"])
         if payload["world_size"] == world_size():
-            _set_rng_state(payload["rng"][rank()])
+            set_rng_state(payload["rng"][rank()])
         else:
             print0(f"clusterddp: checkpoint {path} was written by {payload['world_size']} ranks, this job has "
                    f"{world_size()}: random number states not restored (results will differ from an "
@@ -489,12 +318,3 @@ class Checkpointer:
         if steps is not None:
             done = payload.get("telemetry_steps")
             steps.resumed(done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None)
-        payload["path"] = path
-        if found["started"]:
-            print0(f"clusterddp: starting from {path} (step {payload['step']}, written by run {found['started']}), as "
-                   "start_from asks: this run's own checkpoints will be resumed from now on")
-        given = {"model": model, "optimizer": optimizer, "loader": loader}
-        drill.record({"e": "load", "step": payload["step"], "path": os.path.abspath(path),
-                      "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
-                      "held": sorted(k for k in given if payload.get(k) is not None)})
-        return payload
