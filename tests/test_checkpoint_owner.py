@@ -148,3 +148,21 @@ def test_temp_files_of_killed_background_writes_go_at_the_next_start(tmp_path):
     assert done.returncode == 0
     assert sorted(p.name for p in ck.glob(".tmp-*")) == [other.name]
     assert (ck / "ckpt-0000000001.pt").is_file()
+
+
+def test_who_resumes_whose_checkpoint():
+    """A sweep's trial resumes only its own; any other run resumes any other such run's (one directory is one line
+    of work: "run the same command again" resumes), never a trial's; a checkpoint without a run (an older
+    clusterddp's) is such a run's."""
+    from clusterddp.runtime.ckptowner import Owner, resumable
+
+    trial_a, trial_b, job_x, job_y = Owner("sweep-s-trial-a", True), Owner("sweep-s-trial-b", True), Owner("x"), \
+        Owner("y")
+    by = {name: {"run": o.run, "trial": o.trial} for name, o in
+          (("trial_a", trial_a), ("trial_b", trial_b), ("job_x", job_x), ("job_y", job_y))}
+    by.update(old=None, old_manifest={"file": "ckpt-1.pt", "step": 1}, outside={"run": None, "trial": False})
+    table = {me: sorted(k for k, record in by.items() if resumable(o, record))
+             for me, o in (("trial_a", trial_a), ("job_x", job_x), ("outside", Owner(None)))}
+    assert table == {"trial_a": ["trial_a"],
+                     "job_x": ["job_x", "job_y", "old", "old_manifest", "outside"],
+                     "outside": ["job_x", "job_y", "old", "old_manifest", "outside"]}

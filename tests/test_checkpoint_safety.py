@@ -170,7 +170,8 @@ def test_a_checkpoint_that_differs_from_its_manifest_is_passed_over(tmp_path):
     good = (ck / "ckpt-0000000007.pt").read_bytes()
     record = json.loads((ck / "ckpt-0000000007.json").read_text())
     assert record == {"file": "ckpt-0000000007.pt", "step": 7, "size": len(good),
-                      "sha256": hashlib.sha256(good).hexdigest(), "run": None}  # (outside a job: no run)
+                      "sha256": hashlib.sha256(good).hexdigest(), "run": None,  # (outside a job: no run)
+                      "trial": False}
     assert stat.S_IMODE(os.stat(ck / "ckpt-0000000007.json").st_mode) == 0o600
     with zipfile.ZipFile(ck / "ckpt-0000000007.pt") as z:  # where the first tensor's bytes are
         info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))

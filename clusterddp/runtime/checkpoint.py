@@ -44,18 +44,22 @@ class Checkpointer:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.directory, self.keep, self.background = directory, keep, bool(background)
-        self._run: Any = ()  # (not asked yet) this run's identity, rank 0's
+        self._owner: Optional[ckptowner.Owner] = None  # (not asked yet) rank 0's answer
+
+    @property
+    def owner(self) -> ckptowner.Owner:
+        """Who this run is, for the checkpoints it writes and resumes (asked once)."""
+        if self._owner is None:
+            self._owner = ckptowner.owner()
+        return self._owner
 
     @property
     def run(self) -> Optional[str]:
-        """The identity this run's checkpoints carry (rank 0's answer; asked once)."""
-        if self._run == ():
-            self._run = ckptowner.owner()
-        return self._run
+        return self.owner.run
 
     def _own(self, path: str, record: Optional[Dict[str, Any]]) -> bool:
-        """Written by this run (or by an older clusterddp, which recorded no run)."""
-        return record is None or "run" not in record or record["run"] == self.run
+        """This run continues from that checkpoint (ckptowner.resumable)."""
+        return ckptowner.resumable(self.owner, record)
 
     def _begin(self) -> None:
         """Rank 0, once, before the first step: this run's stale temp files go; other runs writing here are named."""
@@ -131,7 +135,8 @@ class Checkpointer:
             if self.run is not None:
                 ckptowner.renew(self.directory, self.run)
         drill.record({"e": "save", "step": int(step), "path": os.path.abspath(path)})
-        payload = {"step": int(step), "run": self.run if is_main() else None, "model": unwrap(model).state_dict(),
+        who = self.owner if is_main() else ckptowner.Owner(None)
+        payload = {"step": int(step), "run": who.run, "trial": who.trial, "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "loader": loader.state_dict() if loader is not None else None,
                    "rng": states, "world_size": world_size(), "extra": extra}
@@ -179,6 +184,8 @@ class Checkpointer:
             else:
                 found["foreign"].append([candidate, str(record["run"])[:200] if record else None])
         payload = self._first_loadable(reversed(own), weights_only, found)
+        by = dict(own).get(found["path"]) if found["path"] else None
+        found["by"] = by["run"] if by and by.get("run") not in (None, self.run) else None
         if found["path"] is None and not found["refused"] and start_from:
             payload = self._start_from(start_from, weights_only, found)
         return found, payload
@@ -287,6 +294,9 @@ class Checkpointer:
             payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
         self._restore(payload, path, model, optimizer, loader)
         payload["path"] = path
+        if found.get("by"):  # another job of yours that wrote into this directory: its work continues, said
+            print0(f"clusterddp: resuming {path} (step {payload['step']}), written by run {found['by']}: another job "
+                   "with this checkpoint directory")
         if found["started"]:
             print0(f"clusterddp: starting from {path} (step {payload['step']}, written by run {found['started']}), as "
                    "start_from asks: this run's own checkpoints will be resumed from now on")

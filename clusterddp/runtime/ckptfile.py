@@ -75,7 +75,7 @@ def write(payload: Dict[str, Any], path: str) -> None:
 
     def manifest() -> None:
         record = {"file": os.path.basename(path), "step": payload["step"], "size": out[0].size,
-                  "sha256": out[0].sha.hexdigest(), "run": payload.get("run")}
+                  "sha256": out[0].sha.hexdigest(), "run": payload.get("run"), "trial": bool(payload.get("trial"))}
         atomic(manifest_of(path), lambda fh: fh.write(json.dumps(record).encode()), run_tag=run_tag)
 
     run_tag = tag(payload.get("run"))

@@ -7,24 +7,42 @@ import json
 import os
 import socket
 import time
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, NamedTuple, Optional
 
 from .. import contract
 from ..datafiles import read_json, write_atomic
 from . import ckptfile, report, rundir
 
 
-def owner(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """Whose checkpoints this job resumes: a sweep trial's (its sweep and key, the same in every rerun of the trial),
-    else the job's run id (the same across its requeues and retries); None outside a job."""
+class Owner(NamedTuple):
+    """Who writes and resumes checkpoints here: ``run`` (a sweep trial's sweep and key, the same in every rerun of
+    the trial; else the job's run id, the same across its requeues and retries; None outside a job) and whether it
+    is a sweep's trial, which clusterddp made distinct from its siblings."""
+
+    run: Optional[str]
+    trial: bool = False
+
+
+def owner(environ: Optional[Mapping[str, str]] = None) -> Owner:
     environ = os.environ if environ is None else environ
     run_dir = environ.get(contract.RUN_DIR)
     if not run_dir:
-        return None
+        return Owner(None)
     trial = read_json(rundir.at(os.path.join(run_dir, contract.TRIAL_FILE)), 1 << 16)
     if isinstance(trial, dict) and isinstance(trial.get("sweep"), str) and isinstance(trial.get("key"), str):
-        return f"sweep-{trial['sweep'][:40]}-trial-{trial['key'][:16]}"
-    return report.run_id(environ)
+        return Owner(f"sweep-{trial['sweep'][:40]}-trial-{trial['key'][:16]}", True)
+    return Owner(report.run_id(environ))
+
+
+def resumable(me: Owner, record: Optional[Mapping[str, Any]]) -> bool:
+    """Whether ``me`` continues from a checkpoint with this manifest: a sweep's trial only from its own (never a
+    sibling's, whose parameters differ); any other run from any other such run's (one directory is one line of
+    work: "run the same command again" resumes, as documented), never from a trial's. A checkpoint of an older
+    clusterddp (no run recorded) counts as such a run's."""
+    written_by_trial = bool(record) and record.get("trial") is True  # type: ignore[union-attr]
+    if me.trial or written_by_trial:
+        return me.trial and written_by_trial and record.get("run") == me.run  # type: ignore[union-attr]
+    return True
 
 
 CLAIM = ".clusterddp-writer-"  # + a run's tag: that run writes checkpoints in this directory now
