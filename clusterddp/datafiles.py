@@ -107,12 +107,13 @@ def lines(path: Union[str, Path], max_line: int = 1 << 16) -> Iterator[str]:
     fd = open_data(path)
     if fd is None:
         return
-    with open(fd, encoding="utf-8", errors="replace") as fh:
+    # newline="\n": a line ends at "\n" only (universal newlines would end one at a "\r" the program printed).
+    with open(fd, encoding="utf-8", errors="replace", newline="\n") as fh:
         while True:
             line = fh.readline(max_line)
             if not line:
                 return
-            yield line.rstrip("\n")
+            yield line.rstrip("\n").removesuffix("\r")
 
 
 def _umask() -> int:

@@ -236,16 +236,27 @@ def read_hellos(run_dir: Path, restart: Optional[int] = None) -> Dict[int, Dict[
     return {r: h for r, h in found.items() if h["restart"] == restart}
 
 
-def hang_report(run_dir: Path) -> Optional[Dict[str, Any]]:
-    """The hang watchdog's roll call of the latest restart that had one ({"text", "summary", "dir"}), or None."""
+def _by_restart(run_dir: Path, pattern: str, restart: Optional[int]) -> Optional[Path]:
+    """The file of ``pattern`` (a {restarts} field) of that restart, or of the latest one (``restart`` None):
+    restarts ordered as numbers (rendezvous-10 after rendezvous-9)."""
+    head, _, tail = pattern.partition("{restarts}")
     found = []
-    for path in Path(run_dir).glob(contract.HANG_DIR.format(restarts="*") + "/rollcall.txt"):
-        suffix = path.parent.name.rsplit("-", 1)[-1]
-        if suffix.isdigit():
-            found.append((int(suffix), path))
-    if not found:
+    for path in Path(run_dir).glob(pattern.format(restarts="*")):
+        rel = path.relative_to(run_dir).as_posix()
+        number = rel[len(head):len(rel) - len(tail)] if rel.startswith(head) and rel.endswith(tail) else ""
+        if number.isdigit() and len(number) < 8:
+            found.append((int(number), path))
+    if restart is not None:
+        found = [f for f in found if f[0] == restart]
+    return max(found)[1] if found else None
+
+
+def hang_report(run_dir: Path, restart: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """The hang watchdog's roll call ({"text", "summary", "dir"}) of restart ``restart``, or of the latest restart
+    that had one (None), or None."""
+    path = _by_restart(Path(run_dir), contract.HANG_DIR + "/rollcall.txt", restart)
+    if path is None:
         return None
-    path = max(found)[1]
     raw = datafiles.read_bounded(path)
     if raw is None:
         return None
@@ -256,10 +267,10 @@ def hang_report(run_dir: Path) -> Optional[Dict[str, Any]]:
     return {"text": printable(text), "summary": line or "hung (see the roll call)", "dir": str(path.parent)}
 
 
-def rendezvous_failure(run_dir: Path) -> Optional[str]:
-    """What the ranks reported when their rendezvous timed out (latest restart), or None."""
-    found = sorted(Path(run_dir).glob(contract.RENDEZVOUS_REPORT.format(restarts="*")))
-    raw = datafiles.read_bounded(found[-1], 1 << 16) if found else None
+def rendezvous_failure(run_dir: Path, restart: Optional[int] = None) -> Optional[str]:
+    """What the ranks reported when their rendezvous timed out (restart ``restart``, or the latest), or None."""
+    found = _by_restart(Path(run_dir), contract.RENDEZVOUS_REPORT, restart)
+    raw = datafiles.read_bounded(found, 1 << 16) if found else None
     return None if raw is None else printable(raw.decode("utf-8", "replace").strip()).replace("\n", "?")
 
 

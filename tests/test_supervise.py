@@ -32,6 +32,7 @@ NODE2 = Fault(K.INFRASTRUCTURE, ("node2",), "rank(s) 2-3 on node2: killed", "Kil
 ONE_RANK = Fault(K.AMBIGUOUS, ("node2",), "rank(s) 3 on node2: killed (1 of the node's 2 ranks)", "Killed", (3,))
 SEGV = Fault(K.AMBIGUOUS, ("node2",), "rank(s) 3 on node2: segmentation fault", "Segmentation fault", (3,))
 SEGV_ON_3 = SEGV._replace(nodes=("node3",))
+SUSPECT2 = Fault(K.SUSPECT, ("node2",), "rank(s) 2-3 on node2: killed (every one of its 2 ranks)", "Killed", (2, 3))
 
 CASES = [
     # (what happened, earlier attempts, hosts, room, policy) -> (action, nodes, next, final kind, words said)
@@ -54,12 +55,21 @@ CASES = [
      Act.GATE, ("node1", "node3"), "retry", K.INFRASTRUCTURE, "retry 1 of 2"),
     ("ambiguous: once in place", ONE_RANK, [], HOSTS, ROOMY, POLICY,
      Act.GATE, ("node1", "node2", "node3"), "in-place", K.AMBIGUOUS, "retrying once in place on node1,node2"),
-    ("ambiguous again on the same node: the node", ONE_RANK, [past("ambiguous", "node2", "in-place")], HOSTS,
-     ROOMY, POLICY, Act.GATE, ("node1", "node3"), "retry", K.INFRASTRUCTURE, "retrying on node1,node3 without node2"),
+    # Issue 53: unclear twice in a row is the program's (a node is blamed only on evidence about the node).
+    ("ambiguous again on the same node: the program", ONE_RANK, [past("ambiguous", "node2", "in-place")], HOSTS,
+     ROOMY, POLICY, Act.END, (), "end", K.PROGRAM, "an unclear failure again after a retry in place is the program's"),
     ("a segfault again in place: the program", SEGV, [past("ambiguous", "node2", "in-place")], HOSTS, ROOMY, POLICY,
-     Act.END, (), "end", K.PROGRAM, "the same crash again in place is the program's"),
+     Act.END, (), "end", K.PROGRAM, "an unclear failure again after a retry in place is the program's"),
     ("the same again on another node: the program", SEGV_ON_3, [past("ambiguous", "node2", "in-place")], HOSTS,
-     ROOMY, POLICY, Act.END, (), "end", K.PROGRAM, "the same failure on another node is the program's"),
+     ROOMY, POLICY, Act.END, (), "end", K.PROGRAM, "an unclear failure again after a retry in place is the program's"),
+    ("suspect, spare left: without it, no quarantine", SUSPECT2, [], HOSTS, ROOMY, POLICY,
+     Act.GATE, ("node1", "node3"), "retry", K.SUSPECT, "retrying on node1,node3 without node2 (a suspect, not quar"),
+    ("suspect, no spare: in place, never a requeue", SUSPECT2, [], HOSTS[:2], ROOMY, POLICY,
+     Act.GATE, ("node1", "node2"), "in-place", K.SUSPECT, "retrying in place on node1,node2: no spare to leave node2"),
+    ("suspect again on the same node: the node", SUSPECT2, [past("suspect", "node2", "in-place")], HOSTS[:2], ROOMY,
+     POLICY, Act.REQUEUE, ("node2",), "requeue", K.INFRASTRUCTURE, ""),
+    ("a suspect counts against --retries", SUSPECT2, [past("suspect", "node3", "retry")] * 2, HOSTS, ROOMY, POLICY,
+     Act.END, (), "end", K.SUSPECT, "2 of --retries 2 used"),
     ("ambiguous after a node fault: in place", ONE_RANK, [past("infrastructure", "node3", "retry")], HOSTS, ROOMY,
      POLICY, Act.GATE, ("node1", "node2", "node3"), "in-place", K.AMBIGUOUS, "retry 2 of 2"),
     ("program", Fault(K.PROGRAM, (), "rank-3.out: ValueError"), [], HOSTS, ROOMY, POLICY,
@@ -88,6 +98,36 @@ def test_the_decision_table(case):
         assert not set(ran_on) & set(action.bad), action  # in place: none of the job's nodes is left out
 
 
+def test_the_docs_table_is_the_code_s():
+    """Issue 53: docs/node-failure.md shows DECISIONS as they are, and every fault kind has its row."""
+    from pathlib import Path
+
+    from clusterddp.healing.supervise import DECISIONS, decision_rows
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "node-failure.md").read_text()
+    table = [line for line in docs.splitlines() if line.startswith("|") and "**" in line or
+             line.startswith("| evidence")]
+    code = [ln for ln in decision_rows().splitlines() if ln != "|---|---|---|"]
+    assert table == code
+    assert decision_rows() in docs
+    assert {kind for _, kind, _, _ in DECISIONS} == set(K)
+
+
+def test_a_gate_that_could_not_run_blames_no_node():
+    from clusterddp.healing.supervise import gate_not_run
+
+    first = gate_not_run(history=[], policy=POLICY, hosts=HOSTS, bad=(), why="srun: error: Unable to create step")
+    assert (first.act, first.nodes, first.bad, first.next) == (Act.GATE, HOSTS, (), "in-place"), first
+    assert first.fault is not None and first.fault.kind == K.GATE and not first.fault.nodes
+    again = gate_not_run(history=[past("gate", "", "in-place")], policy=POLICY, hosts=HOSTS, bad=(), why="x")
+    assert (again.act, again.bad, again.exit) == (Act.END, (), contract.EXIT["RUNTIME"]), again
+    assert "the health gate could not run (twice, or no retry left" in again.say[0]
+    spent = gate_not_run(history=[past("ambiguous", "", "in-place"), past("suspect", "node2", "retry")],
+                         policy=POLICY, hosts=HOSTS, bad=(), why="x")
+    assert spent.act == Act.END and "2 of --retries 2 used" in spent.say[0]
+    assert attempts.at_fault([past("gate", "", "in-place"), past("suspect", "node2", "retry")]) == []  # no quarantine
+
+
 def test_after_the_gate():
     tight = after_gate(["node2"], history=[], policy=POLICY, hosts=HOSTS[:2], bad=(), restart=0, room=TIGHT)
     assert tight.act == Act.END and tight.next == "end" and "without node2, 1 is left; the job needs 2" in tight.say[1]
@@ -96,6 +136,10 @@ def test_after_the_gate():
     requeue = after_gate(["node2"], history=[past("infrastructure", "node7", "requeue")], policy=POLICY,
                          hosts=HOSTS[:2], bad=(), restart=1, room=ROOMY)
     assert (requeue.act, requeue.nodes) == (Act.REQUEUE, ("node2", "node7"))  # earlier requeues' nodes stay out
+    spent = after_gate(["node2"], history=[past("infrastructure", "node7", "requeue"),
+                                           past("ambiguous", "", "in-place")],
+                       policy=POLICY, hosts=HOSTS[:2], bad=(), restart=1, room=ROOMY)
+    assert spent.act == Act.END and "2 of --retries 2 used" in spent.say[-1], spent  # a requeue is a retry too
 
 
 def test_sinfo_states_decide_what_is_usable():
@@ -134,7 +178,8 @@ def test_a_requeue_that_would_strand_the_job_is_never_asked(tmp_path):
     run = tmp_path / "run"
     (run / "health").mkdir(parents=True)
     (run / "rank-0.out").write_text("")
-    (run / contract.STEP_ERR.format(restarts=0, attempt=0)).write_text("srun: error: node2: tasks 2-3: Killed\n")
+    (run / contract.STEP_ERR.format(restarts=0, attempt=0)).write_text(  # Slurm's word about node2
+        "srun: error: Node failure on node2\nsrun: error: node2: tasks 2-3: Killed\n")
     (run / contract.SINFO_FILE).write_text("node1 alloc\nnode2 alloc\n")
     base = ["--hosts", "node1,node2", "--partition", "pair", "--ran-on", "node1,node2"]
     proc = subprocess.run([sys.executable, "-m", "clusterddp.healing", "next", "ended", "--run-dir", str(run),
@@ -152,7 +197,7 @@ def test_a_requeue_that_would_strand_the_job_is_never_asked(tmp_path):
 def test_bad_input_ends_the_job_in_one_line(tmp_path, damage):
     run = tmp_path / "run"
     run.mkdir()
-    (run / contract.STEP_ERR.format(restarts=0, attempt=0)).write_text("srun: error: node2: tasks 2-3: Killed\n")
+    (run / contract.STEP_ERR.format(restarts=0, attempt=0)).write_text("srun: error: Node failure on node2\n")
     args = ["--hosts", "node1,node2", "--nodes", "2", "--per-node", "2", "--retries", "2", "--max-requeues", "3",
             "--requeues", "--status", "137", "--ran-on", "node1,node2"]
     if damage == "attempts-dir":  # the record cannot be written

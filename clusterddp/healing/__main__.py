@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ran-on", default="")
     p.add_argument("--trial", default="", help="start: a sweep trial's record, for RUN_DIR/trial.json")
     p.add_argument("--began", default="", help="start: when the batch script began (Unix time; the ledger's start)")
+    p.add_argument("--launcher", default="", choices=("", "srun", "torchrun", "spawn"),
+                   help="the job's launcher: whose own reports the evidence may hold (torchrun's only under torchrun)")
     return p
 
 
@@ -98,6 +100,15 @@ def _gated(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
            history: Sequence[attempts.Attempt]) -> Action:
     """Read the health gate's verdicts (a NODE.ok file per node that passed; its output in NODE.out)."""
     gate = Path(args.run_dir) / contract.HEALTH_DIR.format(restarts=args.restart, attempt=args.attempt)
+    checked = [h for h in hosts if h not in bad]
+    if checked and not any((gate / f"{host}.out").exists() or (gate / f"{host}.ok").exists() for host in checked):
+        # No node's check even started: the gate's own srun failed (what it said, where the script kept it).
+        raw = read_bounded(gate / "srun.err", 1 << 16)
+        said = " ".join(raw.decode("utf-8", "replace").split("\n")[-3:]).strip() if raw else ""
+        action = supervise.gate_not_run(history=history, policy=policy, hosts=hosts, bad=bad,
+                                        why=printable(said[:200]) or "its srun started no task")
+        _record(args, contract.EXIT["RUNTIME"], action.fault, action.next)
+        return action
     failed = []
     for host in (h for h in hosts if h not in bad):
         if (gate / f"{host}.ok").is_file():
@@ -147,7 +158,8 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
         _record(args, status, None, contract.NEXT_END, f"SIG{args.signal}" if args.signal else "", **record)
         return Action(Act.END, (), tuple(bad), status)
     step_err = run_dir / contract.STEP_ERR.format(restarts=args.restart, attempt=args.attempt)
-    fault = faults.attempt(run_dir, step_err, ran_on, policy.per_node, os.environ.get("SLURM_JOB_ID", ""), args.start)
+    fault = faults.attempt(run_dir, step_err, ran_on, policy.per_node, os.environ.get("SLURM_JOB_ID", ""), args.start,
+                           restart=args.restart, launcher=args.launcher)
     print(f"clusterddp: attempt {args.attempt + 1} failed: {fault.line()}", file=sys.stderr)
     action = supervise.after_failure(fault, history=history, policy=policy, hosts=hosts, bad=bad, ran_on=ran_on,
                                      restart=args.restart, room=_room(args), exit_code=status)
@@ -196,6 +208,8 @@ def _next(args: argparse.Namespace) -> int:
             print(f"end\n\n\n{contract.EXIT['RUNTIME']}")
             return 0
         attempts.began(Path(args.run_dir), args.restart, _began(args.began), hosts)
+        if args.restart > 0:  # the last restart's logs aside: this restart's evidence is its own (srun appends)
+            attempts.set_aside_logs(Path(args.run_dir), args.restart - 1)
         chosen = supervise.choose(hosts, bad, policy.nodes)
         if policy.gate:
             action = Action(Act.GATE, tuple(h for h in hosts if h not in bad), tuple(bad))

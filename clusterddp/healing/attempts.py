@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import contract
 from ..datafiles import read_bounded
@@ -146,6 +146,24 @@ def set_aside(run_dir: Path, restart: int, attempt: int) -> Path:
                                                                                        run / "telemetry"]:
         if path.exists() and not path.is_symlink():
             path.rename(to / path.name)
+    return to
+
+
+def set_aside_logs(run_dir: Path, restart: int) -> Optional[Path]:
+    """At a requeued job's start: the logs of its last restart moved to attempts/RESTART.end/ (srun appends a
+    requeued job's output to its files, so a rank's log would mix two restarts); None when there were none."""
+    run = Path(run_dir)
+    logs = [p for p in sorted(run.glob("rank-*.out")) + sorted(run.glob("node-*.out")) if not p.is_symlink()]
+    if not logs:
+        return None
+    to = base = run / contract.ATTEMPT_DIR.format(restarts=restart, attempt="end")
+    n = 0
+    while to.exists() or to.is_symlink():
+        n += 1
+        to = base.with_name(f"{base.name}-{n}")
+    to.mkdir(parents=True)
+    for path in logs:
+        path.rename(to / path.name)
     return to
 
 

@@ -51,11 +51,14 @@ from .launchers import (
 class FaultKind(str, Enum):
     """Whose fault a failed attempt was, as the batch script and attempts.tsv write it."""
 
-    INFRASTRUCTURE = "infrastructure"  # a node or the network: retried without the node
-    AMBIGUOUS = "ambiguous"            # one rank ended by a signal, nothing else said: retried once in place
+    INFRASTRUCTURE = "infrastructure"  # a node or the network, on Slurm's or clusterddp's own word: without it
+    SUSPECT = "suspect"                # every rank of a node ended by a signal, nothing from Slurm: without it where
+    #                                    a spare is free, else in place; no quarantine unless it happens again there
+    AMBIGUOUS = "ambiguous"            # one rank killed, a segfault, a hang in the script's code: once in place
     PROGRAM = "program"                # the program itself: never retried
     AFTER_WORK = "after-work"          # a rank failed after its work ended: the results are intact, not retried
     UNKNOWN = "unknown"                # nothing the job left tells one from the other
+    GATE = "gate"                      # the health gate itself could not run: no node is blamed; tried once more
 
     __str__ = str.__str__              # written as the word, not FaultKind.X
     __format__ = str.__format__        # type: ignore[assignment]
@@ -63,6 +66,7 @@ class FaultKind(str, Enum):
 
 
 INFRASTRUCTURE = FaultKind.INFRASTRUCTURE
+SUSPECT = FaultKind.SUSPECT
 AMBIGUOUS = FaultKind.AMBIGUOUS
 PROGRAM = FaultKind.PROGRAM
 
@@ -77,6 +81,7 @@ class Fault(NamedTuple):
     def line(self) -> str:
         at = f" on {','.join(self.nodes)}" if self.nodes else ""
         what = {INFRASTRUCTURE: "a node or the network, not the program", PROGRAM: "the program",
+                SUSPECT: "probably the node: tried without it where a spare is free, not quarantined",
                 AMBIGUOUS: "a node or the program: nothing else said"}.get(self.kind, "")
         return f"fault: {self.kind}{at}: {self.why}" + (f" ({what})" if what else "") + \
             (f"; evidence: {self.evidence}" if self.evidence else "")
@@ -117,9 +122,9 @@ def over_memory(logs: Sequence[Path], err: Sequence[str], job: str = "", since: 
             continue
         for line in tail(log, 1 << 20):
             m = OVER_MEMORY.match(line)
-            when = _clock(m.group(1)) if m and m.group(1) else None
-            if m and (not job or m.group(2) == job) and (not since or when is not None and when >= since - 2):
-                found.append((when or 0, int(number), line, int(m.group(3)) >> 20, int(m.group(4)) >> 20))
+            when = _clock(m.group("when"), m.group("zone")) if m and m.group("when") else None
+            if m and (not job or m.group("job") == job) and (not since or when is not None and when >= since - SKEW_S):
+                found.append((when or 0, int(number), line, int(m.group("used")) >> 20, int(m.group("limit")) >> 20))
     if not found:
         return None
     _, rank, line, used, limit = max(found)
@@ -130,9 +135,20 @@ def over_memory(logs: Sequence[Path], err: Sequence[str], job: str = "", since: 
         "(--mem)"), "Killed", (rank,), cite(f"rank-{rank}.out", line))
 
 
-def _clock(text: str) -> Optional[float]:
-    """Slurm's local time ('2026-12-04T02:55:02') as a Unix time; None for one that is not a time."""
+#: How far behind this node's clock a node's may be for its stamped line to count as this attempt's: the line is
+#: also of this job and in this attempt's own log (set aside after each attempt), so the time is only a backstop.
+SKEW_S = 600
+
+
+def _clock(text: str, zone: Optional[str] = None) -> Optional[float]:
+    """Slurm's stamp ('2026-12-04T02:55:02', the local time; with ``zone`` 'Z' or '+01:00', rfc5424's) as a Unix
+    time; None for one that is not a time."""
     try:
+        if zone:
+            import calendar
+
+            offset = 0 if zone == "Z" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+            return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%S")) - offset
         return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
     except (ValueError, OverflowError):
         return None
@@ -141,9 +157,11 @@ def _clock(text: str) -> Optional[float]:
 def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],
                  per_node: int = 0, lost: Optional[int] = None) -> Fault:
     """Rank(s) ``ranks`` on ``node`` ended by the signal srun calls ``what``, nothing else said first: whose fault.
-    abort() is the process's own act (the program's); a fault of the rank's own instructions (a segfault) and a
-    kill of fewer than all of a node's ranks are ambiguous; every rank of the node killed at once is the node.
-    ``lost``: how many of the node's ranks the signal ended (default: ``ranks``)."""
+    abort() is the process's own act (the program's), unless torch's distributed watchdog aborted it (collateral of
+    a lost peer: never the cause); a fault of the rank's own instructions (a segfault) and a single rank killed
+    (whatever the ranks per node: the kernel's OOM killer ends one process) are ambiguous; two or more ranks, every
+    one of the node's, killed at once, with nothing from Slurm, make the node a suspect. ``lost``: how many of the
+    node's ranks the signal ended (default: ``ranks``); ``per_node`` 0: not known."""
     word = next((w for w in SIGNAL_WORDS if what.startswith(w)), what)
     at = printable(f"rank(s) {tasks} on {node}: {what.lower()}")
     ranks, nodes = tuple(ranks[:64]), _clean([node])
@@ -151,8 +169,8 @@ def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: S
         for log in logs:
             said = terminate_words(log)
             if said is not None and said[1]:
-                return Fault(AMBIGUOUS, nodes, f"{at}: torch's distributed watchdog gave up ({said[0]}): a peer was "
-                             "lost, which one is not known", word, ranks)
+                return Fault(AMBIGUOUS, (), f"{at}: torch's distributed watchdog gave up ({said[0]}): a peer was "
+                             "lost, which one is not known (the waiting rank is never the cause)", word, ranks)
             if said is not None:
                 return Fault(PROGRAM, (), printable(f"{log.name if log else ''}: {said[0]}: the program's native code "
                                                     "ended it (abort), as it would on any node"), word, ranks)
@@ -162,10 +180,12 @@ def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: S
         return Fault(AMBIGUOUS, nodes, f"{at} (a fault of the rank's own instructions: the program's code or the "
                                        "node's hardware)", word, ranks)
     lost = len(ranks) if lost is None else lost
-    if per_node and lost < per_node:
-        return Fault(AMBIGUOUS, nodes, f"{at} ({lost} of the node's {per_node} ranks, nothing else said)",
-                     word, ranks)
-    return Fault(INFRASTRUCTURE, nodes, f"{at} (a signal, no Python traceback)", word, ranks)
+    if lost < 2 or (per_node and lost < per_node):
+        of = f" of the node's {per_node} ranks" if per_node else " rank(s)"
+        return Fault(AMBIGUOUS, nodes, f"{at} ({lost}{of}, nothing else said: one process killed, as the "
+                                       "kernel's OOM killer does, is not a node lost)", word, ranks)
+    return Fault(SUSPECT, nodes, f"{at} (every one of its {lost} ranks at once, no Python traceback, nothing from "
+                                 "Slurm)", word, ranks)
 
 
 def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, per_node: int) -> Optional[Fault]:
@@ -183,16 +203,17 @@ def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, 
                          max(1, len(lost)))
     fault = fault._replace(evidence=cite(str(root.get("log", "")), f"torchrun's root cause: rank {rank} on {host}, "
                                          f"exitcode {root.get('exitcode', '?')}"))
-    if fault.kind != INFRASTRUCTURE:
+    if fault.kind != SUSPECT:
         return fault
-    return fault._replace(why=printable(f"rank {rank} on {host} ended by {root.get('traceback', 'a signal')}, "
-                                        "no Python traceback"))
+    return fault._replace(why=printable(f"rank {rank} on {host} ended by {root.get('traceback', 'a signal')}, with "
+                                        f"every one of its {len(lost)} ranks, no Python traceback, nothing from "
+                                        "Slurm"))
 
 
 _COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError", "ChildFailedError")
 
 
-def recorded(run_dir: Path) -> List[logscan.Traceback]:
+def recorded(run_dir: Path, restart: Optional[int] = None) -> List[logscan.Traceback]:
     """The exceptions that ended ranks, from the runtime's records (contract.EXCEPTION_FILE; the latest restart's),
     as causes: earliest first, those that only react to a lost peer left out. A record, not text the program
     printed: where there is one, a traceback in a log is not needed to tell."""
@@ -209,30 +230,60 @@ def recorded(run_dir: Path) -> List[logscan.Traceback]:
         found.append((r["restart"], float(r["time"]), logscan.Traceback(
             secondary, f"rank {r['rank']}", [], f"{short}: {message}" + (f" (at {where})" if where else ""))))
     # This restart's only: a requeued job (or the drill's next run) keeps its run directory and the records in it.
-    latest = max([restart for restart, _, _ in found] + [h["restart"] for h in read_hellos(Path(run_dir)).values()],
-                 default=0)
-    return [t for restart, _, t in sorted(found, key=lambda f: f[1]) if restart == latest and not t.secondary]
+    latest = restart if restart is not None else max(
+        [r for r, _, _ in found] + [h["restart"] for h in read_hellos(Path(run_dir)).values()], default=0)
+    return [t for r, _, t in sorted(found, key=lambda f: f[1]) if r == latest and not t.secondary]
+
+
+def hang_fault(run_dir: Path, hang: dict, restart: Optional[int] = None) -> Fault:
+    """The hang watchdog ended the job: whose fault, from its roll call. Ranks that did not answer while the others
+    did are their node's (a rank that cannot be reached at all); a rank stuck in the script's own code, or in a
+    collective the others are not in, is the commonest DDP hang, the program's (one retry in place, nobody blamed;
+    the same place again is the program's); a tie, or every rank at one place, tells nothing."""
+    call = read_json(Path(hang["dir"]) / "rollcall.json")
+    evidence = printable(f"stacks/{Path(hang['dir']).name}/rollcall.json (the ranks' roll call)")
+    groups = [g for g in (call.get("groups") if isinstance(call, dict) else None) or [] if isinstance(g, dict)]
+    missing = [m.get("rank") for m in (call.get("missing") if isinstance(call, dict) else None) or []
+               if isinstance(m, dict) and is_rank(m.get("rank"))]
+    said = f"the hang watchdog ended the job ({hang['summary']})"
+    if missing and groups:
+        hellos = read_hellos(Path(run_dir), restart)
+        answered = {str(n) for g in groups for n in g.get("nodes") or []}
+        where = {hellos[r]["node"] for r in missing if r in hellos}
+        silent = _clean(where - answered)
+        if silent and all(r in hellos for r in missing) and where <= set(silent):
+            return Fault(INFRASTRUCTURE, silent, f"{said}: rank(s) {','.join(map(str, missing[:16]))} on "
+                         f"{','.join(silent)} did not answer the roll call that every other rank answered",
+                         evidence=evidence)
+    sizes = [len(g.get("ranks") or []) for g in groups]
+    if len(groups) > 1 and sizes[0] > max(sizes[1:]):
+        odd = groups[1:]
+        own = all(not g.get("waiting_in") for g in odd)
+        place = hang_place(call)
+        what = ("stuck in the script's own code" if own else "waiting in a call the others are not in")
+        return Fault(AMBIGUOUS, (), f"{said}: the odd rank(s) {what} at {place or '?'} while the others wait: most "
+                     "likely the program (a rank-conditional branch or collective), retried once in place",
+                     evidence=evidence)
+    return Fault(AMBIGUOUS, (), f"{said}: no rank stands out (a tie, or every rank at one place): who is at fault is "
+                 "not known, retried once in place", evidence=evidence)
 
 
 def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nodes: Sequence[str] = (),
-             node_failed: bool = False, per_node: int = 0, job: str = "", since: float = 0) -> Optional[Fault]:
+             node_failed: bool = False, per_node: int = 0, job: str = "", since: float = 0,
+             restart: Optional[int] = None, launcher: str = "") -> Optional[Fault]:
     """The fault class of a job that failed, or None when nothing tells (then it is reported as today).
     ``nodes``: the job's node names (to map torchrun's host names); ``node_failed``: Slurm said NODE_FAIL;
-    ``per_node``: ranks per node (0: unknown, then any rank killed by a signal is its node's fault); ``job`` and
-    ``since``: the job's id and the attempt's start (Slurm's memory kill of this attempt only)."""
+    ``per_node``: ranks per node (0: unknown); ``job`` and ``since``: the job's id and the attempt's start (Slurm's
+    memory kill of this attempt only); ``restart``: the restart judged (its roll call, rendezvous report and records
+    only; None: the latest); ``launcher``: srun, torchrun or spawn (torchrun's own report is read only under
+    torchrun; "": as the ranks' records say)."""
     run_dir = Path(run_dir)
-    hang = hang_report(run_dir)
+    hang = hang_report(run_dir, restart)
     if hang is not None:
-        call = read_json(Path(hang["dir"]) / "rollcall.json")
-        groups = call.get("groups") if isinstance(call, dict) else None
-        odd: List[str] = []
-        if isinstance(groups, list) and len(groups) > 1:
-            odd = sorted({str(n) for g in groups[1:] if isinstance(g, dict) for n in g.get("nodes", [])})
-        return Fault(INFRASTRUCTURE, _clean(odd), f"the hang watchdog ended the job ({hang['summary']})",
-                     evidence=printable(f"stacks/{Path(hang['dir']).name}/rollcall.json (the ranks' roll call)"))
-    rendezvous = rendezvous_failure(run_dir)
+        return hang_fault(run_dir, hang, restart)
+    rendezvous = rendezvous_failure(run_dir, restart)
     if rendezvous is not None:
-        hellos = read_hellos(run_dir)
+        hellos = read_hellos(run_dir, restart)
         seen = {str(h.get("node")) for h in hellos.values()}
         absent = tuple(n for n in nodes if n not in seen) if hellos else ()
         return Fault(INFRASTRUCTURE, _clean(absent), rendezvous)
@@ -245,10 +296,13 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     if over is not None:
         return over
     found = logscan.tracebacks(list(logs))
-    primary = recorded(run_dir) or [t for t in found if not t.secondary]
+    primary = recorded(run_dir, restart) or [t for t in found if not t.secondary]
     first = srun_first(err)
     by_name = {path.name: path for path in logs}
-    roots = torchrun_roots([path for path in logs if path.name.startswith("node-")])
+    if not launcher:
+        launcher = next((h["launcher"] for h in read_hellos(run_dir, restart).values() if h.get("launcher")), "")
+    # Under spawn (and srun) node-N.out is the program's own output: a "Root Cause" block there is its text.
+    roots = torchrun_roots([path for path in logs if path.name.startswith("node-")]) if launcher == "torchrun" else []
     fault = _torchrun_fault(roots, nodes, by_name, per_node) if roots else None
     if fault is not None:
         return fault
@@ -283,22 +337,24 @@ def hang_place(call: object) -> str:
 
 
 def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str], per_node: int = 0, job: str = "",
-            since: float = 0) -> Fault:
+            since: float = 0, restart: Optional[int] = None, launcher: str = "") -> Fault:
     """The fault of one failed attempt of the batch script's retry loop (the run directory holds only this
-    attempt's logs and reports; earlier attempts' are under attempts/). A hang at the place where an earlier
-    attempt hung is the program's, not a node's; a rank that failed after its runtime's shutdown() ended is
-    after-work."""
+    attempt's logs and reports; earlier attempts' are under attempts/, earlier restarts' records are told apart by
+    their restart). A hang at the place where an earlier attempt hung is the program's, whatever the roll call
+    said; a rank that failed after its runtime's shutdown() ended is after-work."""
     run_dir = Path(run_dir)
     logs = sorted(run_dir.glob("rank-*.out")) + sorted(run_dir.glob("node-*.out"))
-    fault = classify(run_dir, logs, step_err, nodes, per_node=per_node, job=job, since=since)
+    fault = classify(run_dir, logs, step_err, nodes, per_node=per_node, job=job, since=since, restart=restart,
+                     launcher=launcher)
     if fault is None:
         return Fault(FaultKind.UNKNOWN, (), "nothing the job left tells a node fault from a program fault")
-    hang = hang_report(run_dir)
-    if hang is not None and fault.kind == INFRASTRUCTURE:
+    hang = hang_report(run_dir, restart)
+    if hang is not None:
         place = hang_place(read_json(Path(hang["dir"]) / "rollcall.json"))
         earlier = {hang_place(read_json(p)) for p in run_dir.glob("attempts/*/stacks/hang-*/rollcall.json")}
         if place and place in earlier:
-            return Fault(PROGRAM, (), f"the same hang twice at {place}: probably the program, not a node")
+            return Fault(PROGRAM, (), f"the same hang twice at {place}: probably the program, not a node",
+                         evidence=fault.evidence)
     return after_work(run_dir, fault)
 
 

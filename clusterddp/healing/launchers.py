@@ -33,9 +33,10 @@ OOM_STEP = re.compile(r"^(?:slurmstepd|srun): error: Detected (\d{1,9}) oom[-_]k
 # site polls memory rather than confine it by cgroup), written to the stderr of the node's first task, the numbers
 # in bytes: "[2026-12-04T02:52:29.220] error: StepId=2.0 exceeded memory limit (1809863680 > 1572864000), being
 # killed" (src/slurmd/common/jobacct_gather: "%ps exceeded memory limit"; 22.05 and 26.05 alike).
-OVER_MEMORY = re.compile(r"^(?:\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d{1,6})?\] )?(?:slurmstepd: )?error: "
-                         r"(?:StepId=|JobId=|Step |Job )(\d{1,12})(?:\.[a-z0-9]{1,12})? exceeded memory limit "
-                         r"\((\d{1,20}) > (\d{1,20})\), being killed")
+# The stamp is Slurm's LogTimeFormat: iso8601 (the default, the node's local time) or rfc5424/rfc3339 (with its zone).
+OVER_MEMORY = re.compile(r"^(?:\[(?P<when>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d{1,6})?(?P<zone>Z|[+-]\d\d:?\d\d)?\] )?"
+                         r"(?:slurmstepd: )?error: (?:StepId=|JobId=|Step |Job )(?P<job>\d{1,12})(?:\.[a-z0-9]{1,12})? "
+                         r"exceeded memory limit \((?P<used>\d{1,20}) > (?P<limit>\d{1,20})\), being killed")
 # torchrun's "Root Cause (first observed failure)" block (torch/distributed/elastic/multiprocessing/errors).
 _ROOT = re.compile(r"^\s*(time|host|rank|exitcode|traceback)\s*: (.*)$")
 _MAX_LOG = 1 << 22  # a batch log read for srun lines: its last 4 MiB
@@ -49,10 +50,19 @@ COLLATERAL = re.compile(r"DistBackendError|DistNetworkError|c10d|NCCL|Gloo", re.
 
 
 
+def split_lines(text: str) -> List[str]:
+    """Lines as a log has them: ended by "\n" only. str.splitlines() also ends one at "\r", "\x0b", "\x0c",
+    "\x1c"-"\x1e", "\x85" and "\u2028", so a rank that printed "\rRoot Cause" would start a line of its own,
+    without the launcher's prefix that marks it as the program's."""
+    if not text:
+        return []
+    return [line.removesuffix("\r") for line in text.split("\n")][:-1 if text.endswith("\n") else None]
+
+
 def tail(path: Path, limit: int = _MAX_LOG) -> List[str]:
     """The last ``limit`` bytes of a log as lines: a regular file, never through a link (logs are data)."""
     raw = read_tail(path, limit)
-    return [] if raw is None else raw.decode("utf-8", "replace").splitlines()
+    return [] if raw is None else split_lines(raw.decode("utf-8", "replace"))
 
 
 def short(host: str, nodes: Sequence[str]) -> str:

@@ -4,9 +4,9 @@ only carry out its answer. Pure: evidence and counts in, an Action out.
 
 Policy from evidence (faults.py): a node's fault -> again without the node (a spare of the allocation first, then a
 requeue that excludes it, never one that leaves too few nodes to run: then in place when the gate passes the node,
-else end with the numbers); ambiguous -> once in place on the same nodes (no exclusion); the same again on the same
-node -> that node's fault, unless the rank's own instructions faulted again (a segfault in place: the program's);
-on another node -> the program's; the program's, after-work, unknown -> end.
+else end with the numbers); a suspect -> without it where a spare is free, else in place (never requeued for it,
+never quarantined), and a second time on the same node -> that node's fault; ambiguous -> once in place on the same
+nodes (no exclusion), and again after that -> the program's; the program's, after-work, unknown -> end.
 """
 from __future__ import annotations
 
@@ -15,7 +15,40 @@ from typing import FrozenSet, Iterable, NamedTuple, Optional, Sequence, Tuple
 
 from .. import contract
 from .attempts import Attempt
-from .faults import SYNCHRONOUS, Fault, FaultKind
+from .faults import Fault, FaultKind
+
+
+#: The decision table, as docs/node-failure.md shows it (tests/test_supervise.py holds the two equal): the evidence
+#: of one attempt, the fault it makes, what follows.
+DECISIONS: Tuple[Tuple[str, FaultKind, str, str], ...] = (
+    ("srun's own `Node failure on X`, Slurm's NODE_FAIL; X's ranks silent in a hang's roll call that every other rank "
+     "answered; a rendezvous that missed X's ranks", FaultKind.INFRASTRUCTURE, "on X",
+     "again without X: a spare of the allocation first, else a requeue that excludes it; X quarantined"),
+    ("every rank of X (two or more) ended by a signal at once, nothing from Slurm: srun's `tasks 2-3: Killed`, or "
+     "torchrun's own report listing each of X's workers", FaultKind.SUSPECT, "X",
+     "again without X where a spare is free, else in place; never requeued or quarantined for it; the same on X "
+     "again: infrastructure"),
+    ("one rank killed, nothing else said (whatever the ranks per node: the kernel's OOM killer ends one process); "
+     "a segfault, a bus error; a hang in the script's own code or in a call the others are not in; a roll call with "
+     "no odd rank out; torch's distributed watchdog aborting a waiting rank", FaultKind.AMBIGUOUS, "",
+     "once in place on the same nodes, nothing excluded or quarantined; unclear again after that: the program's"),
+    ("a Python exception first; SIGABRT (abort(): an assertion, libstdc++'s `terminate called ...`); Slurm's OOM "
+     "kill (cgroup's `Out Of Memory`, `Detected N oom_kill event`, OverMemoryKill's `exceeded memory limit`); the "
+     "same hang twice at the same line", FaultKind.PROGRAM, "", "ends; never retried"),
+    ("the failed rank had already finished (its `shutdown()` done)", FaultKind.AFTER_WORK, "",
+     "ends; no node blamed (the results are intact)"),
+    ("the health gate's own srun started no task on any node", FaultKind.GATE, "",
+     "the gate once more (a retry), else ends; no node blamed"),
+    ("nothing tells", FaultKind.UNKNOWN, "", "ends"),
+)
+
+
+def decision_rows() -> str:
+    """DECISIONS as the markdown table of docs/node-failure.md."""
+    rows = ["| evidence (of this attempt only) | fault | what follows |", "|---|---|---|"]
+    rows += [f"| {evidence} | **{kind}**{' ' + on if on else ''} | {follows} |"
+             for evidence, kind, on, follows in DECISIONS]
+    return "\n".join(rows) + "\n"
 
 
 class Act(str, Enum):
@@ -61,9 +94,14 @@ def choose(hosts: Sequence[str], bad: Iterable[str], n: int) -> Optional[Tuple[s
     return out if len(out) == n else None
 
 
+#: The kinds a retry may follow. Every retry of the job spends one of --retries, whatever came before it (a node
+#: fault, a suspect, an ambiguous failure, a health gate that failed): one budget, in every restart of the job.
+RETRIED = (FaultKind.INFRASTRUCTURE, FaultKind.SUSPECT, FaultKind.AMBIGUOUS, FaultKind.GATE)
+
+
 def retries_used(history: Sequence[Attempt]) -> int:
     """Retries spent after faults (in this allocation or through a requeue), in every restart of the job."""
-    return sum(1 for a in history if a.fault in (FaultKind.INFRASTRUCTURE, FaultKind.AMBIGUOUS)
+    return sum(1 for a in history if a.fault in RETRIED
                and a.next in (contract.NEXT_RETRY, contract.NEXT_IN_PLACE, contract.NEXT_REQUEUE))
 
 
@@ -104,20 +142,29 @@ def after_failure(fault: Fault, *, history: Sequence[Attempt], policy: Policy, h
             return _gate(hosts, bad, fault, contract.NEXT_IN_PLACE,
                          (f"clusterddp: retrying once in place on {where} (retry {used + 1} of {policy.retries}; "
                            "no node excluded, none quarantined), from the last checkpoint",))
-        again = sorted(set(prev.fault_nodes) & set(fault.nodes))
-        if not again:
-            was = ",".join(prev.fault_nodes) or "one node"
-            judged = fault._replace(kind=FaultKind.PROGRAM, nodes=(), why=f"{fault.why}; the same after a retry in "
-                                    f"place, first on {was}, now on {','.join(fault.nodes) or 'another'}: the program")
-            return _end(judged, exit_code, bad, "clusterddp: not retried: the same failure on another node is the "
-                                                "program's")
-        if fault.signal in SYNCHRONOUS:
-            judged = fault._replace(kind=FaultKind.PROGRAM, nodes=(), why=f"{fault.why}; again in place: the "
-                                    "program's own crash (a node fault would not repeat it)")
-            return _end(judged, exit_code, bad, "clusterddp: not retried: the same crash again in place is the "
-                                                "program's")
-        fault = fault._replace(kind=FaultKind.INFRASTRUCTURE, nodes=tuple(again),
-                               why=f"{fault.why}; again on {','.join(again)} after a retry in place: the node")
+        # Unclear twice in a row: the same failure after a retry in place is the program's (a node is blamed only
+        # on evidence about the node; none came).
+        judged = fault._replace(kind=FaultKind.PROGRAM, nodes=(), why=f"{fault.why}; again after a retry in place "
+                                f"(first: {prev.why[:120]}): the program")
+        return _end(judged, exit_code, bad, "clusterddp: not retried: an unclear failure again after a retry in place "
+                                            "is the program's; no node is blamed")
+    if kind == FaultKind.SUSPECT:
+        again = sorted({n for a in history if a.fault in (FaultKind.SUSPECT, FaultKind.INFRASTRUCTURE)
+                        for n in a.fault_nodes} & set(fault.nodes))
+        if again:  # the same node's ranks all lost twice: the node
+            fault = fault._replace(kind=FaultKind.INFRASTRUCTURE, nodes=tuple(again),
+                                   why=f"{fault.why}; the second time on {','.join(again)}: the node")
+        elif fault.nodes:
+            without = tuple(sorted(set(bad) | set(fault.nodes)))
+            chosen = choose(hosts, without, policy.nodes)
+            if chosen is not None:
+                return _gate(hosts, without, fault, contract.NEXT_RETRY,
+                             (f"clusterddp: retrying on {','.join(chosen)} without {','.join(fault.nodes)} (a suspect, "
+                              f"not quarantined; retry {used + 1} of {policy.retries}), from the last checkpoint",))
+            return _gate(hosts, bad, fault, contract.NEXT_IN_PLACE,
+                         (f"clusterddp: retrying in place on {','.join(ran_on)}: no spare to leave "
+                          f"{','.join(fault.nodes)} out (a suspect, not quarantined; retry {used + 1} of "
+                          f"{policy.retries}), from the last checkpoint",))
     if not fault.nodes:
         return _end(fault, exit_code, bad, "clusterddp: not retried: the node at fault is not known")
     without = tuple(sorted(set(bad) | set(fault.nodes)))
@@ -177,9 +224,29 @@ def after_gate(failed: Sequence[str], *, history: Sequence[Attempt], policy: Pol
     fault = Fault(FaultKind.INFRASTRUCTURE, without, "health gate")
     say = (f"clusterddp: fewer than {policy.nodes} healthy node(s) left in this allocation (not: "
            f"{','.join(without)})",)
+    used = retries_used(history)
+    if used >= policy.retries:  # a requeue is a retry too: one budget
+        return _end(fault, contract.EXIT["RUNTIME"], without, *say,
+                    f"clusterddp: not requeued: {used} of --retries {policy.retries} used")
     action = leave(fault, history=history, policy=policy, hosts=hosts, bad=without, ran_on=(), restart=restart,
                    room=room, exit_code=contract.EXIT["RUNTIME"], in_place=False)
     return action._replace(say=say + action.say)
+
+
+def gate_not_run(*, history: Sequence[Attempt], policy: Policy, hosts: Sequence[str], bad: Sequence[str],
+                 why: str) -> Action:
+    """The health gate itself could not run (its srun started no task on any node): the gate's failure, not a
+    fault of each node. Once more (a retry of the budget), else the job ends saying so; no node is blamed."""
+    fault = Fault(FaultKind.GATE, (), f"the health gate could not run ({why}): no node is blamed")
+    prev = history[-1] if history else None
+    used = retries_used(history)
+    if prev is not None and prev.fault == FaultKind.GATE or used >= policy.retries:
+        return _end(fault, contract.EXIT["RUNTIME"], bad, "clusterddp: not retried: the health gate could not run "
+                    f"(twice, or no retry left: {used} of --retries {policy.retries} used); the last checkpoint is "
+                    "kept")
+    return Action(Act.GATE, tuple(h for h in hosts if h not in set(bad)), tuple(bad), 0,
+                  (f"clusterddp: the health gate could not run; trying it once more (retry {used + 1} of "
+                   f"{policy.retries})",), contract.NEXT_IN_PLACE, fault)
 
 
 def parse_room(partition: str, text: Optional[str]) -> Optional[Room]:

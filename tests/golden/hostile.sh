@@ -85,7 +85,7 @@ clusterddp_next() {  # PHASE [OPTION...]: the supervisor's answer in CLUSTERDDP_
     local out
     out="$(python3 -m clusterddp.healing next "$@" --run-dir "$RUN_DIR" \
         --hosts "${CLUSTERDDP_HOSTS//$'\n'/,}" --bad "$CLUSTERDDP_BAD" --restart "$CLUSTERDDP_RESTARTS" \
-        --attempt "$CLUSTERDDP_ATTEMPT" --partition "${SLURM_JOB_PARTITION:-}" --nodes 2 --per-node 2 --retries 2 --max-requeues 3)" || {
+        --attempt "$CLUSTERDDP_ATTEMPT" --partition "${SLURM_JOB_PARTITION:-}" --nodes 2 --per-node 2 --retries 2 --max-requeues 3 --launcher torchrun)" || {
         echo "clusterddp: the supervisor (python -m clusterddp.healing next $1) failed where the batch script runs: the job ends here, nothing is retried; its logs are in $RUN_DIR" >&2
         out=$'end\n\n\n'"$CLUSTERDDP_STATUS"
     }
@@ -117,7 +117,7 @@ clusterddp_gate() {
     mkdir -p -- "$dir"
     n=$(( $(tr -cd , <<<"$CLUSTERDDP_STEP_NODES" | wc -c) + 1 ))
     timeout 120 srun --nodes="$n" --ntasks="$n" --ntasks-per-node=1 --nodelist="$CLUSTERDDP_STEP_NODES" --kill-on-bad-exit=0 \
-        --output="${dir//%/%%}/%N.out" python3 -m clusterddp.healing gate "$dir" '' >/dev/null 2>&1 || true
+        --output="${dir//%/%%}/%N.out" python3 -m clusterddp.healing gate "$dir" '' >/dev/null 2>"$dir/srun.err" || true
 }
 clusterddp_room() {  # the job's partition, for the supervisor's check that a requeue without a node still fits
     :

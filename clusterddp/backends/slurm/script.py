@@ -159,7 +159,7 @@ def _trials(spec: JobSpec) -> List[Dict[str, Any]]:
 def supervisor_options(spec: JobSpec) -> List[str]:
     """The job's policy for ``python -m clusterddp.healing next`` (healing/supervise.py's Policy)."""
     words = ["--nodes", str(spec.nodes), "--per-node", str(spec.tasks_per_node), "--retries", str(spec.retries),
-             "--max-requeues", str(spec.max_requeues)]
+             "--max-requeues", str(spec.max_requeues), "--launcher", spec.launcher]
     words += ["--requeues"] if spec.requeues else []
     words += ["--gate"] if spec.retries and (spec.health_check or spec.spare_nodes) else []
     return words + (["--exclude", ",".join(spec.exclude)] if spec.exclude else [])
