@@ -17,7 +17,6 @@ from .. import contract
 from .attempts import Attempt
 from .faults import Fault, FaultKind
 
-
 #: The decision table, as docs/node-failure.md shows it (tests/test_supervise.py holds the two equal): the evidence
 #: of one attempt, the fault it makes, what follows.
 DECISIONS: Tuple[Tuple[str, FaultKind, str, str], ...] = (
