@@ -17,6 +17,7 @@ torchrun's own (not a rank's prefixed line), a traceback only as the last words 
 """
 from __future__ import annotations
 
+import re
 import time
 from enum import Enum
 from pathlib import Path
@@ -40,7 +41,9 @@ from .launchers import (
     short,
     signalled_on,
     srun_first,
+    srun_first_signal,
     srun_is_first_for,
+    srun_node_failure,
     srun_said,
     tail,
     terminate_words,
@@ -117,22 +120,25 @@ def over_memory(logs: Sequence[Path], err: Sequence[str], job: str = "", since: 
     killed = killed_tasks(err)
     found = []
     for log in logs:
-        number = log.name[5:-4] if log.name.startswith("rank-") and log.name.endswith(".out") else ""
+        # rank-T.out (srun: a task is a rank) or node-T.out (torchrun, spawn: one task per node, its agent)
+        m = re.fullmatch(r"(?:rank|node)-(\d{1,7})\.out", log.name)
+        number = m.group(1) if m else ""
         if not number.isdigit() or int(number) not in killed:
             continue
         for line in tail(log, 1 << 20):
             m = OVER_MEMORY.match(line)
             when = _clock(m.group("when"), m.group("zone")) if m and m.group("when") else None
             if m and (not job or m.group("job") == job) and (not since or when is not None and when >= since - SKEW_S):
-                found.append((when or 0, int(number), line, int(m.group("used")) >> 20, int(m.group("limit")) >> 20))
+                found.append((when or 0, int(number), line, int(m.group("used")) >> 20, int(m.group("limit")) >> 20,
+                              log.name))
     if not found:
         return None
-    _, rank, line, used, limit = max(found)
-    node = killed[rank]
+    _, task, line, used, limit, name = max(found)
+    node = killed[task]
     return Fault(PROGRAM, (), printable(
         f"out of memory on {node}: Slurm killed the step there when it used {used} MiB, over the job's limit of "
         f"{limit} MiB per node: the program, not the node; it needs less memory per rank (a smaller batch) or more "
-        "(--mem)"), "Killed", (rank,), cite(f"rank-{rank}.out", line))
+        "(--mem)"), "Killed", (task,) if name.startswith("rank-") else (), cite(name, line))
 
 
 #: How far behind this node's clock a node's may be for its stamped line to count as this attempt's: the line is
@@ -190,7 +196,12 @@ def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: S
 
 def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, per_node: int) -> Optional[Fault]:
     """torchrun's earliest root cause, when a signal ended it. Its times are whole seconds: a failure and its
-    collateral can share one, and then the signal is the cause (the collateral comes after it)."""
+    collateral can share one, and then the signal is the cause (the collateral comes after it). A report of a host
+    this attempt did not run on is an earlier one's (never this attempt's evidence)."""
+    if nodes:
+        roots = [r for r in roots if short(r.get("host", ""), nodes) in nodes]
+    if not roots:
+        return None
     tied = [r for r in roots if r.get("time", "") == roots[0].get("time", "")]
     signalled = [r for r in tied if (exitcode(r) or 0) < 0 and exitcode(r) != -15]
     if not signalled:
@@ -292,15 +303,28 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     oom = out_of_memory(err)
     if oom is not None:
         return oom._replace(evidence=cite(name, next(t for t in err if OOM.match(t) or OOM_STEP.match(t))))
-    over = over_memory([p for p in logs if p.name.startswith("rank-")], err, job, since)
+    if not launcher:
+        launcher = next((h["launcher"] for h in read_hellos(run_dir, restart).values() if h.get("launcher")), "")
+    # slurmstepd writes its memory kill into the first task's log of the node: a rank's (srun), an agent's (torchrun,
+    # spawn: node-N.out)
+    over = over_memory([p for p in logs if p.name.startswith("rank-" if launcher == "srun" else ("rank-", "node-"))],
+                       err, job, since)
     if over is not None:
         return over
+    failed_node = srun_node_failure(err)
+    if failed_node is not None or node_failed:  # Slurm's own word about a node, wherever srun wrote it
+        node = failed_node or ""
+        said = srun_said(err, node) if node else ""
+        return Fault(INFRASTRUCTURE, _clean([node] if node else []), "Slurm reported a node failure",
+                     evidence=cite(name, said) if said else "Slurm's job state NODE_FAIL")
     found = logscan.tracebacks(list(logs))
     primary = recorded(run_dir, restart) or [t for t in found if not t.secondary]
     first = srun_first(err)
+    if first is not None and not primary and not any(first[2].startswith(w) for w in SIGNAL_WORDS):
+        # A peer that only reacted (its error is collateral) can exit before srun hears of the signal that was the
+        # cause: the first signal srun reports before it begins ending the step is the cause then.
+        first = srun_first_signal(err) or first
     by_name = {path.name: path for path in logs}
-    if not launcher:
-        launcher = next((h["launcher"] for h in read_hellos(run_dir, restart).values() if h.get("launcher")), "")
     # Under spawn (and srun) node-N.out is the program's own output: a "Root Cause" block there is its text.
     roots = torchrun_roots([path for path in logs if path.name.startswith("node-")]) if launcher == "torchrun" else []
     fault = _torchrun_fault(roots, nodes, by_name, per_node) if roots else None
@@ -314,11 +338,6 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
             said = srun_said(err, node)
             return signal_fault(what, node, tasks, ranks, [by_name.get(f"rank-{r}.out") for r in ranks[:16]],
                                 per_node)._replace(evidence=cite(name, said) if said else "")
-    if first is not None and first[2] == "node failure" or node_failed:
-        node = first[0] if first is not None else ""
-        said = srun_said(err, node) if node else ""
-        return Fault(INFRASTRUCTURE, _clean([node] if node else []), "Slurm reported a node failure",
-                     evidence=cite(name, said) if said else "Slurm's job state NODE_FAIL")
     if primary:
         return Fault(PROGRAM, (), printable(f"{primary[0].label}: {primary[0].last[:200]}"))
     if found:  # only collateral errors: a peer vanished without saying why

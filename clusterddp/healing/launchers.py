@@ -83,6 +83,29 @@ def srun_first(lines: Iterable[str]) -> Optional[Tuple[str, str, str]]:
     return None
 
 
+def srun_first_signal(lines: Iterable[str]) -> Optional[Tuple[str, str, str]]:
+    """The first task srun saw end by a signal before it began ending the step itself, as (node, tasks, what); or
+    after it began, an abort (srun ends tasks with SIGTERM and SIGKILL, never SIGABRT: an abort is the task's own)."""
+    ending = False
+    for line in lines:
+        if line.startswith("srun: Terminating") or line.startswith("srun: Force Terminated"):
+            ending = True
+            continue
+        m = SRUN_TASKS.match(line)
+        if m and any(m.group(3).startswith(w) for w in (("Aborted",) if ending else SIGNAL_WORDS)):
+            return m.group(1), m.group(2), m.group(3).strip()
+    return None
+
+
+def srun_node_failure(lines: Iterable[str]) -> Optional[str]:
+    """The first node srun says Slurm lost ("Node failure on X"), wherever in its messages: Slurm's own word."""
+    for line in lines:
+        m = SRUN_NODE_FAIL.match(line)
+        if m:
+            return m.group(1)
+    return None
+
+
 def srun_said(lines: Iterable[str], node: str) -> str:
     """The first line srun wrote about ``node`` (its tasks' end, or a node failure): the evidence to cite."""
     for line in lines:

@@ -118,16 +118,18 @@ def node_faults(spec: JobSpec) -> List[str]:
                None: " (expedited, starting again at once, where the cluster allows it: scontrol show config "
                      "lists enable_expedited_requeue; else after Slurm's requeue delay)"}[spec.expedite]
             if spec.requeues else "then the job ends (requeue is off: --time or --requeue turns it on)")
-    out = [f"retries: up to {spec.retries} after a node fault (srun's node failure, every rank of a node killed, a "
-           "hang's odd ranks, ranks that never arrived), from the last checkpoint, without the node(s) at fault; "
-           "once in place after an ambiguous one (one rank killed, a segfault, nothing else said); a Python "
-           "exception, abort(), an out-of-memory kill are the program's: never retried (--retries)",
+    out = [f"retries: up to {spec.retries} after a node fault (Slurm's node failure, ranks silent in a hang's roll "
+           "call the others answered, ranks that never arrived), from the last checkpoint, without the node(s) at "
+           "fault; after every rank of a node killed with nothing from Slurm (a suspect), without it where a spare "
+           "is free, else in place; once in place after an unclear one (one rank killed, a segfault, a hang in the "
+           "script's own code); a Python exception, abort(), an out-of-memory kill, an unclear failure again are "
+           "the program's: never retried (--retries)",
            f"  {then}; {last}",
            "health gate: before " + ("every attempt" if spec.health_check or spec.spare_nodes else "each retry")
            + ", each candidate node checks that the run directory is writable there and its GPUs are visible "
            "(nvidia-smi)" + (f", and runs --health-check {spec.health_check!r}" if spec.health_check else "")
            + "; a node that fails gets no rank",
-           "a node at fault is quarantined on this cluster for later submissions (clusterddp nodes)"]
+           "a node at fault (not a suspect) is quarantined on this cluster for later submissions (clusterddp nodes)"]
     if spec.exclude:
         out.append(f"left out now: {','.join(spec.exclude)} (--exclude and the quarantine)")
     return out
