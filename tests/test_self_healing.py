@@ -20,7 +20,7 @@ from clusterddp.backends.slurm.commands import Slurm, parse_scontrol
 from clusterddp.healing import attempts
 from clusterddp.observe import goodput
 
-from .conftest import SCRIPTS, run_cli
+from .conftest import CLUSTER_SH, SCRIPTS, run_cli
 from .procs import kill_at_once
 from .test_faults import _rank_pids
 from .test_hangs import SLEEP_IN_LOADER
@@ -296,3 +296,35 @@ def test_one_rank_killed_with_nothing_said_is_retried_once_in_place(work, refere
     assert "clusterddp: retrying once in place on node1,node2 (retry 1 of 2; no node excluded, none quarantined)" in (
         (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text())
     _no_quarantine(err, work)
+
+
+@NEWEST
+def test_a_node_that_dies_whole_is_left_out_by_slurm_s_own_requeue_and_quarantined(work, reference, slurm_release):
+    """Issue 53's acceptance: node2 dies whole (its slurmd and every process on it). Slurm notices (SlurmdTimeout),
+    says so in srun's messages ("Node failure on node2"), ends the attempt and requeues the job itself, without
+    node2: the supervisor records Slurm's word as node2's fault, the job completes on node1,node3 bit-identical, and
+    node2 is quarantined on request. (26.05: Slurm's own requeue after a node failure is expedited there.)"""
+    release = {**os.environ, "CLUSTERDDP_SLURM_RELEASE": slurm_release}
+    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--time", "10",
+                   *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    try:
+        deadline = time.monotonic() + 150
+        while len(steps(work / "run.log")) < EVERY + 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        subprocess.run([str(CLUSTER_SH), "kill-node", "node2"], check=True, env=release, capture_output=True)
+        final = slurm.wait(job_id)
+    finally:
+        subprocess.run([str(CLUSTER_SH), "revive-node", "node2"], check=True, env=release, capture_output=True)
+    assert final.state == "COMPLETED" and final.node_list == "node[1,3]", final
+    same_as_reference(work, reference)
+    first, second = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
+    assert (first.restart, first.fault, first.fault_nodes, first.next) == (0, "infrastructure", ("node2",), "requeue")
+    assert first.why == "Slurm reported a node failure" and \
+        first.evidence == 'srun-0.0.err: "srun: error: Node failure on node2"', first
+    assert (second.restart, second.nodes, second.exit) == (1, ("node1", "node3"), 0), second
+    batch = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
+    assert "clusterddp: Slurm ended this attempt for the failure of node2; it requeues the job itself" in batch
+    held = run_cli("nodes", "--from-job", job_id, cwd=work)
+    assert held.returncode == 0 and "clusterddp: quarantined node2: later submissions leave it out" in held.stderr

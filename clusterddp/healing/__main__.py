@@ -151,13 +151,22 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
             return Action(Act.END, (), tuple(bad), contract.EXIT["REQUEUE_LIMIT"])
         _record(args, status, None, contract.NEXT_REQUEUE, "time limit", **record)
         return Action(Act.REQUEUE, (), tuple(bad))
+    step_err = run_dir / contract.STEP_ERR.format(restarts=args.restart, attempt=args.attempt)
+    if args.signal == "TERM":
+        lost = faults.slurm_lost_node(step_err)
+        if lost is not None:  # Slurm ends a job whose node failed (and requeues it itself, where it may)
+            nxt = contract.NEXT_REQUEUE if policy.requeues else contract.NEXT_END
+            print(f"clusterddp: Slurm ended this attempt for the failure of {','.join(lost.nodes) or 'a node'}"
+                  + ("; it requeues the job itself, without that node" if policy.requeues else
+                     "; requeue is off (--time or --requeue turns it on): the job ends"), file=sys.stderr)
+            _record(args, status, lost, nxt, **record)
+            return Action(Act.END, (), tuple(bad), status)
     if args.signal or status == 0 or not policy.retries:
         if args.signal == "TERM":
             print("clusterddp: terminated (preempted or cancelled): not requeueing here; the last checkpoint is kept",
                   file=sys.stderr)
         _record(args, status, None, contract.NEXT_END, f"SIG{args.signal}" if args.signal else "", **record)
         return Action(Act.END, (), tuple(bad), status)
-    step_err = run_dir / contract.STEP_ERR.format(restarts=args.restart, attempt=args.attempt)
     fault = faults.attempt(run_dir, step_err, ran_on, policy.per_node, os.environ.get("SLURM_JOB_ID", ""), args.start,
                            restart=args.restart, launcher=args.launcher)
     print(f"clusterddp: attempt {args.attempt + 1} failed: {fault.line()}", file=sys.stderr)

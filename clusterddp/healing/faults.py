@@ -345,6 +345,17 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     return None
 
 
+def slurm_lost_node(step_err: Path) -> Optional[Fault]:
+    """Slurm's own word that a node of this attempt failed ("Node failure on X" in srun's messages), as the fault of
+    an attempt Slurm ended (it cancels a job whose node failed, and requeues it where it may); None without one."""
+    err = tail(step_err)
+    node = srun_node_failure(err)
+    if node is None:
+        return None
+    return Fault(INFRASTRUCTURE, _clean([node]), "Slurm reported a node failure",
+                 evidence=cite(step_err.name, srun_said(err, node) or f"srun: error: Node failure on {node}"))
+
+
 def hang_place(call: object) -> str:
     """Where a hang's odd ones out wait (else everyone): the innermost frame as FILE:LINE, or ''."""
     groups = call.get("groups") if isinstance(call, dict) else None

@@ -337,6 +337,10 @@ setup_network() {
 start_slurm() {
     export SLURM_CONF="$DIR/slurm.conf"
     in_root slurmctld -f "$DIR/slurm.conf"
+    start_slurm_nodes
+}
+
+start_slurm_nodes() {
     for n in "${NODES[@]}"; do
         # Not `ip netns exec`: it remounts /sys, hides the cgroup tree, and slurmd 22.05 then dies
         # ("Unable to initialize cgroup plugin"). nsenter keeps the mounts; unshare --uts gives the hostname.
@@ -437,6 +441,30 @@ stop_all() {
     [ -n "$quiet" ] || log "down"
 }
 
+# A node that dies whole (tests: Slurm's own node failure): every process in its namespace, slurmd included, killed.
+cmd_kill_node() {
+    local n="${1:?usage: $0 kill-node NODE}" pids
+    pids="$(ip netns pids "cddp-$n" 2>/dev/null || true)"
+    [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+    log "killed every process of $n"
+}
+
+# The node back: its slurmd started again (ReturnToService=2 then returns it to service when it registers).
+cmd_revive_node() {
+    local n="${1:?usage: $0 revive-node NODE}"
+    export SLURM_CONF="$DIR/slurm.conf"
+    [ -z "$ROOT" ] || export PATH="$DIR/bin:$PATH"
+    NODES=("$n")
+    start_slurm_nodes
+    local deadline=$((SECONDS + 60))
+    while ((SECONDS < deadline)); do
+        scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
+        [ "$(sinfo --noheader --Node --nodes="$n" --format='%t' 2>/dev/null | head -n1)" = idle ] && { log "$n is back"; return 0; }
+        sleep 0.5
+    done
+    die "$n did not come back within 60 s"
+}
+
 cmd_down() {
     need_root
     stop_all
@@ -455,6 +483,8 @@ case "${1:-}" in
     install) cmd_install ;;
     up) cmd_up ;;
     down) shift; cmd_down "$@" ;;
+    kill-node) shift; cmd_kill_node "$@" ;;
+    revive-node) shift; cmd_revive_node "$@" ;;
     status) cmd_status ;;
     env) cat "$DIR/env.sh" ;;
     *) echo "usage: $0 install|up|down [--keep]|status|env" >&2; exit 2 ;;
