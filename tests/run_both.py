@@ -52,6 +52,20 @@ def sandboxable() -> bool:
     return sys.platform.startswith("linux") and os.geteuid() == 0
 
 
+def installed(release: str) -> str:
+    """' (slurm-client 26.05.5-1)': what the release's cluster really runs (a moving suite's root may hold another
+    release than its label), or '' where it cannot be asked."""
+    root = os.environ.get("CLUSTERDDP_SLURM_ROOT") if release != "22.05" else None
+    argv = ["dpkg-query", "-W", "-f=${Version}", "slurm-client"]
+    if release != "22.05":
+        argv = ["chroot", root or f"/var/lib/clusterddp/slurm-{release}", *argv]
+    try:
+        got = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return f" (slurm-client {got})" if got else ""
+
+
 def runs(tmp: Path) -> List[Tuple[str, List[str]]]:
     """(title, argv prefix) per run; each has its own --basetemp (pytest prunes old numbered ones, which might be
     another run's)."""
@@ -64,7 +78,7 @@ def runs(tmp: Path) -> List[Tuple[str, List[str]]]:
                                                      "--basetemp", str(tmp / "base-b")])]
     for release in RELEASES:
         pytest = [sys.executable, "-m", "pytest", "-m", "slurm", "--slurm-release", release]
-        title = f"the tests on the Slurm {release} test cluster"
+        title = f"the tests on the Slurm {release} test cluster{installed(release)}"
         if sandboxable():
             box = tmp / f"sandbox-{release}"
             box.mkdir()

@@ -1,5 +1,6 @@
-"""Issue 40, point 3: under CI=true (what .ci/run sets) a cluster or multi-rank test that skips fails, and so does a
-run that collected nothing; elsewhere (a laptop without root) they skip as before."""
+"""Issues 40 and 57: under CI=true (what .ci/run sets) a test that skips fails (a cluster or multi-rank test, and one
+gated on root or a tool alike), and so does a run that collected nothing; elsewhere (a laptop without root) they skip
+as before."""
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ def test_ranks():
     pytest.skip("no torch here")
 
 def test_plain():
-    pytest.skip("a plain test may skip")
+    pytest.skip("a test gated on a tool")
 """
 
 
@@ -34,8 +35,10 @@ def _pytest(path, ci, *extra):
 def test_skips_fail_under_ci_and_only_there(tmp_path):
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     strict = _pytest(tmp_path, True)
-    assert strict.returncode == 1 and "2 failed, 1 skipped" in strict.stdout, strict.stdout + strict.stderr
-    assert "skipped under CI=true, where every cluster and multi-rank test must run: no cluster here" in strict.stdout
+    assert strict.returncode == 1 and "3 failed" in strict.stdout and "skipped" not in strict.stdout.splitlines()[-1], \
+        strict.stdout + strict.stderr
+    assert "skipped under CI=true, where every test must run: no cluster here" in strict.stdout
+    assert "skipped under CI=true, where every test must run: a test gated on a tool" in strict.stdout
     relaxed = _pytest(tmp_path, False)
     assert relaxed.returncode == 0 and "3 skipped" in relaxed.stdout, relaxed.stdout + relaxed.stderr
     empty = _pytest(tmp_path, True, "-k", "nothing_matches")

@@ -189,7 +189,9 @@ def test_request_that_cannot_fit_fails_at_submit(work):
     assert "the script is kept at" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_two_jobs_at_once_share_nodes(work):
+def test_two_jobs_submitted_together_share_nodes_with_ports_of_their_own(work):
+    """Two 2-node jobs of 1 GPU each fit on the same two nodes (2 GPUs each) at once: Slurm places them on shared
+    nodes, and each job's ranks meet at a MASTER_PORT of its own (a shared port would join or fail them)."""
     d, env = work
     ids = []
     for _ in range(2):
@@ -205,13 +207,15 @@ def test_two_jobs_at_once_share_nodes(work):
 
         finals.append(slurm.wait(job_id))
     assert [f.state for f in finals] == ["COMPLETED", "COMPLETED"]
-    ports = set()
+    ports, hosts = set(), []
     for job_id in ids:
         res = results(d / "clusterddp-runs" / f"plumbing-{job_id}")
         assert sorted(r["rank"] for r in res) == [0, 1] and all(r["sum"] == 3.0 for r in res)
+        hosts.append({r["host"] for r in res})
         text = (d / "clusterddp-runs" / f"plumbing-{job_id}.out").read_text()
         ports.add(text.split("MASTER_PORT=")[1].split()[0])
     assert len(ports) == 2
+    assert hosts[0] & hosts[1], hosts  # they shared a node (else the ports' difference would prove nothing)
 
 
 def test_status_logs_cancel(work):
