@@ -4,6 +4,7 @@ ssh with connection sharing; rsync copies the code. The "laptop" is this process
 second, independent Slurm cluster (its own controller and job ids) so that the same job id exists on both."""
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -69,6 +70,20 @@ def laptop(login, slurm_cluster, tmp_path):
     env["PATH"] = machine_slurm_path(env["PATH"])
     env.pop("XDG_RUNTIME_DIR", None)
     return proj, env, remote_home / "clusterddp" / "proj"
+
+
+def joined(run_dir: Path, ranks: int) -> None:
+    """Until every rank's hello says it joined its process group (an event, not a fixed sleep)."""
+    def all_joined() -> bool:
+        states = []
+        for r in range(ranks):
+            try:
+                states.append(json.loads((run_dir / "stacks" / "ranks" / f"rank-{r}.json").read_text()).get("state"))
+            except (OSError, ValueError):
+                return False
+        return all(s == "joined" for s in states)
+
+    wait_for(all_joined, 120, f"{ranks} ranks to join in {run_dir}")
 
 
 def _job_id(proc) -> str:
@@ -270,7 +285,7 @@ def test_doctor_over_ssh(laptop):
 def test_stacks_and_follow_over_ssh(laptop):
     """stacks runs where the run directory is (the login node, with the job's Python and the copied modules);
     logs --follow copies the new lines as they come."""
-    proj, env, _ = laptop
+    proj, env, remote = laptop
     job = _job_id(run_cli("submit", "--cluster", "tc", "--launcher", "srun", "--nodes", "2", "--gpus", "0",
                           "--procs-per-node", "2", "--hang-timeout", "0", "hang.py", "--", "--where",
                           "before-allreduce", "--rank", "3", cwd=proj, env=env))
@@ -280,11 +295,12 @@ def test_stacks_and_follow_over_ssh(laptop):
         time.sleep(1)
     follow = subprocess.Popen([sys.executable, "-m", "clusterddp", "logs", "--cluster", "tc", job, "--rank", "1",
                                "-f"], cwd=proj, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(15)  # the ranks start, join and wait
+    joined(remote / "clusterddp-runs" / f"hang-{job}", 4)  # every rank started and joined (then 0-2 wait, 3 sleeps)
     stacks = run_cli("stacks", "--cluster", "tc", job, cwd=proj, env=env, timeout=200)
     assert stacks.returncode == 0, stacks.stdout + stacks.stderr
-    assert re.search(r"3 ranks? \(0-2\)", stacks.stdout) or re.search(r"ranks? 0-2", stacks.stdout), stacks.stdout
-    assert "hang.py" in stacks.stdout and "rank 3" in stacks.stdout, stacks.stdout
+    assert "3 of 4 ranks wait at the same place" in stacks.stdout and "(ranks 0-2 on 2 nodes)" in stacks.stdout, \
+        stacks.stdout
+    assert re.search(r"^rank 3 \(node2\) is elsewhere: .*hang\.py", stacks.stdout, re.M), stacks.stdout
     assert run_cli("cancel", "--cluster", "tc", job, cwd=proj, env=env).returncode == 0
     out, err = follow.communicate(timeout=90)
     assert follow.returncode == 0 and "joined rank 1 of 4" in out, out + err
@@ -295,7 +311,7 @@ def test_a_job_id_finds_its_cluster(laptop, tmp_path):
     says so), and no Slurm command of this machine runs (recording stand-ins first on PATH prove it)."""
     from .test_routing import recording_standins
 
-    proj, env, _ = laptop
+    proj, env, remote = laptop
     job = _job_id(run_cli("submit", "--cluster", "tc", "--launcher", "srun", "--gpus", "0", "--procs-per-node", "2",
                           "--hang-timeout", "0", "hang.py", "--", "--where", "before-allreduce", "--rank", "1",
                           cwd=proj, env=env))
@@ -310,9 +326,10 @@ def test_a_job_id_finds_its_cluster(laptop, tmp_path):
             break
         assert time.monotonic() < deadline, status.stdout
         time.sleep(1)
-    time.sleep(8)  # the ranks start and join
+    joined(remote / "clusterddp-runs" / f"hang-{job}", 2)
     stacks = run_cli("stacks", job, cwd=proj, env=env, timeout=200)
     assert stacks.returncode == 0 and "hang.py" in stacks.stdout, stacks.stdout + stacks.stderr
+    assert re.search(r"^rank 1 \(node1\) is elsewhere: .*hang\.py", stacks.stdout, re.M), stacks.stdout
     assert said in stacks.stderr
     logs = run_cli("logs", job, cwd=proj, env=env)
     assert logs.returncode == 0 and "world size 2" in logs.stdout and said in logs.stderr, logs.stderr

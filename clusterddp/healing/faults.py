@@ -339,10 +339,20 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
             return signal_fault(what, node, tasks, ranks, [by_name.get(f"rank-{r}.out") for r in ranks[:16]],
                                 per_node)._replace(evidence=cite(name, said) if said else "")
     if primary:
-        return Fault(PROGRAM, (), printable(f"{primary[0].label}: {primary[0].last[:200]}"))
+        return Fault(PROGRAM, (), printable(f"{primary[0].label}: {primary[0].last[:200]}"),
+                     evidence=cite(_source(primary[0]), primary[0].last))
     if found:  # only collateral errors: a peer vanished without saying why
-        return Fault(AMBIGUOUS, (), printable(f"only errors of a lost peer ({found[0].last[:160]})"))
+        return Fault(AMBIGUOUS, (), printable(f"only errors of a lost peer ({found[0].last[:160]})"),
+                     evidence=cite(_source(found[0]), found[0].last))
     return None
+
+
+def _source(t: logscan.Traceback) -> str:
+    """The file a traceback was read from: the runtime's record of a rank ('rank 3'), or a log ('node-0.out local
+    rank 1')."""
+    if t.label.startswith("rank ") and t.label[5:].isdigit():
+        return contract.EXCEPTION_FILE.format(rank=t.label[5:])
+    return t.label.split(" local rank", 1)[0]
 
 
 def slurm_lost_node(step_err: Path) -> Optional[Fault]:
@@ -400,9 +410,10 @@ def after_work(run_dir: Path, fault: Fault) -> Fault:
     on = f" on {first['node']}" if first.get("node") else f" on {fault.nodes[0]}" if fault.nodes else ""
     when = time.strftime(" at %H:%M:%S", time.localtime(first["time"])) if "time" in first else ""
     ranks = ",".join(str(r) for r in fault.ranks)
+    left = cite(contract.HELLO_FILE.format(rank=fault.ranks[0]), '"state": "left"')
     return Fault(FaultKind.AFTER_WORK, (), f"rank {ranks}{on} {(fault.signal or 'failed').lower()} after its work "
                                            f"ended (its shutdown() was done{when}): the job's results are intact",
-                 fault.signal, fault.ranks)
+                 fault.signal, fault.ranks, f"{fault.evidence}; {left}" if fault.evidence else left)
 
 
 def _clean(nodes: Iterable[str]) -> Tuple[str, ...]:
