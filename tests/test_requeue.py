@@ -198,9 +198,11 @@ def test_background_checkpoints_survive_a_kill_bit_identical(tmp_path, reference
     bit-identical to the uninterrupted run: the copy saved is the state at its step, not a later one."""
     shutil.copy(SCRIPTS / "resumable.py", tmp_path)
     args = [*job_args(tmp_path, "run", 0.25), "--ckpt-every", "4", "--background"]
+    # --retries 0: the kill ends this run (with retries, a node whose ranks were all killed is a suspect and the run
+    # heals itself in place: tests/test_local_healing.py); the rerun below resumes.
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "srun",
-                            *LOCAL_SHAPE, *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+                            *LOCAL_SHAPE, "--retries", "0", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while len(steps(tmp_path / "run.log")) < 14 and time.monotonic() < deadline:
         time.sleep(0.1)

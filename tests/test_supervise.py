@@ -212,3 +212,24 @@ def test_bad_input_ends_the_job_in_one_line(tmp_path, damage):
     else:
         assert proc.returncode != 0 and proc.stdout == "", proc.stdout
     assert (run / contract.STEP_ERR.format(restarts=0, attempt=0)).exists()  # the logs stay
+
+
+def test_a_node_failure_slurm_ended_is_recorded_at_the_next_restart_s_start(tmp_path):
+    """Issue 53: Slurm ends (and requeues) a job whose node failed; its batch script may be killed before it records
+    the attempt. The requeued job's first question records Slurm's word from the last attempt's srun messages as that
+    attempt's fault, once; an attempt that was recorded, or one Slurm said nothing about, is left as it is."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / contract.STEP_ERR.format(restarts=0, attempt=0)).write_text(
+        "srun: error: node1: task 1: Exited with exit code 1\nsrun: error: Node failure on node2\n")
+    args = ["--run-dir", str(run), "--hosts", "node1,node3", "--nodes", "2", "--per-node", "2", "--retries", "2",
+            "--max-requeues", "3", "--requeues"]
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "clusterddp.healing", "next", "start", "--restart", "1", *args],
+                              capture_output=True, text=True, timeout=60)
+        assert answer(proc)[:2] == ["run", "node1,node3"], proc.stderr
+    (only,) = attempts.read(run)
+    assert (only.restart, only.attempt, only.fault, only.fault_nodes, only.next) == (
+        0, 0, "infrastructure", ("node2",), "requeue"), only
+    assert only.evidence == 'srun-0.0.err: "srun: error: Node failure on node2"'
+    assert attempts.at_fault([only]) == [(("node2",), f"Slurm reported a node failure; evidence: {only.evidence}")]

@@ -72,6 +72,30 @@ def _prepare(run_dir: Path, trial: str) -> Optional[str]:
     return None
 
 
+def _unrecorded_node_failure(run_dir: Path, restart: int, history: Sequence[attempts.Attempt]) -> None:
+    """Slurm ends a job whose node failed and requeues it itself; the batch script it kills may not get to record
+    that attempt (KillWait). At the next restart's start: Slurm's word in the last attempt's srun messages, recorded
+    as that attempt's fault (node evidence), where nothing was recorded for it."""
+    errs = []
+    for path in run_dir.glob(contract.STEP_ERR.format(restarts=restart, attempt="*")):
+        number = path.name[len(f"srun-{restart}."):-len(".err")]
+        if number.isdigit():
+            errs.append((int(number), path))
+    if not errs:
+        return
+    attempt, err = max(errs)
+    if any(a.restart == restart and a.attempt == attempt for a in history):
+        return
+    lost = faults.slurm_lost_node(err)
+    if lost is None:
+        return
+    when = int(err.stat().st_mtime)
+    attempts.append(run_dir, attempts.Attempt(restart, attempt, when, when, (), -1, str(lost.kind), lost.nodes,
+                                              lost.why, contract.NEXT_REQUEUE, lost.evidence))
+    print(f"clusterddp: restart {restart} was ended by Slurm for the failure of {','.join(lost.nodes)}, which it "
+          "requeued itself (recorded now: that allocation's batch script was ended before it could)", file=sys.stderr)
+
+
 def _room(args: argparse.Namespace) -> Optional[supervise.Room]:
     raw = read_bounded(Path(args.run_dir) / contract.SINFO_FILE)
     return supervise.parse_room(args.partition, None if raw is None else raw.decode("utf-8", "replace"))
@@ -218,6 +242,7 @@ def _next(args: argparse.Namespace) -> int:
             return 0
         attempts.began(Path(args.run_dir), args.restart, _began(args.began), hosts)
         if args.restart > 0:  # the last restart's logs aside: this restart's evidence is its own (srun appends)
+            _unrecorded_node_failure(Path(args.run_dir), args.restart - 1, history)
             attempts.set_aside_logs(Path(args.run_dir), args.restart - 1)
         chosen = supervise.choose(hosts, bad, policy.nodes)
         if policy.gate:

@@ -17,27 +17,23 @@ torchrun's own (not a rank's prefixed line), a traceback only as the last words 
 """
 from __future__ import annotations
 
-import re
 import time
-from enum import Enum
 from pathlib import Path
-from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from .. import contract
 from ..datafiles import read_json
-from ..hostlist import is_node_name
 from ..rollcall import MAX_WORLD, hang_report, is_rank, printable, read_hellos, rendezvous_failure
 from . import logscan
+from .fault import AFTER_WORK, AMBIGUOUS, INFRASTRUCTURE, PROGRAM, SUSPECT, Fault, FaultKind, cite, clean_nodes
+from .hangs import hang_fault, hang_place
 from .launchers import (
     BY_SIGNUM,
     OOM,
     OOM_STEP,
-    OVER_MEMORY,
     SIGNAL_WORDS,
     SYNCHRONOUS,
     exitcode,
-    expand,
-    killed_tasks,
     short,
     signalled_on,
     srun_first,
@@ -49,115 +45,11 @@ from .launchers import (
     terminate_words,
     torchrun_roots,
 )
+from .memory import SKEW_S, out_of_memory, over_memory
 
-
-class FaultKind(str, Enum):
-    """Whose fault a failed attempt was, as the batch script and attempts.tsv write it."""
-
-    INFRASTRUCTURE = "infrastructure"  # a node or the network, on Slurm's or clusterddp's own word: without it
-    SUSPECT = "suspect"                # every rank of a node ended by a signal, nothing from Slurm: without it where
-    #                                    a spare is free, else in place; no quarantine unless it happens again there
-    AMBIGUOUS = "ambiguous"            # one rank killed, a segfault, a hang in the script's code: once in place
-    PROGRAM = "program"                # the program itself: never retried
-    AFTER_WORK = "after-work"          # a rank failed after its work ended: the results are intact, not retried
-    UNKNOWN = "unknown"                # nothing the job left tells one from the other
-    GATE = "gate"                      # the health gate itself could not run: no node is blamed; tried once more
-
-    __str__ = str.__str__              # written as the word, not FaultKind.X
-    __format__ = str.__format__        # type: ignore[assignment]
-    __hash__ = str.__hash__          # in a set or dict, the same key as the word
-
-
-INFRASTRUCTURE = FaultKind.INFRASTRUCTURE
-SUSPECT = FaultKind.SUSPECT
-AMBIGUOUS = FaultKind.AMBIGUOUS
-PROGRAM = FaultKind.PROGRAM
-
-class Fault(NamedTuple):
-    kind: FaultKind
-    nodes: Tuple[str, ...]    # the node(s) at fault, where known (infrastructure; ambiguous: where it happened)
-    why: str                  # one line for people
-    signal: str = ""          # srun's word for the signal that ended the first rank ("Killed"), where one did
-    ranks: Tuple[int, ...] = ()  # the rank(s) that failed first, where known
-    evidence: str = ""        # what decided it: the file (in the run directory) and its line
-
-    def line(self) -> str:
-        at = f" on {','.join(self.nodes)}" if self.nodes else ""
-        what = {INFRASTRUCTURE: "a node or the network, not the program", PROGRAM: "the program",
-                SUSPECT: "probably the node: tried without it where a spare is free, not quarantined",
-                AMBIGUOUS: "a node or the program: nothing else said"}.get(self.kind, "")
-        return f"fault: {self.kind}{at}: {self.why}" + (f" ({what})" if what else "") + \
-            (f"; evidence: {self.evidence}" if self.evidence else "")
-
-
-def cite(name: str, line: str) -> str:
-    """Evidence as one printable phrase: 'srun-0.0.err: "srun: error: node2: tasks 2-3: Killed"'."""
-    return printable(f'{name}: "{line.strip()[:200]}"')
-
-
-def out_of_memory(lines: Sequence[str]) -> Optional[Fault]:
-    """Slurm's own report of an OOM kill: the program's (it needs as much memory on any node)."""
-    for line in lines:
-        m = OOM.match(line)
-        if m:
-            return Fault(PROGRAM, (), printable(
-                f"out of memory on {m.group(1)} (rank(s) {m.group(2)}: Slurm's OOM kill): the program, not the node; "
-                "it needs less memory per rank (a smaller batch) or more (--mem); sacct -j JOBID -o MaxRSS,ReqMem "
-                "shows how much it used"), "Out Of Memory", tuple(expand(m.group(2))[:64]))
-    for line in lines:
-        m = OOM_STEP.match(line)
-        if m:
-            return Fault(PROGRAM, (), printable(f"out of memory: Slurm detected {m.group(1)} OOM kill(s) in the step: "
-                                                "the program, not the node; it needs less memory per rank or more "
-                                                "(--mem)"), "Out Of Memory")
-    return None
-
-
-def over_memory(logs: Sequence[Path], err: Sequence[str], job: str = "", since: float = 0) -> Optional[Fault]:
-    """Slurm killed the step for using more memory than the job asked for (OverMemoryKill): slurmstepd's line in the
-    log of a rank srun says was killed, of job ``job`` (where given) and written ``since`` (a Unix time; its clock is
-    the node's local time, as srun's), the latest such. The program's: it needs as much on any node."""
-    killed = killed_tasks(err)
-    found = []
-    for log in logs:
-        # rank-T.out (srun: a task is a rank) or node-T.out (torchrun, spawn: one task per node, its agent)
-        m = re.fullmatch(r"(?:rank|node)-(\d{1,7})\.out", log.name)
-        number = m.group(1) if m else ""
-        if not number.isdigit() or int(number) not in killed:
-            continue
-        for line in tail(log, 1 << 20):
-            m = OVER_MEMORY.match(line)
-            when = _clock(m.group("when"), m.group("zone")) if m and m.group("when") else None
-            if m and (not job or m.group("job") == job) and (not since or when is not None and when >= since - SKEW_S):
-                found.append((when or 0, int(number), line, int(m.group("used")) >> 20, int(m.group("limit")) >> 20,
-                              log.name))
-    if not found:
-        return None
-    _, task, line, used, limit, name = max(found)
-    node = killed[task]
-    return Fault(PROGRAM, (), printable(
-        f"out of memory on {node}: Slurm killed the step there when it used {used} MiB, over the job's limit of "
-        f"{limit} MiB per node: the program, not the node; it needs less memory per rank (a smaller batch) or more "
-        "(--mem)"), "Killed", (task,) if name.startswith("rank-") else (), cite(name, line))
-
-
-#: How far behind this node's clock a node's may be for its stamped line to count as this attempt's: the line is
-#: also of this job and in this attempt's own log (set aside after each attempt), so the time is only a backstop.
-SKEW_S = 600
-
-
-def _clock(text: str, zone: Optional[str] = None) -> Optional[float]:
-    """Slurm's stamp ('2026-12-04T02:55:02', the local time; with ``zone`` 'Z' or '+01:00', rfc5424's) as a Unix
-    time; None for one that is not a time."""
-    try:
-        if zone:
-            import calendar
-
-            offset = 0 if zone == "Z" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
-            return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%S")) - offset
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except (ValueError, OverflowError):
-        return None
+__all__ = ["Fault", "FaultKind", "INFRASTRUCTURE", "SUSPECT", "AMBIGUOUS", "PROGRAM", "AFTER_WORK", "SYNCHRONOUS",
+           "SKEW_S", "cite", "classify", "attempt", "after_work", "signal_fault", "recorded", "slurm_lost_node",
+           "hang_place"]
 
 
 def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],
@@ -170,7 +62,7 @@ def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: S
     node's ranks the signal ended (default: ``ranks``); ``per_node`` 0: not known."""
     word = next((w for w in SIGNAL_WORDS if what.startswith(w)), what)
     at = printable(f"rank(s) {tasks} on {node}: {what.lower()}")
-    ranks, nodes = tuple(ranks[:64]), _clean([node])
+    ranks, nodes = tuple(ranks[:64]), clean_nodes([node])
     if word == "Aborted":
         for log in logs:
             said = terminate_words(log)
@@ -246,39 +138,6 @@ def recorded(run_dir: Path, restart: Optional[int] = None) -> List[logscan.Trace
     return [t for r, _, t in sorted(found, key=lambda f: f[1]) if r == latest and not t.secondary]
 
 
-def hang_fault(run_dir: Path, hang: dict, restart: Optional[int] = None) -> Fault:
-    """The hang watchdog ended the job: whose fault, from its roll call. Ranks that did not answer while the others
-    did are their node's (a rank that cannot be reached at all); a rank stuck in the script's own code, or in a
-    collective the others are not in, is the commonest DDP hang, the program's (one retry in place, nobody blamed;
-    the same place again is the program's); a tie, or every rank at one place, tells nothing."""
-    call = read_json(Path(hang["dir"]) / "rollcall.json")
-    evidence = printable(f"stacks/{Path(hang['dir']).name}/rollcall.json (the ranks' roll call)")
-    groups = [g for g in (call.get("groups") if isinstance(call, dict) else None) or [] if isinstance(g, dict)]
-    missing = [m.get("rank") for m in (call.get("missing") if isinstance(call, dict) else None) or []
-               if isinstance(m, dict) and is_rank(m.get("rank"))]
-    said = f"the hang watchdog ended the job ({hang['summary']})"
-    if missing and groups:
-        hellos = read_hellos(Path(run_dir), restart)
-        answered = {str(n) for g in groups for n in g.get("nodes") or []}
-        where = {hellos[r]["node"] for r in missing if r in hellos}
-        silent = _clean(where - answered)
-        if silent and all(r in hellos for r in missing) and where <= set(silent):
-            return Fault(INFRASTRUCTURE, silent, f"{said}: rank(s) {','.join(map(str, missing[:16]))} on "
-                         f"{','.join(silent)} did not answer the roll call that every other rank answered",
-                         evidence=evidence)
-    sizes = [len(g.get("ranks") or []) for g in groups]
-    if len(groups) > 1 and sizes[0] > max(sizes[1:]):
-        odd = groups[1:]
-        own = all(not g.get("waiting_in") for g in odd)
-        place = hang_place(call)
-        what = ("stuck in the script's own code" if own else "waiting in a call the others are not in")
-        return Fault(AMBIGUOUS, (), f"{said}: the odd rank(s) {what} at {place or '?'} while the others wait: most "
-                     "likely the program (a rank-conditional branch or collective), retried once in place",
-                     evidence=evidence)
-    return Fault(AMBIGUOUS, (), f"{said}: no rank stands out (a tie, or every rank at one place): who is at fault is "
-                 "not known, retried once in place", evidence=evidence)
-
-
 def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nodes: Sequence[str] = (),
              node_failed: bool = False, per_node: int = 0, job: str = "", since: float = 0,
              restart: Optional[int] = None, launcher: str = "") -> Optional[Fault]:
@@ -297,26 +156,14 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
         hellos = read_hellos(run_dir, restart)
         seen = {str(h.get("node")) for h in hellos.values()}
         absent = tuple(n for n in nodes if n not in seen) if hellos else ()
-        return Fault(INFRASTRUCTURE, _clean(absent), rendezvous)
+        return Fault(INFRASTRUCTURE, clean_nodes(absent), rendezvous)
     err = tail(batch_log) if batch_log is not None else []
     name = batch_log.name if batch_log is not None else ""
-    oom = out_of_memory(err)
-    if oom is not None:
-        return oom._replace(evidence=cite(name, next(t for t in err if OOM.match(t) or OOM_STEP.match(t))))
     if not launcher:
         launcher = next((h["launcher"] for h in read_hellos(run_dir, restart).values() if h.get("launcher")), "")
-    # slurmstepd writes its memory kill into the first task's log of the node: a rank's (srun), an agent's (torchrun,
-    # spawn: node-N.out)
-    over = over_memory([p for p in logs if p.name.startswith("rank-" if launcher == "srun" else ("rank-", "node-"))],
-                       err, job, since)
-    if over is not None:
-        return over
-    failed_node = srun_node_failure(err)
-    if failed_node is not None or node_failed:  # Slurm's own word about a node, wherever srun wrote it
-        node = failed_node or ""
-        said = srun_said(err, node) if node else ""
-        return Fault(INFRASTRUCTURE, _clean([node] if node else []), "Slurm reported a node failure",
-                     evidence=cite(name, said) if said else "Slurm's job state NODE_FAIL")
+    slurm = _slurm_said(logs, err, name, launcher, job, since, node_failed)
+    if slurm is not None:
+        return slurm
     found = logscan.tracebacks(list(logs))
     primary = recorded(run_dir, restart) or [t for t in found if not t.secondary]
     first = srun_first(err)
@@ -347,6 +194,28 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     return None
 
 
+def _slurm_said(logs: Sequence[Path], err: Sequence[str], name: str, launcher: str, job: str, since: float,
+                node_failed: bool) -> Optional[Fault]:
+    """What Slurm itself said of this attempt: an out-of-memory kill (the program's), a node it lost (that node's,
+    wherever srun wrote it among its messages); None when it said neither."""
+    oom = out_of_memory(err)
+    if oom is not None:
+        return oom._replace(evidence=cite(name, next(t for t in err if OOM.match(t) or OOM_STEP.match(t))))
+    # slurmstepd writes its memory kill into the first task's log of the node: a rank's (srun), an agent's (torchrun,
+    # spawn: node-N.out)
+    over = over_memory([p for p in logs if p.name.startswith("rank-" if launcher == "srun" else ("rank-", "node-"))],
+                       err, job, since)
+    if over is not None:
+        return over
+    failed_node = srun_node_failure(err)
+    if failed_node is None and not node_failed:
+        return None
+    node = failed_node or ""
+    said = srun_said(err, node) if node else ""
+    return Fault(INFRASTRUCTURE, clean_nodes([node] if node else []), "Slurm reported a node failure",
+                 evidence=cite(name, said) if said else "Slurm's job state NODE_FAIL")
+
+
 def _source(t: logscan.Traceback) -> str:
     """The file a traceback was read from: the runtime's record of a rank ('rank 3'), or a log ('node-0.out local
     rank 1')."""
@@ -362,18 +231,8 @@ def slurm_lost_node(step_err: Path) -> Optional[Fault]:
     node = srun_node_failure(err)
     if node is None:
         return None
-    return Fault(INFRASTRUCTURE, _clean([node]), "Slurm reported a node failure",
+    return Fault(INFRASTRUCTURE, clean_nodes([node]), "Slurm reported a node failure",
                  evidence=cite(step_err.name, srun_said(err, node) or f"srun: error: Node failure on {node}"))
-
-
-def hang_place(call: object) -> str:
-    """Where a hang's odd ones out wait (else everyone): the innermost frame as FILE:LINE, or ''."""
-    groups = call.get("groups") if isinstance(call, dict) else None
-    if not isinstance(groups, list) or not groups:
-        return ""
-    group = groups[1] if len(groups) > 1 else groups[0]
-    frames = group.get("frames") if isinstance(group, dict) else None
-    return printable(str(frames[0]))[:200] if isinstance(frames, list) and frames else ""
 
 
 def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str], per_node: int = 0, job: str = "",
@@ -414,9 +273,3 @@ def after_work(run_dir: Path, fault: Fault) -> Fault:
     return Fault(FaultKind.AFTER_WORK, (), f"rank {ranks}{on} {(fault.signal or 'failed').lower()} after its work "
                                            f"ended (its shutdown() was done{when}): the job's results are intact",
                  fault.signal, fault.ranks, f"{fault.evidence}; {left}" if fault.evidence else left)
-
-
-def _clean(nodes: Iterable[str]) -> Tuple[str, ...]:
-    """Node names as data: only hostname characters (they may reach an #SBATCH --exclude line)."""
-    return tuple(sorted({n for n in nodes if n and is_node_name(n)}))
-

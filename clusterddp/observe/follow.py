@@ -138,7 +138,8 @@ def fault_of(record: Any, node_list: str, state: str) -> Optional[Any]:
     except ValueError:
         nodes = []
     return classify(Path(record.run_dir), [Path(p) for p in record.logs()], Path(record.batch_log), nodes,
-                    node_failed=state == JobState.NODE_FAIL, job=str(record.job_id))
+                    node_failed=state == JobState.NODE_FAIL, job=str(record.job_id),
+                    launcher=str(getattr(record, "launcher", "") or ""))
 
 
 def show_failure(record: Any) -> None:
