@@ -285,3 +285,18 @@ def test_slurm_s_memory_kill_is_the_program_s_only_for_this_job_s_attempt_and_a_
     (run / "rank-2.out").write_text(line + "\n")
     err.write_text("srun: error: node2: task 3: Killed\n")  # rank 2, whose log has the line, was not killed
     assert faults.attempt(run, err, ["node1", "node2"], 2, job="4", since=start).kind == "ambiguous"
+
+
+def test_slurmstepd_s_oom_kill_event_alone_is_the_program_s(tmp_path):
+    """Issue 57: the cgroup's second form, slurmstepd's own line with no "Out Of Memory" task line from srun (its
+    tasks then read "Killed", which alone would make a suspect of the node): the program's, citing Slurm's line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in range(4):
+        (run / f"rank-{rank}.out").write_text("")
+    said = "slurmstepd: error: Detected 2 oom_kill events in StepId=41.0. Some of the step tasks have been OOM Killed."
+    kind, nodes, why = fault_report(run, f"srun: error: node2: tasks 2-3: Killed\n{said}\n")
+    assert (kind, nodes) == ("program", ""), (kind, nodes, why)
+    assert why.startswith("out of memory: Slurm detected 2 OOM kill(s) in the step: the program, not the node"), why
+    assert recorded_attempt(run, f"srun: error: node2: tasks 2-3: Killed\n{said}\n").evidence == \
+        f'srun-0.0.err: "{said}"'
