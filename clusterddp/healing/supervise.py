@@ -22,7 +22,8 @@ from .faults import Fault, FaultKind
 DECISIONS: Tuple[Tuple[str, FaultKind, str, str], ...] = (
     ("srun's own `Node failure on X`, Slurm's NODE_FAIL; X's ranks silent in a hang's roll call that every other rank "
      "answered; a rendezvous that missed X's ranks", FaultKind.INFRASTRUCTURE, "on X",
-     "again without X: a spare of the allocation first, else a requeue that excludes it; X quarantined"),
+     "again without X: a spare of the allocation first, else a requeue that excludes it; X quarantined (where "
+     "neither is possible, in place once the health gate passes X, and then not quarantined: never stranded)"),
     ("every rank of X (two or more) ended by a signal at once, nothing from Slurm: srun's `tasks 2-3: Killed`, or "
      "torchrun's own report listing each of X's workers", FaultKind.SUSPECT, "X",
      "again without X where a spare is free, else in place; never requeued or quarantined for it; the same on X "
@@ -30,10 +31,12 @@ DECISIONS: Tuple[Tuple[str, FaultKind, str, str], ...] = (
     ("one rank killed, nothing else said (whatever the ranks per node: the kernel's OOM killer ends one process); "
      "a segfault, a bus error; a hang in the script's own code or in a call the others are not in; a roll call with "
      "no odd rank out; torch's distributed watchdog aborting a waiting rank", FaultKind.AMBIGUOUS, "",
-     "once in place on the same nodes, nothing excluded or quarantined; unclear again after that: the program's"),
-    ("a Python exception first; SIGABRT (abort(): an assertion, libstdc++'s `terminate called ...`); Slurm's OOM "
-     "kill (cgroup's `Out Of Memory`, `Detected N oom_kill event`, OverMemoryKill's `exceeded memory limit`); the "
-     "same hang twice at the same line", FaultKind.PROGRAM, "", "ends; never retried"),
+     "once in place on the same nodes, nothing excluded or quarantined (the record names where it happened); any "
+     "unclear failure again after that, the same or not: the program's"),
+    ("a Python exception first (torch's distributed errors, DistBackendError and the like, are a lost peer's: never "
+     "the cause); SIGABRT (abort(): an assertion, libstdc++'s `terminate called ...`); Slurm's OOM kill (cgroup's "
+     "`Out Of Memory`, `Detected N oom_kill event`, OverMemoryKill's `exceeded memory limit`); the same hang twice at "
+     "the same line (where the odd ranks wait, else where all do)", FaultKind.PROGRAM, "", "ends; never retried"),
     ("the failed rank had already finished (its `shutdown()` done)", FaultKind.AFTER_WORK, "",
      "ends; no node blamed (the results are intact)"),
     ("the health gate's own srun started no task on any node", FaultKind.GATE, "",
