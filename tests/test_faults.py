@@ -97,7 +97,9 @@ def test_a_python_exception_is_a_program_fault_and_quarantines_nothing(work, lau
     assert "deliberate failure on rank 3" in proc.stderr  # the traceback, as before
     fault = [line for line in proc.stderr.splitlines() if line.startswith("clusterddp: fault: ")]
     assert len(fault) == 1 and fault[0].startswith("clusterddp: fault: program: "), proc.stderr
-    assert fault[0].endswith("(the program)") and "deliberate failure on rank 3" in fault[0], fault
+    assert "deliberate failure on rank 3 (the program); evidence: " in fault[0], fault  # (issue 57: always cited)
+    assert re.search(r'; evidence: (rank-3|node-1)\.out: "\[rank3\]: RuntimeError: deliberate failure on rank 3"$',
+                     fault[0]), fault
     assert "quarantined" not in proc.stderr
     assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined on cluster 'here'")
     job_id = proc.stdout.split()[0]
