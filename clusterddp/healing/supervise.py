@@ -157,26 +157,29 @@ def after_failure(fault: Fault, *, history: Sequence[Attempt], policy: Policy, h
             fault = fault._replace(kind=FaultKind.INFRASTRUCTURE, nodes=tuple(again),
                                    why=f"{fault.why}; the second time on {','.join(again)}: the node")
         elif fault.nodes:
-            without = tuple(sorted(set(bad) | set(fault.nodes)))
-            chosen = choose(hosts, without, policy.nodes)
-            if chosen is not None:
-                return _gate(hosts, without, fault, contract.NEXT_RETRY,
-                             (f"clusterddp: retrying on {','.join(chosen)} without {','.join(fault.nodes)} (a suspect, "
-                              f"not quarantined; retry {used + 1} of {policy.retries}), from the last checkpoint",))
-            return _gate(hosts, bad, fault, contract.NEXT_IN_PLACE,
-                         (f"clusterddp: retrying in place on {','.join(ran_on)}: no spare to leave "
-                          f"{','.join(fault.nodes)} out (a suspect, not quarantined; retry {used + 1} of "
-                          f"{policy.retries}), from the last checkpoint",))
+            spared = _on_a_spare(fault, hosts, bad, policy, f"a suspect, not quarantined; retry {used + 1} of "
+                                                          f"{policy.retries}")
+            return spared or _gate(hosts, bad, fault, contract.NEXT_IN_PLACE,
+                                   (f"clusterddp: retrying in place on {','.join(ran_on)}: no spare to leave "
+                                    f"{','.join(fault.nodes)} out (a suspect, not quarantined; retry {used + 1} of "
+                                    f"{policy.retries}), from the last checkpoint",))
     if not fault.nodes:
         return _end(fault, exit_code, bad, "clusterddp: not retried: the node at fault is not known")
+    spared = _on_a_spare(fault, hosts, bad, policy, f"retry {used + 1} of {policy.retries}")
+    return spared or leave(fault, history=history, policy=policy, hosts=hosts,
+                           bad=tuple(sorted(set(bad) | set(fault.nodes))), ran_on=ran_on, restart=restart, room=room,
+                           exit_code=exit_code, in_place=True)
+
+
+def _on_a_spare(fault: Fault, hosts: Sequence[str], bad: Sequence[str], policy: Policy, note: str) -> Optional[Action]:
+    """Again in this allocation without the fault's nodes, when enough others are left (a spare), else None."""
     without = tuple(sorted(set(bad) | set(fault.nodes)))
     chosen = choose(hosts, without, policy.nodes)
-    if chosen is not None:
-        return _gate(hosts, without, fault, contract.NEXT_RETRY,
-                     (f"clusterddp: retrying on {','.join(chosen)} without {','.join(fault.nodes)} (retry {used + 1} "
-                      f"of {policy.retries}), from the last checkpoint",))
-    return leave(fault, history=history, policy=policy, hosts=hosts, bad=without, ran_on=ran_on, restart=restart,
-                 room=room, exit_code=exit_code, in_place=True)
+    if chosen is None:
+        return None
+    return _gate(hosts, without, fault, contract.NEXT_RETRY,
+                 (f"clusterddp: retrying on {','.join(chosen)} without {','.join(fault.nodes)} ({note}), from the "
+                  "last checkpoint",))
 
 
 def leave(fault: Fault, *, history: Sequence[Attempt], policy: Policy, hosts: Sequence[str], bad: Sequence[str],
