@@ -24,7 +24,7 @@ from .conftest import CLUSTER_SH, SCRIPTS, run_cli
 from .procs import kill_at_once
 from .test_faults import _rank_pids
 from .test_hangs import SLEEP_IN_LOADER
-from .test_requeue import RANKS, TOTAL_STEPS, identical, job_args, rank_steps, steps  # noqa: F401
+from .test_requeue import RANKS, TOTAL_STEPS, identical, interrupt_and_release, job_args, rank_steps, steps
 
 pytestmark = pytest.mark.slurm
 slurm = Slurm.here()
@@ -222,6 +222,41 @@ def test_a_hang_in_the_script_s_code_is_retried_once_in_place_and_the_same_hang_
     assert f"the same hang twice at hang.py:{SLEEP_IN_LOADER} __getitem__" in proc.stderr
     assert "clusterddp: quarantined" not in proc.stderr
     assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined")
+
+
+@ONCE
+def test_a_requeue_after_a_hang_then_a_python_exception_is_the_program_s_and_blames_no_node(work):
+    """Issue 53: restart 0 leaves a roll call (stacks/hang-0/) and a hang's records; after the time-limit requeue,
+    restart 1's plain ValueError is decided on restart 1's evidence alone: the program's, no node blamed."""
+    log = work / "steps.log"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
+         "--gpus", "2", "--time", "5", "--hang-timeout", "0:20", "--wait", "hang.py", "--", "--where", "loader",
+         "--rank", "3", "--once", "--raise-on-restart", "1", "--steps-log", str(log), "--step-s", "0.2"],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not any(attempts.read(d.parent) for d in work.glob("clusterddp-runs/hang-*/attempts.tsv")) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    run_dir = next(work.glob("clusterddp-runs/hang-*/attempts.tsv")).parent
+    job_id = run_dir.name.split("-")[-1]
+    first = attempts.read(run_dir)[0]  # the hang: one retry in place
+    assert (first.fault, first.next) == ("ambiguous", "in-place"), first
+    begun = len(steps(log))
+    assert interrupt_and_release(job_id, log, begun + 5), "a time-limit requeue on 22.05 waits BeginTime"
+    out, err = job.communicate(timeout=300)
+    assert job.returncode != 0, out + err
+    rows = attempts.read(run_dir)
+    assert [(r.restart, r.attempt) for r in rows] == [(0, 0), (0, 1), (1, 0)], rows
+    last = rows[-1]
+    assert (last.fault, last.fault_nodes, last.next) == ("program", (), "end"), last
+    assert last.why.startswith("rank 3: ValueError: a bug met only after the requeue"), last
+    assert last.evidence.startswith('stacks/ranks/exception-3.json: "ValueError'), last  # this attempt's record
+    # restart 0's roll call is kept beside its attempt, where no later verdict reads it
+    assert list(run_dir.glob("attempts/0.0/stacks/hang-0/*")), sorted(run_dir.rglob("*"))
+    assert "clusterddp: quarantined" not in err and "node at fault" not in err, err
+    assert run_cli("nodes", cwd=work).stdout.startswith("no node is quarantined")
+    assert "(none excluded or quarantined)" in run_cli("status", job_id, cwd=work).stdout
 
 
 @ONCE

@@ -3,7 +3,10 @@
 --where before-allreduce: the rank sleeps before its first all_reduce (the others wait in it);
 --where loader:            the rank blocks in its dataset's __getitem__ mid-epoch;
 --where rendezvous:        the rank never calls init();
---where slow:              every step is slow (--step-s) but advances: never a hang.
+--where slow:              every step is slow (--step-s, 0.05 s) but advances: never a hang.
+--once:                    the rank gets stuck in the first attempt only (its marker file is left in the run dir);
+--raise-on-restart N:      from the Nth requeue on (SLURM_RESTART_COUNT), the rank raises a ValueError at step 5;
+--steps-log F:             rank 0 appends "RESTART STEP" per step.
 """
 import argparse
 import os
@@ -17,7 +20,10 @@ p = argparse.ArgumentParser()
 p.add_argument("--where", default="none", choices=["none", "before-allreduce", "loader", "rendezvous", "slow"])
 p.add_argument("--rank", type=int, default=3)
 p.add_argument("--steps", type=int, default=1000)
-p.add_argument("--step-s", type=float, default=0.05)
+p.add_argument("--step-s", type=float, help="sleep per step (default: 0.05 s with --where slow, else none)")
+p.add_argument("--once", action="store_true")
+p.add_argument("--raise-on-restart", type=int, default=0)
+p.add_argument("--steps-log")
 args = p.parse_args()
 
 
@@ -29,8 +35,10 @@ class Data(torch.utils.data.Dataset):
     def __getitem__(self, i):
         if args.where == "loader" and runtime.rank() == args.rank and self.stuck_after <= 0:
             # (a marker for tests: the other ranks now wait for this one in their next all-reduce)
-            open(os.path.join(os.environ["CLUSTERDDP_RUN_DIR"], f"stuck-rank-{args.rank}"), "w").close()
-            time.sleep(3600)  # a wedged file system
+            marker = os.path.join(os.environ["CLUSTERDDP_RUN_DIR"], f"stuck-rank-{args.rank}")
+            if not (args.once and os.path.exists(marker)):
+                open(marker, "w").close()
+                time.sleep(3600)  # a wedged file system
         self.stuck_after -= 1
         return torch.full((4,), float(i)), torch.tensor(float(i % 3))
 
@@ -63,8 +71,14 @@ def main(local_rank=None):
     for _epoch in range(100):
         for x, y in data:
             step(model, opt, x, y)
-            if args.where == "slow":
-                time.sleep(args.step_s)
+            restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+            if args.raise_on_restart and restart >= args.raise_on_restart and env.rank == args.rank and done == 5:
+                raise ValueError("a bug met only after the requeue")
+            if args.steps_log and env.rank == 0:
+                with open(args.steps_log, "a") as f:
+                    f.write(f"{restart} {done}\n")
+            if args.where == "slow" or args.step_s:
+                time.sleep(args.step_s or 0.05)
             done += 1
             if runtime.should_stop() or done >= args.steps:
                 runtime.print0(f"finished {done} steps")
