@@ -97,7 +97,7 @@ def _copied(stderr: str):
     return int(m.group(1)), int(m.group(2)), m.group(3)
 
 
-@pytest.mark.slurm_releases("22.05", "24.11", "26.05")  # every release (the module narrows the rest)
+@pytest.mark.slurm_releases("24.11", "26.05")  # (issue 57: once per make test; the SSH path is the same on 22.05)
 def test_submit_wait_logs_over_ssh(laptop):
     """The example, submitted from the laptop (a git work tree: git lists what is copied; ignored files stay), run
     on 2 nodes there, --wait follows it, per-rank logs come back; the job imports the clusterddp modules copied

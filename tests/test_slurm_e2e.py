@@ -269,7 +269,7 @@ def test_unknown_job_id(work):
 
 
 # Whole training runs, one per release: spawn on the oldest, srun on the newest. torchrun (the default) runs the
-# example on every release over SSH (test_remote.test_submit_wait_logs_over_ssh); every launcher's layout and
+# example over SSH on 24.11 and 26.05 (test_remote.test_submit_wait_logs_over_ssh); every launcher's layout and
 # arguments on every release: test_two_nodes_two_gpus_each_launcher.
 @pytest.mark.parametrize("launcher", [pytest.param("spawn", marks=pytest.mark.slurm_releases("22.05")),
                                       pytest.param("srun", marks=pytest.mark.slurm_releases("24.11", "26.05"))])
