@@ -113,3 +113,23 @@ def test_example_resumes_from_its_checkpoint(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resuming at step 4" in second.stdout and "epoch 1/2 done" not in second.stdout
     assert "epoch 2/2 done" in second.stdout
+
+
+@pytest.mark.parametrize("n, batch", [(10, 4), (13, 3), (17, 4), (8, 2)])
+def test_drop_last_is_the_data_loader_s_so_no_rank_gets_a_short_batch(monkeypatch, n, batch):
+    """Issue 54: drop_last given to the sampler left each rank a short last batch (one sample: BatchNorm raises);
+    given to the DataLoader, as in the script before DDP, every batch of every rank is full and every rank has as
+    many batches (none waits in an all-reduce the others never reach). 4 ranks, each built as its rank would."""
+    from clusterddp.runtime import data
+    dataset = torch.utils.data.TensorDataset(torch.arange(n))
+    per_rank = []
+    for r in range(4):
+        monkeypatch.setattr(data, "rank", lambda r=r: r)
+        monkeypatch.setattr(data, "world_size", lambda: 4)
+        batches = [b[0].tolist() for b in data.loader(dataset, batch_size=batch, drop_last=True)]
+        assert all(len(b) == batch for b in batches), (r, batches)
+        per_rank.append(batches)
+    assert len({len(b) for b in per_rank}) == 1
+    assert len(per_rank[0]) == -(-n // 4) // batch  # each rank's padded share, full batches only
+    kept = [i for batches in per_rank for b in batches for i in b]
+    assert set(kept) <= set(range(n))

@@ -8,6 +8,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .syntax import IMPORT, METRIC, code_of, dotted, is_loader, keyword, positional, training_loader
+from .uniform import Flow, analyse
 
 Lines = List[Tuple[int, str]]
 
@@ -90,14 +91,15 @@ class ToDDP(cst.CSTTransformer):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, survey: Survey, keep_global_batch: bool, measure: bool = False) -> None:
+    def __init__(self, survey: Survey, flow: Flow, keep_global_batch: bool, measure: bool = False) -> None:
         # measure: the original as it is (DataParallel, its devices, its saves and prints) but for what --check
         # needs to time it the same way: the training loader cut (runtime.loader, a world of one), the steps counted
-        self.s, self.keep, self.measure = survey, keep_global_batch, measure
+        self.s, self.flow, self.keep, self.measure = survey, flow, keep_global_batch, measure
         self.init = "runtime.init(allow_single=True)" if measure else "runtime.init()"
         self.changes: Lines = []
         self.guarded = False
         self.retested: Set[int] = set()  # lines of the ifs whose test is now the world size
+        self.later: Lines = []  # findings the rewrite makes
 
     def _did(self, node: Any, what: str) -> None:
         self.changes.append((_line(self, node), what))
@@ -124,12 +126,28 @@ class ToDDP(cst.CSTTransformer):
             self._did(original, "DataLoader -> runtime.loader (each rank its share; a new shuffle every epoch)")
             args = [self._per_rank(a, i) for i, a in enumerate(updated.args)]
             return updated.with_changes(func=cst.parse_expression("runtime.loader"), args=args)
+        apart = self.flow.per_rank(original)
         if name == "torch.save" and len(updated.args) == 2 and all(a.keyword is None for a in updated.args):
+            if apart is not None:  # only some ranks get here: waiting for the others would wait forever
+                self._did(original, "torch.save -> runtime.save_on_main(..., wait=False) (rank 0 writes, "
+                          f"atomically, when its own values lead it here: line {_line(self, apart)})")
+                self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
+                                   f"{_line(self, apart)}); for a decision of all ranks, average the value it tests "
+                                   "first (runtime.all_reduce_mean) so that every rank takes the same branch"))
+                tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                        whitespace_after=cst.SimpleWhitespace(""))
+                return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"), args=[
+                    *updated.args[:-1], updated.args[-1].with_changes(comma=cst.Comma(
+                        whitespace_after=cst.SimpleWhitespace(" "))),
+                    cst.Arg(cst.Name("False"), keyword=cst.Name("wait"), equal=tight)])
             self._did(original, "torch.save -> runtime.save_on_main (rank 0 writes, atomically; the others wait)")
             return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"))
         if name == "print":
-            averaged: Any = updated.visit(_Average())
+            averaged: Any = updated.visit(_Average()) if apart is None else updated
             what = " (loss / accuracy averaged over the ranks)" if code_of(averaged) != code_of(updated) else ""
+            if apart is not None and code_of(updated.visit(_Average())) != code_of(updated):
+                what = (" (not averaged: whether a rank gets here depends on its own values, line "
+                        f"{_line(self, apart)}; an average would wait for the others forever)")
             self._did(original, f"print -> runtime.print0 (rank 0 prints){what}")
             return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
         return updated
@@ -209,7 +227,34 @@ def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) 
     wrapper = MetadataWrapper(module)
     survey = Survey()
     wrapper.visit(survey)
-    transformer = ToDDP(survey, keep_global_batch, measure)
+    flow = analyse(wrapper.module)
+    transformer = ToDDP(survey, flow, keep_global_batch, measure)
     new = wrapper.visit(transformer)
     findings = {(line, what) for line, what in survey.findings if line not in transformer.retested}
+    findings |= set(transformer.later) | set(_diverging(wrapper, flow))
     return new.code, transformer.changes, sorted(findings)
+
+
+_SHARE = ("DDP's backward waits for every rank, so the job would hang; test a value every rank shares, e.g. "
+          "runtime.all_reduce_mean(x), so that all take the same branch")
+
+
+def _diverging(wrapper: MetadataWrapper, flow: Flow) -> Lines:
+    """The loops whose steps ranks may leave or skip apart, where a step all-reduces (a backward); backward passes
+    that only some ranks run."""
+    where = wrapper.resolve(PositionProvider)
+    out = []
+    exits = {id(why) for _, why in flow.diverging}
+    for node, at in where.items():
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value == "backward"):
+            continue
+        test = flow.per_rank(node)
+        if test is not None and id(test) not in exits:
+            out.append((at.start.line, f"a backward that only some ranks run (the test at line "
+                        f"{where[test].start.line} uses values of the rank's own): {_SHARE}"))
+    for loop, why in flow.diverging:
+        if ".backward(" in code_of(loop.body) and isinstance(why, (cst.If, cst.While)):
+            out.append((where[why].start.line, "the ranks may leave or skip this loop's steps apart (the test uses "
+                        f"values of the rank's own): {_SHARE}"))
+    return out

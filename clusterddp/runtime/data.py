@@ -109,18 +109,18 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, d
     sampler's epoch, so shuffling differs per epoch without calling set_epoch. ``batch_size`` is per rank.
 
     It remembers where it is (``state_dict()``: epoch and batches done), so a Checkpointer can resume mid-epoch
-    at the exact batch.
+    at the exact batch. ``drop_last`` is the DataLoader's, as in a plain DataLoader: each rank's last incomplete
+    batch is dropped (the sampler pads the ranks' shares to one length, so every rank has as many batches).
     """
     own_generator = "generator" not in kwargs
     if own_generator:
         kwargs["generator"] = torch.Generator()
-    sampler = ResumableSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed,
-                               drop_last=drop_last)
+    sampler = ResumableSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed)
     if os.environ.get(contract.CHECK_STEPS, "").isdigit() and kwargs.get("num_workers") and \
             "persistent_workers" not in kwargs:
         # migrate --check cuts every epoch to a few batches: workers started anew for each would be most of its time
         kwargs["persistent_workers"] = True
-    made = EpochLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+    made = EpochLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **kwargs)
     made.seed, made.own_generator = seed, own_generator
     made.number, _MADE[0] = _MADE[0], _MADE[0] + 1
     return made

@@ -313,11 +313,13 @@ def unwrap(model: Any) -> Any:
     return getattr(model, "module", model)
 
 
-def save_on_main(obj: Any, path: str) -> None:
-    """torch.save on rank 0, atomically (temp file in the same directory, then rename); all ranks wait for it."""
+def save_on_main(obj: Any, path: str, wait: bool = True) -> None:
+    """torch.save on rank 0, atomically (temp file in the same directory, then rename); all ranks wait for it.
+    ``wait=False``: no waiting (a collective), for a save only some ranks reach (under a test of their own values)."""
     if is_main():
         atomic_save(obj, path)
-    barrier()
+    if wait:
+        barrier()
 
 
 def atomic_save(obj: Any, path: str) -> None:
