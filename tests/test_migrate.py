@@ -102,6 +102,18 @@ def test_keep_global_batch_divides_by_the_world_size():
     assert "runtime.loader(data, batch_size=max(1, (args.batch_size) // runtime.world_size()), shuffle=True)" in m.text
 
 
+def test_keep_global_batch_leaves_kwargs_whole_and_lists_them():
+    """Issue 54: ``DataLoader(ds, **train_kwargs)`` became ``**max(1, (train_kwargs) // ...)`` (a TypeError at start
+    while the report said the batch was divided): the ``**`` argument stays whole and the loader is listed."""
+    source = "import torch\nmodel = torch.nn.DataParallel(net)\ntrain_loader = torch.utils.data.DataLoader(ds, " \
+             "**train_kwargs)\n"
+    m = migrate_source(source, "k.py", keep_global_batch=True)
+    assert "train_loader = runtime.loader(ds, **train_kwargs)\n" in m.text, m.text
+    compile(m.text, "k.py", "exec")
+    assert [line for line, what in m.findings if "--keep-global-batch" in what] == [3], m.findings
+    assert not any("batch_size" in what for _, what in m.changes)
+
+
 @pytest.mark.parametrize("source, said", [
     ("import torch\nm = torch.nn.parallel.DistributedDataParallel(x)\n", "it uses DistributedDataParallel"),
     ("import os\nrank = int(os.environ['LOCAL_RANK'])\nm = nn.DataParallel(x)\n", "it reads torchrun's LOCAL_RANK"),
@@ -203,6 +215,25 @@ def test_a_wrap_under_a_gpu_count_happens_whenever_there_are_ranks():
     assert (4, "if torch.cuda.device_count() > 1: (the DataParallel wrap's condition) -> if runtime.world_size() > "
                "1: (each rank has one GPU: the job's ranks decide)") in m.changes
     assert [line for line, _ in m.findings] == [5, 8], m.findings  # the print's device_count; the test loader
+
+
+@pytest.mark.parametrize("test, becomes, listed", [
+    ("torch.cuda.device_count() > 1 and not args.single", "runtime.world_size() > 1 and not args.single", False),
+    ("(n_gpu > 1)", "(runtime.world_size() > 1)", False),
+    ("len(args.gpus) > 1", "runtime.world_size() > 1", False),
+    # issue 54: a switch of the script's, or CUDA's presence, is not a GPU count: kept (and listed), so that an
+    # eval-only run stays eval-only and every rank still moves its model to its GPU
+    ("not args.eval_only", "not args.eval_only", True),
+    ("torch.cuda.is_available()", "torch.cuda.is_available()", True),
+])
+def test_only_a_gpu_count_in_the_wrap_s_condition_becomes_the_world_size(test, becomes, listed):
+    source = (f"import torch\nimport torch.nn as nn\nmodel = Net()\nif {test}:\n    model.cuda()\n"
+              "    model = nn.DataParallel(model)\n")
+    m = migrate_source(source, "w.py")
+    assert f"if {becomes}:\n    model.to(runtime.device())\n    model = runtime.wrap(model)\n" in m.text, m.text
+    said = [what for line, what in m.findings if line == 4 and "kept as written" in what]
+    assert len(said) == (1 if listed else 0), m.findings
+    assert any(line == 4 and "wrap's condition" in what for line, what in m.changes) is not listed
 
 
 def test_the_check_says_when_the_ranks_were_not_kept_in_step(tmp_path):

@@ -2,6 +2,7 @@
 module level: ``rules.migrate_source`` loads this module only once LibCST is known to be there."""
 from __future__ import annotations
 
+import re
 from typing import Any, List, Set, Tuple
 
 import libcst as cst
@@ -86,6 +87,23 @@ class Survey(cst.CSTVisitor):
                                       "optimizer in `with model.no_sync():`"))
 
 
+_GPU_COUNT = re.compile(r"device_count\(|\bn_?gpus?\b|\bnum_gpus?\b|\bgpu_count\b|\bgpus\b|device_ids|gpu_ids")
+
+
+class _Retest(cst.CSTTransformer):
+    """Each comparison of a GPU count (``device_count() > 1``, ``len(args.gpus) > 1``, ``n_gpu > 1``) -> the world
+    size; the rest of the test as it was."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> Any:
+        if not _GPU_COUNT.search(code_of(original)):
+            return updated
+        self.done = True
+        return cst.parse_expression("runtime.world_size() > 1").with_changes(lpar=original.lpar, rpar=original.rpar)
+
+
 class ToDDP(cst.CSTTransformer):
     """The rewrite; ``changes`` says what it did, line by line."""
 
@@ -125,6 +143,15 @@ class ToDDP(cst.CSTTransformer):
                 and not keyword(original, "batch_sampler") and len(positional(original)) <= 3:
             self._did(original, "DataLoader -> runtime.loader (each rank its share; a new shuffle every epoch)")
             args = [self._per_rank(a, i) for i, a in enumerate(updated.args)]
+            for before, after in zip(updated.args, args):
+                if after is not before:
+                    self._did(original, f"batch_size {code_of(before.value)} -> {code_of(after.value)} "
+                              "(--keep-global-batch: the global batch stays what it was where the world size "
+                              "divides it)")
+            if self.keep and args == list(updated.args):
+                self.later.append((_line(self, original), "--keep-global-batch: this loader's batch size is not "
+                                   "one of its arguments here (in **kwargs, or the default 1), so it is not divided; "
+                                   "divide it where it is set: max(1, B // runtime.world_size())"))
             return updated.with_changes(func=cst.parse_expression("runtime.loader"), args=args)
         apart = self.flow.per_rank(original)
         if name == "torch.save" and len(updated.args) == 2 and all(a.keyword is None for a in updated.args):
@@ -155,7 +182,7 @@ class ToDDP(cst.CSTTransformer):
     def _per_rank(self, arg: cst.Arg, index: int) -> cst.Arg:
         is_batch = (arg.keyword is not None and arg.keyword.value == "batch_size") or (arg.keyword is None and
                                                                                       index == 1)
-        if not self.keep or not is_batch:
+        if not self.keep or not is_batch or arg.star:
             return arg
         return arg.with_changes(value=cst.parse_expression(f"max(1, ({code_of(arg.value)}) // runtime.world_size())"))
 
@@ -179,12 +206,7 @@ class ToDDP(cst.CSTTransformer):
         if not self.measure and not _main_guard(original) and isinstance(original.body, cst.IndentedBlock) and \
                 "runtime." not in code_of(original.test) and \
                 any("DataParallel(" in code_of(s) for s in original.body.body):
-            # "if device_count() > 1: model = DataParallel(model)": under DDP each rank has one GPU, so the wrap
-            # would never happen and every rank would train its own copy. The ranks decide.
-            self.retested.add(_line(self, original))
-            self._did(original, f"if {code_of(original.test)}: (the DataParallel wrap's condition) -> if "
-                                "runtime.world_size() > 1: (each rank has one GPU: the job's ranks decide)")
-            return updated.with_changes(test=cst.parse_expression("runtime.world_size() > 1"))
+            return self._wrap_condition(original, updated)
         if not _main_guard(original) or not isinstance(updated.body, cst.IndentedBlock):
             return updated
         self.guarded = True
@@ -192,6 +214,22 @@ class ToDDP(cst.CSTTransformer):
         body = [cst.parse_statement(f"{self.init}\n"), *updated.body.body,
                 cst.parse_statement("runtime.shutdown()\n")]
         return updated.with_changes(body=updated.body.with_changes(body=body))
+
+    def _wrap_condition(self, original: cst.If, updated: cst.If) -> Any:
+        """The if around the DataParallel wrap. Only its GPU-count comparisons are the world size now ("if
+        device_count() > 1": under DDP each rank has one GPU, so the wrap would never happen and every rank would
+        train its own copy); any other test (a switch of the script's, is_available()) is kept and listed."""
+        retest = _Retest()
+        test = updated.test.visit(retest)
+        if not retest.done:
+            self.later.append((_line(self, original), f"the DDP wrap is under `if {code_of(original.test)}:`, kept as "
+                               "written: where it is false, no model goes through runtime.wrap and each rank trains "
+                               "its own copy (nothing is averaged); make sure it holds on every DDP run"))
+            return updated
+        self.retested.add(_line(self, original))
+        self._did(original, f"if {code_of(original.test)}: (the DataParallel wrap's condition) -> if "
+                            f"{code_of(test)}: (each rank has one GPU: the job's ranks decide)")
+        return updated.with_changes(test=test)
 
     def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
         body = list(updated.body)
