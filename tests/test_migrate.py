@@ -515,3 +515,24 @@ def test_the_kept_lines_check_fails_when_a_line_near_a_change_is_dropped(case):
     dropped = "\n".join(t for t in m.text.splitlines() if t != lines[near - 1]) + "\n"
     with pytest.raises(AssertionError):
         untouched_lines_kept(source, dropped, changed)
+
+
+def test_aliases_keywords_and_cuda_literals_are_rewritten_and_what_is_not_is_listed():
+    """Issue 54: ``DataParallel as DP``, ``DataParallel(module=...)`` and ``'cuda'`` literals went by without a
+    word; a wrap whose model is not a plain argument, and saving the whole wrapper, are listed."""
+    source = ("import torch\nfrom torch.nn import DataParallel as DP\nimport torch.nn as nn\nmodel = Net()\n"
+              "if torch.cuda.device_count() > 1:\n    model = DP(model, device_ids=[0, 1])\n"
+              "other = nn.DataParallel(module=net2).to('cuda')\nthird = nn.DataParallel(*parts)\n"
+              "x = torch.zeros(3, device='cuda:0')\ny = x.to(\"cuda\", non_blocking=True)\nz = x.to('cuda:1')\n"
+              "torch.save(model, 'm.pt')\n")
+    m = migrate_source(source, "a.py")
+    for kept in ("if runtime.world_size() > 1:\n    model = runtime.wrap(model)\n",
+                 "other = runtime.wrap(net2).to(runtime.device())\n", "third = nn.DataParallel(*parts)\n",
+                 "x = torch.zeros(3, device=runtime.device())\n",
+                 "y = x.to(runtime.device(), non_blocking=True)\n",
+                 "z = x.to('cuda:1')\n"):  # another GPU than DataParallel's first: the script's own choice
+        assert kept in m.text, (kept, m.text)
+    changed = {line for line, _ in m.changes}
+    assert {5, 6, 7, 9, 10} <= changed and 11 not in changed, m.changes
+    listed = {line: what for line, what in m.findings}
+    assert "is not rewritten" in listed[8] and "pickles the DDP wrapper" in listed[12], m.findings

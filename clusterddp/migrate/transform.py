@@ -33,11 +33,20 @@ class Survey(cst.CSTVisitor):
         self.findings: Lines = []
         self.loops = 0
         self.trains: Set[int] = set()  # the DataLoader calls that train (by the name they are bound to)
+        self.dp_names: Set[str] = {"DataParallel"}  # what DataParallel is called here ("as DP" too)
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        if dotted(node.name).split(".")[-1] == "DataParallel" and node.asname is not None and \
+                isinstance(node.asname.name, cst.Name):
+            self.dp_names.add(node.asname.name.value)
+
+    def is_dp(self, call: cst.Call) -> bool:
+        return dotted(call.func).split(".")[-1] in self.dp_names
 
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         names = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
-        if isinstance(value, cst.Call) and dotted(value.func).split(".")[-1] == "DataParallel":
+        if isinstance(value, cst.Call) and self.is_dp(value):
             self.wrapped |= names
         if isinstance(value, cst.Call) and is_loader(value) and training_loader(value, names):
             self.trains.add(id(value))
@@ -55,6 +64,9 @@ class Survey(cst.CSTVisitor):
             self.findings.append((at, "torch.load: resuming from a checkpoint? runtime.Checkpointer saves and loads "
                                       "model, optimizer, data position and random state; clusterddp drill proves "
                                       "the resume exact before a long job"))
+        elif name == "torch.save" and node.args and dotted(node.args[0].value) in self.wrapped:
+            self.findings.append((at, "torch.save of the whole model pickles the DDP wrapper; save runtime.unwrap("
+                                      "model) (or its state_dict()), which loads without a process group"))
         elif name == "isinstance" and "DataParallel" in code_of(node):
             self.findings.append((at, "isinstance(..., nn.DataParallel) is now False (the model is wrapped in DDP): "
                                       "use runtime.unwrap(model), which takes the wrapper off when there is one"))
@@ -88,6 +100,11 @@ class Survey(cst.CSTVisitor):
 
 
 _GPU_COUNT = re.compile(r"device_count\(|\bn_?gpus?\b|\bnum_gpus?\b|\bgpu_count\b|\bgpus\b|device_ids|gpu_ids")
+
+
+def _cuda_literal(node: Any) -> bool:
+    """'cuda' or 'cuda:0' (DataParallel's first GPU): under DDP the rank's own GPU."""
+    return isinstance(node, cst.SimpleString) and node.evaluated_value in ("cuda", "cuda:0")
 
 
 class _Retest(cst.CSTTransformer):
@@ -124,12 +141,15 @@ class ToDDP(cst.CSTTransformer):
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
         name = dotted(original.func)
-        last = name.split(".")[-1]
         if self.measure and not is_loader(original):
             return updated
-        if last == "DataParallel" and positional(original):
-            self._did(original, f"{code_of(original)} -> runtime.wrap({code_of(positional(original)[0].value)})")
-            return cst.parse_expression(f"runtime.wrap({code_of(positional(updated)[0].value)})")
+        if self.s.is_dp(original):
+            return self._wrap(original, updated)
+        if isinstance(original.func, cst.Attribute) and original.func.attr.value == "to" and positional(original) \
+                and _cuda_literal(positional(original)[0].value):
+            self._did(original, f"{code_of(positional(original)[0].value)} -> runtime.device() (the rank's own GPU)")
+            return updated.with_changes(args=[updated.args[0].with_changes(
+                value=cst.parse_expression("runtime.device()")), *updated.args[1:]])
         if isinstance(original.func, cst.Attribute) and original.func.attr.value == "cuda" and name != "torch.cuda":
             self._did(original, ".cuda() -> .to(runtime.device()) (the rank's own GPU)")
             rest = [a for a in updated.args if a.keyword is not None]
@@ -179,6 +199,26 @@ class ToDDP(cst.CSTTransformer):
             return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
         return updated
 
+    def _wrap(self, original: cst.Call, updated: cst.Call) -> Any:
+        """DataParallel(model, ...) or DataParallel(module=model) -> runtime.wrap(model); anything else is listed:
+        left as it is, each rank would run DataParallel over the GPUs it sees."""
+        given = positional(original) or [a for a in original.args if a.keyword and a.keyword.value == "module"]
+        now = positional(updated) or [a for a in updated.args if a.keyword and a.keyword.value == "module"]
+        if not given:
+            self.later.append((_line(self, original), f"{code_of(original)} is not rewritten (its model is not a "
+                               "plain argument): as it is, every rank would run DataParallel; write "
+                               "runtime.wrap(model) there"))
+            return updated
+        self._did(original, f"{code_of(original)} -> runtime.wrap({code_of(given[0].value)})")
+        return cst.parse_expression(f"runtime.wrap({code_of(now[0].value)})")
+
+    def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> Any:
+        if self.measure or original.keyword is None or original.keyword.value != "device" or \
+                not _cuda_literal(original.value):
+            return updated
+        self._did(original, f"device={code_of(original.value)} -> device=runtime.device() (the rank's own GPU)")
+        return updated.with_changes(value=cst.parse_expression("runtime.device()"))
+
     def _per_rank(self, arg: cst.Arg, index: int) -> cst.Arg:
         is_batch = (arg.keyword is not None and arg.keyword.value == "batch_size") or (arg.keyword is None and
                                                                                       index == 1)
@@ -205,7 +245,7 @@ class ToDDP(cst.CSTTransformer):
     def leave_If(self, original: cst.If, updated: cst.If) -> Any:
         if not self.measure and not _main_guard(original) and isinstance(original.body, cst.IndentedBlock) and \
                 "runtime." not in code_of(original.test) and \
-                any("DataParallel(" in code_of(s) for s in original.body.body):
+                any(re.search(rf"\b({'|'.join(self.s.dp_names)})\(", code_of(s)) for s in original.body.body):
             return self._wrap_condition(original, updated)
         if not _main_guard(original) or not isinstance(updated.body, cst.IndentedBlock):
             return updated
