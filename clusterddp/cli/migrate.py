@@ -4,13 +4,16 @@ from __future__ import annotations
 import difflib
 import sys
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
 import click
 
 from ..contract import EXIT
 from ..errors import SpecError
 from .base import Command
+
+if TYPE_CHECKING:
+    from ..migrate.files import Script
 
 
 @click.command("migrate", cls=Command)
@@ -59,13 +62,22 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
         raise SpecError(f"arguments after SCRIPT ({' '.join(args)}) are for --check (the script's own arguments)")
     if compare_dp and not check:
         raise SpecError("--compare-dp compares the runs of --check: give --check too")
-    try:
-        source = script.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError) as exc:
-        raise SpecError(f"{script}: cannot be read as UTF-8 text ({exc})") from None
+    from ..migrate.files import read_script
+
+    read = read_script(script)
+    source = read.text
     m = migrate_source(source, str(script), keep_global_batch)
     if m.left_alone or m.text is None:
         click.echo(f"clusterddp: {m.left_alone}", err=True)
+        if check and m.left_alone.endswith("(DDP already)"):
+            # an edited copy (X_ddp.py): checked as it is
+            if compare_dp:
+                raise SpecError("--compare-dp times the DataParallel original against its migration: give the "
+                                "DataParallel script, not one that is DDP already")
+            click.echo(f"clusterddp: checking {script} as it is", err=True)
+            _check(script, script, source, False, args, check_steps, None)
+        elif check:
+            sys.exit(EXIT["RUNTIME"])
         return
     target = script if in_place else output or script.with_name(f"{script.stem}_ddp{script.suffix}")
     if diff:
@@ -78,7 +90,7 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
     for line in report(m, str(script), keep_global_batch):
         click.echo(f"clusterddp: {line}", err=True)
     if not diff:
-        _write(script, target, source, m.text, in_place)
+        _write(script, target, read, m.text, in_place)
     if check:
         if compare_dp is None:
             from ..backends.local.plan import visible_gpus
@@ -87,28 +99,24 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
         _check(script, target, m.text, diff, args, check_steps, (script, source) if compare_dp else None)
 
 
-def _write(script: Path, target: Path, source: str, text: str, in_place: bool) -> None:
-    from ..datafiles import write_atomic
+def _write(script: Path, target: Path, read: "Script", text: str, in_place: bool) -> None:
+    from ..migrate.files import backup, write_like
 
     if in_place:
-        backup = script.with_name(script.name + ".orig")
-        if not backup.exists():
-            write_atomic(backup, source)
-        click.echo(f"clusterddp: the original is kept as {backup}", err=True)
-    write_atomic(target, text)
+        kept = backup(script, read)
+        click.echo(f"clusterddp: the original is kept as {kept}", err=True)
+    write_like(target, text, read)
     click.echo(f"clusterddp: wrote {target}; next: clusterddp submit --local --nodes 2 --gpus 2 {target}", err=True)
 
 
 def _check(script: Path, target: Path, text: str, diff: bool, args: Sequence[str], steps: int,
            original: Optional[Tuple[Path, str]]) -> None:
     """--check: the migrated script run here (with --diff, from a file of its own beside SCRIPT, removed after)."""
-    from ..datafiles import write_atomic
-    from ..migrate.check import run
+    from ..migrate.check import private_copy, run
 
     checked = target
     if diff:
-        checked = script.with_name(f".{script.stem}_ddp_check{script.suffix}")
-        write_atomic(checked, text)
+        checked = private_copy(script, "ddp_check", text)
     try:
         code, lines = run(checked, args, steps, echo=lambda line: click.echo(line, err=True), original=original)
     finally:

@@ -4,15 +4,18 @@ differed. The script runs as it is, from its own directory: what it writes, it w
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import contract
 from ..backends.local.plan import visible_gpus
 from ..datafiles import parse_json, read_bounded
+from ..errors import ClusterDDPError
 from ..observe import telemetry
 
 SHAPE = ("--nodes", "2", "--procs-per-node", "2")
@@ -29,12 +32,11 @@ def run(script: Path, args: Sequence[str], steps: int, echo: Callable[[str], Non
     argv = [sys.executable, "-m", "clusterddp", "submit", "--local", *SHAPE, "--quiet", "--output-dir", str(out),
             str(script), "--", *args]
     echo(f"clusterddp: check: {' '.join(argv[3:])} (each epoch cut to {steps} batches)")
-    proc = subprocess.run(argv, cwd=script.parent, env=env, text=True, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT)
-    for line in proc.stdout.splitlines()[-40:]:
+    returncode, output = _child(argv, script.parent, env)
+    for line in output.splitlines()[-40:]:
         echo(f"  {line}")
     runs = sorted(out.glob("*/"))
-    code, lines = verdict(proc.returncode, runs[-1] if runs else None)
+    code, lines = verdict(returncode, runs[-1] if runs else None)
     if original is not None:
         lines[-1] = compared(dp, throughput(runs[-1]) if runs else None, len(visible_gpus()))
     return code, lines
@@ -43,25 +45,66 @@ def run(script: Path, args: Sequence[str], steps: int, echo: Callable[[str], Non
 def _original(script: Path, source: str, args: Sequence[str], steps: int,
               echo: Callable[[str], None]) -> Union[str, Tuple[float, float, int]]:
     """The original under DataParallel, one process, timed (throughput), or why it was not."""
-    from ..datafiles import write_atomic
     from .rules import measuring_source
 
     out = Path(tempfile.mkdtemp(prefix="clusterddp-migrate-dp-"))
-    variant = script.with_name(f".{script.stem}_dp_check{script.suffix}")
-    write_atomic(variant, measuring_source(source))
+    variant = private_copy(script, "dp_check", measuring_source(source))
     env = dict(os.environ, **{contract.CHECK_STEPS: str(steps), contract.RUN_DIR: str(out)})
     echo(f"clusterddp: check: the original under DataParallel, one process: {variant.name} {' '.join(args)}")
     try:
-        proc = subprocess.run([sys.executable, str(variant), *args], cwd=script.parent, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        returncode, output = _child([sys.executable, str(variant), *args], script.parent, env)
     finally:
         variant.unlink(missing_ok=True)
-    for line in proc.stdout.splitlines()[-12:]:
+    for line in output.splitlines()[-12:]:
         echo(f"  {line}")
     measured = throughput(out)
-    if proc.returncode != 0 or measured is None:
-        return f"it ended with exit {proc.returncode}" if proc.returncode else "too few steps recorded"
+    if returncode != 0 or measured is None:
+        return f"it ended with exit {returncode}" if returncode else "too few steps recorded"
     return measured
+
+
+def private_copy(script: Path, what: str, text: str) -> Path:
+    """``text`` in a new file beside ``script`` (its imports resolve as the script's), a name nobody has: a file
+    of the user's is never overwritten or removed. The caller removes it."""
+    import io
+    import tokenize
+
+    # the encoding its coding line names (ASCII, so read from the UTF-8 bytes alike), as Python will read it
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(text.encode("utf-8")).readline)
+    fd, name = tempfile.mkstemp(prefix=f".{script.stem}_{what}_", suffix=script.suffix, dir=script.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(text.encode(encoding))
+    return Path(name)
+
+
+class Ended(ClusterDDPError):
+    """The check was ended from outside (SIGTERM, Ctrl-C); what it started was ended with it."""
+
+
+def _child(argv: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, str]:
+    """Run ``argv`` (its output captured); a SIGTERM or Ctrl-C here is passed on to it (the local job's agent
+    ends its ranks on a SIGTERM) and waited for, so nothing the check started outlives it."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise Ended("check: ended by SIGTERM; the job it ran was stopped too")
+
+    previous = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        out, _ = proc.communicate()
+        return proc.returncode, out
+    except (Ended, KeyboardInterrupt):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def throughput(run: Path) -> Optional[Tuple[float, float, int]]:

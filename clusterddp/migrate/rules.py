@@ -9,11 +9,12 @@ entry point between ``runtime.init()`` and ``runtime.shutdown()``. Listed with F
 """
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from ..errors import SpecError
+from ..errors import ClusterDDPError, SpecError
 from .syntax import libcst_module
 
 
@@ -45,12 +46,20 @@ def migrate_source(source: str, filename: str = "<script>", keep_global_batch: b
     """Rewrite ``source``; raises SpecError with the position when it does not parse."""
     cst = libcst_module()
     out = Migration(source)
+    too_deep = ClusterDDPError(f"{filename}: nested too deeply for the rewrite to follow (Python's recursion limit); "
+                               "nothing was written: split the deepest expression into names")
     try:
+        ast.parse(source, filename)  # Python's own parser first: its line and message are the ones to trust
         module = cst.parse_module(source)
+    except SyntaxError as exc:
+        raise SpecError(f"{filename}:{exc.lineno}:{exc.offset}: does not parse as Python ({exc.msg}); nothing "
+                        "was written") from None
     except cst.ParserSyntaxError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
         raise SpecError(f"{filename}:{exc.raw_line}:{exc.raw_column + 1}: does not parse as Python ({first}); "
                         "nothing was written") from None
+    except (RecursionError, MemoryError):
+        raise too_deep from None
     why = _already(source)
     if why:
         out.left_alone = f"{filename}: left alone: {why} (DDP already)"
@@ -61,7 +70,10 @@ def migrate_source(source: str, filename: str = "<script>", keep_global_batch: b
         return out
     from .transform import rewrite
 
-    text, changes, findings = rewrite(module, keep_global_batch)
+    try:
+        text, changes, findings = rewrite(module, keep_global_batch)
+    except RecursionError:
+        raise too_deep from None
     out.text, out.changes, out.findings = text, changes, findings
     return out
 
