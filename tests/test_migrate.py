@@ -536,3 +536,28 @@ def test_aliases_keywords_and_cuda_literals_are_rewritten_and_what_is_not_is_lis
     assert {5, 6, 7, 9, 10} <= changed and 11 not in changed, m.changes
     listed = {line: what for line, what in m.findings}
     assert "is not rewritten" in listed[8] and "pickles the DDP wrapper" in listed[12], m.findings
+
+
+def test_evaluation_loaders_makedirs_files_and_loaders_made_per_epoch():
+    """Issue 54: a validation loader given shuffle=True was split over the ranks (the metric on a quarter of the
+    set, a "best" per rank); ``if not os.path.exists(d): os.makedirs(d)`` run by every rank (all but one die of
+    FileExistsError); files every rank writes and loaders made inside the epoch loop went by without a word."""
+    source = ("import os\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\nmodel = nn.DataParallel(n)\n"
+              "train_loader = DataLoader(tr, batch_size=8, shuffle=True)\n"
+              "val_loader = DataLoader(va, batch_size=8, shuffle=True)\n"
+              "if not os.path.exists(args.out):\n    os.makedirs(args.out)\n"
+              "log = open(os.path.join(args.out, 'log.csv'), 'w')\nkeep = open('in.txt')\n"
+              "for epoch in range(3):\n    for x, y in train_loader:\n        model(x).sum().backward()\n"
+              "    for x, y in enumerate(val_loader):\n        acc = model(x).sum()\n"
+              "    again = DataLoader(tr, batch_size=8, shuffle=True)\n"
+              "if not os.path.exists(a):\n    os.makedirs(b)\n")
+    m = migrate_source(source, "e.py")
+    assert "train_loader = runtime.loader(tr, batch_size=8, shuffle=True)\n" in m.text, m.text
+    assert "val_loader = DataLoader(va, batch_size=8, shuffle=True)\n" in m.text
+    assert "\nos.makedirs(args.out, exist_ok=True)\nlog = " in m.text
+    assert "if not os.path.exists(a):\n    os.makedirs(b)\n" in m.text  # not the same path: not touched
+    listed = {line: what for line, what in m.findings}
+    assert "looped over only where no backward runs" in listed[6], m.findings
+    assert "every rank opens this file for writing" in listed[9] and 10 not in listed
+    assert "made inside a loop" in listed[16]
+    assert 7 in {line for line, _ in m.changes}

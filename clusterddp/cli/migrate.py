@@ -68,16 +68,7 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
     source = read.text
     m = migrate_source(source, str(script), keep_global_batch)
     if m.left_alone or m.text is None:
-        click.echo(f"clusterddp: {m.left_alone}", err=True)
-        if check and m.left_alone.endswith("(DDP already)"):
-            # an edited copy (X_ddp.py): checked as it is
-            if compare_dp:
-                raise SpecError("--compare-dp times the DataParallel original against its migration: give the "
-                                "DataParallel script, not one that is DDP already")
-            click.echo(f"clusterddp: checking {script} as it is", err=True)
-            _check(script, script, source, False, args, check_steps, None)
-        elif check:
-            sys.exit(EXIT["RUNTIME"])
+        _left_alone(script, m.left_alone, (tuple(args), check_steps) if check else None, compare_dp)
         return
     target = script if in_place else output or script.with_name(f"{script.stem}_ddp{script.suffix}")
     if diff:
@@ -97,6 +88,20 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
 
             compare_dp = bool(visible_gpus())
         _check(script, target, m.text, diff, args, check_steps, (script, source) if compare_dp else None)
+
+
+def _left_alone(script: Path, why: str, check: Optional[Tuple[Tuple[str, ...], int]],
+                compare_dp: Optional[bool]) -> None:
+    """Said; with --check, a script that is DDP already (an edited X_ddp.py) is checked as it is."""
+    click.echo(f"clusterddp: {why}", err=True)
+    if check and why.endswith("(DDP already)"):
+        if compare_dp:
+            raise SpecError("--compare-dp times the DataParallel original against its migration: give the "
+                            "DataParallel script, not one that is DDP already")
+        click.echo(f"clusterddp: checking {script} as it is", err=True)
+        _check(script, script, "", False, check[0], check[1], None)
+    elif check:
+        sys.exit(EXIT["RUNTIME"])
 
 
 def _write(script: Path, target: Path, read: "Script", text: str, in_place: bool) -> None:

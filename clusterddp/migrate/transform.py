@@ -8,6 +8,7 @@ from typing import Any, List, Set, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from .survey import Survey, line_of
 from .syntax import IMPORT, METRIC, code_of, dotted, is_loader, keyword, positional, training_loader
 from .uniform import Flow, analyse
 
@@ -15,88 +16,11 @@ Lines = List[Tuple[int, str]]
 
 
 def _line(visitor: Any, node: Any) -> int:
-    return int(visitor.get_metadata(PositionProvider, node).start.line)
+    return line_of(visitor, node)
 
 
 def _main_guard(node: Any) -> bool:
     return isinstance(node, cst.If) and code_of(node.test).replace(" ", "").replace("'", '"') == '__name__=="__main__"'
-
-
-class Survey(cst.CSTVisitor):
-    """What is there: the names the DataParallel model and the optimizers are bound to, and what to look at."""
-
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
-    def __init__(self) -> None:
-        self.wrapped: Set[str] = set()
-        self.optimizers: Set[str] = set()
-        self.findings: Lines = []
-        self.loops = 0
-        self.trains: Set[int] = set()  # the DataLoader calls that train (by the name they are bound to)
-        self.dp_names: Set[str] = {"DataParallel"}  # what DataParallel is called here ("as DP" too)
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        if dotted(node.name).split(".")[-1] == "DataParallel" and node.asname is not None and \
-                isinstance(node.asname.name, cst.Name):
-            self.dp_names.add(node.asname.name.value)
-
-    def is_dp(self, call: cst.Call) -> bool:
-        return dotted(call.func).split(".")[-1] in self.dp_names
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        value = node.value
-        names = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
-        if isinstance(value, cst.Call) and self.is_dp(value):
-            self.wrapped |= names
-        if isinstance(value, cst.Call) and is_loader(value) and training_loader(value, names):
-            self.trains.add(id(value))
-        if isinstance(value, cst.Call) and ".optim." in f".{dotted(value.func)}" and "lr_scheduler" not in \
-                dotted(value.func):
-            self.optimizers |= names
-
-    def visit_Call(self, node: cst.Call) -> None:
-        name = dotted(node.func)
-        at = _line(self, node)
-        if name.endswith("cuda.device_count"):
-            self.findings.append((at, "torch.cuda.device_count(): under DDP each rank has one GPU and the job has "
-                                      "runtime.world_size() of them; use that where the model's logic depends on it"))
-        elif name in ("torch.load", "load") and name.startswith("torch"):
-            self.findings.append((at, "torch.load: resuming from a checkpoint? runtime.Checkpointer saves and loads "
-                                      "model, optimizer, data position and random state; clusterddp drill proves "
-                                      "the resume exact before a long job"))
-        elif name == "torch.save" and node.args and dotted(node.args[0].value) in self.wrapped:
-            self.findings.append((at, "torch.save of the whole model pickles the DDP wrapper; save runtime.unwrap("
-                                      "model) (or its state_dict()), which loads without a process group"))
-        elif name == "isinstance" and "DataParallel" in code_of(node):
-            self.findings.append((at, "isinstance(..., nn.DataParallel) is now False (the model is wrapped in DDP): "
-                                      "use runtime.unwrap(model), which takes the wrapper off when there is one"))
-        elif name.endswith("manual_seed"):
-            self.findings.append((at, "the same seed on every rank: right for the model's initial weights; for "
-                                      "per-rank randomness (augmentation, dropout masks) add runtime.rank()"))
-        elif is_loader(node) and (keyword(node, "sampler") or keyword(node, "batch_sampler")):
-            self.findings.append((at, "a DataLoader with its own sampler is not rewritten: give each rank its share "
-                                      "(a DistributedSampler around it, set_epoch every epoch)"))
-        elif is_loader(node) and not training_loader(node) and id(node) not in self.trains:
-            self.findings.append((at, "a DataLoader without shuffle=True (evaluation?) is left as it is: every rank "
-                                      "goes through the whole set; to share it, runtime.loader(..., shuffle=False) "
-                                      "and average the metric with runtime.all_reduce_mean"))
-
-    def visit_For(self, node: cst.For) -> None:
-        self._accumulation(node)
-
-    def visit_While(self, node: cst.While) -> None:
-        self._accumulation(node)
-
-    def _accumulation(self, loop: Any) -> None:
-        """A backward in the loop and an optimizer step under an ``if ... % ...``: gradient accumulation."""
-        code = code_of(loop.body)
-        if ".backward(" not in code or "no_sync" in code:
-            return
-        for statement in loop.body.body:
-            if isinstance(statement, cst.If) and "%" in code_of(statement.test) and ".step(" in code_of(statement.body):
-                self.findings.append((_line(self, statement), "gradient accumulation without model.no_sync(): every "
-                                      "backward all-reduces; wrap the backward of the steps that do not step the "
-                                      "optimizer in `with model.no_sync():`"))
 
 
 _GPU_COUNT = re.compile(r"device_count\(|\bn_?gpus?\b|\bnum_gpus?\b|\bgpu_count\b|\bgpus\b|device_ids|gpu_ids")
@@ -105,6 +29,24 @@ _GPU_COUNT = re.compile(r"device_count\(|\bn_?gpus?\b|\bnum_gpus?\b|\bgpu_count\
 def _cuda_literal(node: Any) -> bool:
     """'cuda' or 'cuda:0' (DataParallel's first GPU): under DDP the rank's own GPU."""
     return isinstance(node, cst.SimpleString) and node.evaluated_value in ("cuda", "cuda:0")
+
+
+def _makedirs_unless_exists(node: cst.If) -> Any:
+    """X for ``if not os.path.exists(X): os.makedirs(X)`` (nothing else in it, no else); None otherwise."""
+    test = node.test
+    if node.orelse is not None or not isinstance(test, cst.UnaryOperation) or \
+            not isinstance(test.operator, cst.Not) or not isinstance(test.expression, cst.Call) or \
+            dotted(test.expression.func) != "os.path.exists" or len(test.expression.args) != 1:
+        return None
+    body = node.body.body if isinstance(node.body, cst.IndentedBlock) else node.body.body
+    only = body[0] if len(body) == 1 else None
+    if isinstance(only, cst.SimpleStatementLine) and len(only.body) == 1:
+        only = only.body[0]
+    if isinstance(only, cst.Expr) and isinstance(only.value, cst.Call) and dotted(only.value.func) == "os.makedirs" \
+            and len(only.value.args) == 1 and only.value.args[0].keyword is None and \
+            code_of(only.value.args[0].value) == code_of(test.expression.args[0].value):
+        return code_of(test.expression.args[0].value)
+    return None
 
 
 class _Retest(cst.CSTTransformer):
@@ -159,6 +101,7 @@ class ToDDP(cst.CSTTransformer):
             self._did(original, f"{code_of(original)} -> runtime.device() (cuda:LOCAL_RANK, or the CPU)")
             return cst.parse_expression("runtime.device()")
         if is_loader(original) and (training_loader(original) or id(original) in self.s.trains) and \
+                id(original) not in self.s.evaluation and \
                 not keyword(original, "sampler") \
                 and not keyword(original, "batch_sampler") and len(positional(original)) <= 3:
             self._did(original, "DataLoader -> runtime.loader (each rank its share; a new shuffle every epoch)")
@@ -243,6 +186,13 @@ class ToDDP(cst.CSTTransformer):
         return updated
 
     def leave_If(self, original: cst.If, updated: cst.If) -> Any:
+        made = _makedirs_unless_exists(original)
+        if made is not None and not self.measure:
+            # every rank tests, then makes: all but the first die of FileExistsError
+            self._did(original, f"if not os.path.exists({made}): os.makedirs({made}) -> os.makedirs({made}, "
+                                "exist_ok=True) (every rank runs it: only one makes it, the others would fail)")
+            return cst.parse_statement(f"os.makedirs({made}, exist_ok=True)\n").with_changes(
+                leading_lines=updated.leading_lines)
         if not self.measure and not _main_guard(original) and isinstance(original.body, cst.IndentedBlock) and \
                 "runtime." not in code_of(original.test) and \
                 any(re.search(rf"\b({'|'.join(self.s.dp_names)})\(", code_of(s)) for s in original.body.body):

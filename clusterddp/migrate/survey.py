@@ -1,0 +1,141 @@
+"""The first LibCST pass of ``clusterddp migrate``: what is there (the names the DataParallel model, the optimizers
+and the loaders are bound to) and what to list. Imports libcst at module level (loaded by ``transform``)."""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Set, Tuple
+
+import libcst as cst
+from libcst.metadata import PositionProvider
+
+from .syntax import code_of, dotted, is_loader, keyword, training_loader
+
+Lines = List[Tuple[int, str]]
+EVALUATES = re.compile(r"(^|_)(val|valid|validation|test|eval|evaluation|dev)(_|$|loader|set|data)")
+
+
+def line_of(visitor: Any, node: Any) -> int:
+    return int(visitor.get_metadata(PositionProvider, node).start.line)
+
+
+class Survey(cst.CSTVisitor):
+    """What is there: the names the DataParallel model and the optimizers are bound to, and what to look at."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self) -> None:
+        self.wrapped: Set[str] = set()
+        self.optimizers: Set[str] = set()
+        self.findings: Lines = []
+        self.loops = 0
+        self.trains: Set[int] = set()  # the DataLoader calls that train (by the name they are bound to)
+        self.dp_names: Set[str] = {"DataParallel"}  # what DataParallel is called here ("as DP" too)
+        self.bound: Dict[int, Tuple[Any, int, Set[str]]] = {}  # a DataLoader call -> (it, its line, its names)
+        self.iterated: Dict[str, bool] = {}  # a name looped over -> whether any such loop runs a backward
+        self.evaluation: Set[int] = set()  # shuffled loaders that only evaluate: left as they are
+        self.depth = 0  # the loops around the node visited
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        if dotted(node.name).split(".")[-1] == "DataParallel" and node.asname is not None and \
+                isinstance(node.asname.name, cst.Name):
+            self.dp_names.add(node.asname.name.value)
+
+    def is_dp(self, call: cst.Call) -> bool:
+        return dotted(call.func).split(".")[-1] in self.dp_names
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        value = node.value
+        names = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
+        if isinstance(value, cst.Call) and self.is_dp(value):
+            self.wrapped |= names
+        if isinstance(value, cst.Call) and is_loader(value) and training_loader(value, names):
+            self.trains.add(id(value))
+        if isinstance(value, cst.Call) and is_loader(value):
+            self.bound[id(value)] = (value, line_of(self, value), names)
+        if isinstance(value, cst.Call) and ".optim." in f".{dotted(value.func)}" and "lr_scheduler" not in \
+                dotted(value.func):
+            self.optimizers |= names
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = dotted(node.func)
+        at = line_of(self, node)
+        if name.endswith("cuda.device_count"):
+            self.findings.append((at, "torch.cuda.device_count(): under DDP each rank has one GPU and the job has "
+                                      "runtime.world_size() of them; use that where the model's logic depends on it"))
+        elif name in ("torch.load", "load") and name.startswith("torch"):
+            self.findings.append((at, "torch.load: resuming from a checkpoint? runtime.Checkpointer saves and loads "
+                                      "model, optimizer, data position and random state; clusterddp drill proves "
+                                      "the resume exact before a long job"))
+        elif name == "torch.save" and node.args and dotted(node.args[0].value) in self.wrapped:
+            self.findings.append((at, "torch.save of the whole model pickles the DDP wrapper; save runtime.unwrap("
+                                      "model) (or its state_dict()), which loads without a process group"))
+        elif name == "isinstance" and "DataParallel" in code_of(node):
+            self.findings.append((at, "isinstance(..., nn.DataParallel) is now False (the model is wrapped in DDP): "
+                                      "use runtime.unwrap(model), which takes the wrapper off when there is one"))
+        elif name == "open" and len(node.args) > 1 and isinstance(node.args[1].value, cst.SimpleString) and \
+                set(str(node.args[1].value.evaluated_value)) & set("wax"):
+            self.findings.append((at, "every rank opens this file for writing: the ranks write one path at once "
+                                      "(lines interleave, the last one wins); write it on rank 0 only (if "
+                                      "runtime.is_main():) or name it per rank (runtime.rank())"))
+        elif name.endswith("manual_seed"):
+            self.findings.append((at, "the same seed on every rank: right for the model's initial weights; for "
+                                      "per-rank randomness (augmentation, dropout masks) add runtime.rank()"))
+        elif is_loader(node) and (keyword(node, "sampler") or keyword(node, "batch_sampler")):
+            self.findings.append((at, "a DataLoader with its own sampler is not rewritten: give each rank its share "
+                                      "(a DistributedSampler around it, set_epoch every epoch)"))
+        elif is_loader(node) and self.depth and (training_loader(node) or id(node) in self.trains):
+            self.findings.append((at, "a training loader made inside a loop: each new one starts at the first "
+                                      "epoch's shuffle (runtime.loader counts epochs per loader); if this is the "
+                                      "epoch loop, make it once before the loop"))
+        elif is_loader(node) and not training_loader(node) and id(node) not in self.trains:
+            self.findings.append((at, "a DataLoader without shuffle=True (evaluation?) is left as it is: every rank "
+                                      "goes through the whole set; to share it, runtime.loader(..., shuffle=False) "
+                                      "and average the metric with runtime.all_reduce_mean"))
+
+    def visit_For(self, node: cst.For) -> None:
+        self._accumulation(node)
+        self.depth += 1
+        over = node.iter
+        if isinstance(over, cst.Call) and dotted(over.func).split(".")[-1] in ("enumerate", "tqdm", "iter") and \
+                over.args:
+            over = over.args[0].value
+        if isinstance(over, cst.Name):
+            self.iterated[over.value] = self.iterated.get(over.value, False) or ".backward(" in code_of(node.body)
+
+    def leave_For(self, node: cst.For) -> None:
+        self.depth -= 1
+
+    def visit_While(self, node: cst.While) -> None:
+        self._accumulation(node)
+        self.depth += 1
+
+    def leave_While(self, node: cst.While) -> None:
+        self.depth -= 1
+
+    def leave_Module(self, node: cst.Module) -> None:
+        """A shuffled loader named for evaluation (val_loader, testloader) and looped over only where no backward
+        runs, while another loop over a loader does run one: it evaluates; splitting it would compute the metric on
+        each rank's share and pick a "best" per rank."""
+        if not any(self.iterated.values()):
+            return  # no loop that trains was seen: nothing to go by
+        for key, (call, at, names) in self.bound.items():
+            looped = [self.iterated[n] for n in names if n in self.iterated]
+            if looped and not any(looped) and any(EVALUATES.search(n.lower()) for n in names) and \
+                    training_loader(call, names):
+                self.evaluation.add(key)
+                self.trains.discard(key)
+                self.findings.append((at, "a DataLoader with shuffle=True, looped over only where no backward runs "
+                                          "(evaluation?), is left as it is: every rank goes through the whole set; "
+                                          "to share it, runtime.loader(..., shuffle=False) and average the metric "
+                                          "with runtime.all_reduce_mean"))
+
+    def _accumulation(self, loop: Any) -> None:
+        """A backward in the loop and an optimizer step under an ``if ... % ...``: gradient accumulation."""
+        code = code_of(loop.body)
+        if ".backward(" not in code or "no_sync" in code:
+            return
+        for statement in loop.body.body:
+            if isinstance(statement, cst.If) and "%" in code_of(statement.test) and ".step(" in code_of(statement.body):
+                self.findings.append((line_of(self, statement), "gradient accumulation without model.no_sync(): every "
+                                      "backward all-reduces; wrap the backward of the steps that do not step the "
+                                      "optimizer in `with model.no_sync():`"))
