@@ -99,12 +99,7 @@ def _alive(pid: int) -> bool:
 def test_an_edited_copy_is_checked_and_a_check_ended_by_sigterm_ends_its_ranks(tmp_path):
     """``migrate X_ddp.py --check`` checks the copy as it is (it said "left alone" and exited 0 unchecked); a
     SIGTERM to migrate (a `timeout`, a CI limit) ends the local job it started and its 4 ranks."""
-    script = tmp_path / "train.py"
-    script.write_text(DP)
-    assert migrate(str(script)).exit_code == 0
-    copy = tmp_path / "train_ddp.py"
-    copy.write_text(copy.read_text().replace("import torch\n", "import time\nimport torch\n", 1)
-                    .replace("opt.step()\n", "opt.step()\n        time.sleep(0.5)\n", 1))
+    copy = _edited_copy(tmp_path, "time.sleep(0.5)")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "clusterddp", "migrate", str(copy), "--check", "--check-steps",
                              "200", "--", "--epochs", "50"], cwd=tmp_path, env=env, text=True,
@@ -123,6 +118,35 @@ def test_an_edited_copy_is_checked_and_a_check_ended_by_sigterm_ends_its_ranks(t
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.5)
     assert not [p for p in pids if _alive(p)], "ranks outlived the check"
+
+
+def _edited_copy(where: Path, after_each_step: str) -> Path:
+    """dp_train.py migrated, then edited by hand as a user would (a line after each step): DDP already."""
+    script = where / "train.py"
+    script.write_text(DP)
+    assert migrate(str(script)).exit_code == 0
+    copy = where / "train_ddp.py"
+    text = copy.read_text()
+    assert "            runtime.step()\n" in text
+    step = "            runtime.step()\n"
+    copy.write_text(text.replace("import torch\n", "import time\nimport torch\n", 1)
+                    .replace(step, f"{step}            {after_each_step}\n"))
+    return copy
+
+
+@pytest.mark.ranks
+def test_a_check_whose_ranks_hang_gives_its_verdict_within_its_hang_limit(tmp_path):
+    """Issue 54: on a hang (here rank 3 stops in epoch 1 while the others wait in its all-reduce) --check gave no
+    verdict for 150 s; now the job is ended after --check-hang seconds without progress and the verdict says so."""
+    copy = _edited_copy(tmp_path, "if runtime.rank() == 3 and epoch == 1: time.sleep(3600)")
+    started = time.monotonic()
+    got = subprocess.run([sys.executable, "-m", "clusterddp", "migrate", str(copy), "--check", "--check-hang", "10",
+                          "--", "--epochs", "3"], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         text=True, capture_output=True, timeout=240)
+    took = time.monotonic() - started
+    assert got.returncode == 1 and "check: hung: no rank advanced for 10 s" in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr.split("check: hung")[-1]
+    print(f"verdict after {took:.1f} s")  # (10 s limit: the ranks' start, epoch 0, then 10 s of no progress)
 
 
 def _ranks_of(root: int) -> list:

@@ -31,12 +31,16 @@ if TYPE_CHECKING:
                    "to --check-steps batches, and say whether it trained and how the ranks' data differed. ARGS "
                    "after -- go to the script.")
 @click.option("--check-steps", type=click.IntRange(1, 1000), default=3, show_default=True, metavar="N")
+@click.option("--check-hang", type=click.IntRange(5, 3600), default=60, show_default=True, metavar="SECONDS",
+              help="With --check: end the check as hung when no rank has advanced for this long (the first step "
+                   "gets twice as long); raise it for a model whose steps are slow on the CPU.")
 @click.option("--compare-dp/--no-compare-dp", default=None,
               help="With --check: first run the original under DataParallel (one process, every GPU here) the "
                    "same way, and compare the throughput (samples/s). Default: where GPUs are. On the CPU it "
                    "compares processes, not GPUs. What the original writes, it writes too.")
 def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], diff: bool, in_place: bool,
-                    keep_global_batch: bool, check: bool, check_steps: int, compare_dp: Optional[bool]) -> None:
+                    keep_global_batch: bool, check: bool, check_steps: int, check_hang: int,
+                    compare_dp: Optional[bool]) -> None:
     """From nn.DataParallel to DistributedDataParallel in one command: SCRIPT rewritten with clusterddp's runtime
     (comments and formatting kept, untouched lines byte for byte), every change listed with its line, and what
     cannot be rewritten safely listed with what to do (custom samplers, gradient accumulation without no_sync,
@@ -68,7 +72,7 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
     source = read.text
     m = migrate_source(source, str(script), keep_global_batch)
     if m.left_alone or m.text is None:
-        _left_alone(script, m.left_alone, (tuple(args), check_steps) if check else None, compare_dp)
+        _left_alone(script, m.left_alone, (tuple(args), (check_steps, check_hang)) if check else None, compare_dp)
         return
     target = script if in_place else output or script.with_name(f"{script.stem}_ddp{script.suffix}")
     if diff:
@@ -87,10 +91,10 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
             from ..backends.local.plan import visible_gpus
 
             compare_dp = bool(visible_gpus())
-        _check(script, target, m.text, diff, args, check_steps, (script, source) if compare_dp else None)
+        _check(script, target, m.text, diff, args, (check_steps, check_hang), (script, source) if compare_dp else None)
 
 
-def _left_alone(script: Path, why: str, check: Optional[Tuple[Tuple[str, ...], int]],
+def _left_alone(script: Path, why: str, check: Optional[Tuple[Tuple[str, ...], Tuple[int, int]]],
                 compare_dp: Optional[bool]) -> None:
     """Said; with --check, a script that is DDP already (an edited X_ddp.py) is checked as it is."""
     click.echo(f"clusterddp: {why}", err=True)
@@ -114,16 +118,18 @@ def _write(script: Path, target: Path, read: "Script", text: str, in_place: bool
     click.echo(f"clusterddp: wrote {target}; next: clusterddp submit --local --nodes 2 --gpus 2 {target}", err=True)
 
 
-def _check(script: Path, target: Path, text: str, diff: bool, args: Sequence[str], steps: int,
+def _check(script: Path, target: Path, text: str, diff: bool, args: Sequence[str], pace: Tuple[int, int],
            original: Optional[Tuple[Path, str]]) -> None:
-    """--check: the migrated script run here (with --diff, from a file of its own beside SCRIPT, removed after)."""
+    """--check: the migrated script run here (with --diff, from a file of its own beside SCRIPT, removed after);
+    ``pace``: --check-steps and --check-hang."""
     from ..migrate.check import private_copy, run
 
     checked = target
     if diff:
         checked = private_copy(script, "ddp_check", text)
     try:
-        code, lines = run(checked, args, steps, echo=lambda line: click.echo(line, err=True), original=original)
+        code, lines = run(checked, args, pace[0], echo=lambda line: click.echo(line, err=True), original=original,
+                          hang=pace[1])
     finally:
         if diff:
             checked.unlink(missing_ok=True)

@@ -19,24 +19,30 @@ from ..errors import ClusterDDPError
 from ..observe import telemetry
 
 SHAPE = ("--nodes", "2", "--procs-per-node", "2")
+HANG_S = 60  # a check's steps are short: a minute without progress is a hang (a job's default is 15 minutes)
 RANKS = 4
 
 
 def run(script: Path, args: Sequence[str], steps: int, echo: Callable[[str], None],
-        original: Optional[Tuple[Path, str]] = None) -> Tuple[int, List[str]]:
+        original: Optional[Tuple[Path, str]] = None, hang: int = HANG_S) -> Tuple[int, List[str]]:
     """Run it; the exit code and the verdict's lines. ``original``: the script before migration (path, text), to
-    time under DataParallel first (one process, every GPU here), the same way (--compare-dp)."""
+    time under DataParallel first (one process, every GPU here), the same way (--compare-dp). ``hang``: seconds
+    without progress on any rank before the job is ended as hung (its first step gets twice as long)."""
     dp = _original(*original, args, steps, echo) if original is not None else None
     out = Path(tempfile.mkdtemp(prefix="clusterddp-migrate-check-"))
     env = dict(os.environ, **{contract.CHECK_STEPS: str(steps)})
     argv = [sys.executable, "-m", "clusterddp", "submit", "--local", *SHAPE, "--quiet", "--output-dir", str(out),
-            str(script), "--", *args]
+            "--hang-timeout", f"{hang // 60}:{hang % 60:02d}", str(script), "--", *args]
     echo(f"clusterddp: check: {' '.join(argv[3:])} (each epoch cut to {steps} batches)")
     returncode, output = _child(argv, script.parent, env)
     for line in output.splitlines()[-40:]:
         echo(f"  {line}")
     runs = sorted(out.glob("*/"))
     code, lines = verdict(returncode, runs[-1] if runs else None)
+    if returncode == contract.HANG_EXIT:
+        lines.insert(0, f"check: hung: no rank advanced for {hang} s, so the job was ended (--check-hang); where "
+                        "each rank waited is in the roll call above: a collective (print of an average, a save "
+                        "that waits, a backward) that only some ranks reach?")
     if original is not None:
         lines[-1] = compared(dp, throughput(runs[-1]) if runs else None, len(visible_gpus()))
     return code, lines
