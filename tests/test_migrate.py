@@ -561,3 +561,25 @@ def test_evaluation_loaders_makedirs_files_and_loaders_made_per_epoch():
     assert "every rank opens this file for writing" in listed[9] and 10 not in listed
     assert "made inside a loop" in listed[16]
     assert 7 in {line for line, _ in m.changes}
+
+
+def test_two_models_frozen_parameters_set_sizes_and_progress_bars():
+    """Issue 54: patterns DDP cannot take as written are listed (two wrapped models, requires_grad changed after
+    the wrap, len(train_loader.dataset) as a count); a loop's tqdm bar is drawn by rank 0 only (a bar the script
+    reads, ``pbar = tqdm(total=...)``, is left as it is)."""
+    source = ("import torch.nn as nn\nfrom tqdm import tqdm\nfrom torch.utils.data import DataLoader\n"
+              "netG = nn.DataParallel(G())\nnetD = nn.DataParallel(D())\n"
+              "train_loader = DataLoader(tr, batch_size=8, shuffle=True)\npbar = tqdm(total=10)\n"
+              "for epoch in range(3):\n    for i, (x, y) in enumerate(tqdm(train_loader, desc='t',)):\n"
+              "        for p in netD.parameters():\n            p.requires_grad = False\n"
+              "        netG(x).sum().backward()\n    seen = i * 8 / len(train_loader.dataset)\n")
+    m = migrate_source(source, "g.py")
+    assert "enumerate(tqdm(train_loader, desc='t', disable=not runtime.is_main()))" in m.text, m.text
+    assert "pbar = tqdm(total=10)\n" in m.text
+    listed = {}
+    for line, what in m.findings:
+        listed.setdefault(line, []).append(what)
+    assert all(any("2 models wrapped" in w for w in listed[line]) for line in (4, 5)), m.findings
+    assert any("requires_grad changed after the DDP wrap" in w for w in listed[11])
+    assert any("len(train_loader.dataset) is the whole set" in w for w in listed[13])
+    compile(m.text, "g.py", "exec")

@@ -88,15 +88,15 @@ class Ended(ClusterDDPError):
 
 
 def _child(argv: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, str]:
-    """Run ``argv`` (its output captured); a SIGTERM or Ctrl-C here is passed on to it (the local job's agent
+    """Run ``argv`` (its output captured); a SIGTERM, SIGHUP or Ctrl-C here is passed on to it (the local job's agent
     ends its ranks on a SIGTERM) and waited for, so nothing the check started outlives it."""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def on_term(signum: int, frame: object) -> None:
-        raise Ended("check: ended by SIGTERM; the job it ran was stopped too")
+        raise Ended(f"check: ended by {signal.Signals(signum).name}; the job it ran was stopped too")
 
-    previous = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() \
-        else None
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, on_term) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     try:
         out, _ = proc.communicate()
         return proc.returncode, out
@@ -109,8 +109,8 @@ def _child(argv: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, str]:
             proc.wait()
         raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 def throughput(run: Path) -> Optional[Tuple[float, float, int]]:

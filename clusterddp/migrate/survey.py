@@ -34,6 +34,9 @@ class Survey(cst.CSTVisitor):
         self.iterated: Dict[str, bool] = {}  # a name looped over -> whether any such loop runs a backward
         self.evaluation: Set[int] = set()  # shuffled loaders that only evaluate: left as they are
         self.depth = 0  # the loops around the node visited
+        self.sizes: List[Tuple[int, str]] = []  # len(X.dataset): (line, X)
+        self.wraps: List[int] = []  # the lines of the DataParallel wraps
+        self.bars: Set[int] = set()  # tqdm calls a for loop goes over (nothing reads the bar itself)
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
         if dotted(node.name).split(".")[-1] == "DataParallel" and node.asname is not None and \
@@ -48,6 +51,7 @@ class Survey(cst.CSTVisitor):
         names = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
         if isinstance(value, cst.Call) and self.is_dp(value):
             self.wrapped |= names
+            self.wraps.append(line_of(self, value))
         if isinstance(value, cst.Call) and is_loader(value) and training_loader(value, names):
             self.trains.add(id(value))
         if isinstance(value, cst.Call) and is_loader(value):
@@ -72,6 +76,11 @@ class Survey(cst.CSTVisitor):
         elif name == "isinstance" and "DataParallel" in code_of(node):
             self.findings.append((at, "isinstance(..., nn.DataParallel) is now False (the model is wrapped in DDP): "
                                       "use runtime.unwrap(model), which takes the wrapper off when there is one"))
+        elif name == "len" and len(node.args) == 1 and isinstance(node.args[0].value, cst.Attribute) and \
+                node.args[0].value.attr.value == "dataset" and isinstance(node.args[0].value.value, cst.Name):
+            self.sizes.append((at, node.args[0].value.value.value))
+        elif name.endswith("requires_grad_") or (name == "setattr" and "requires_grad" in code_of(node)):
+            self._frozen(at)
         elif name == "open" and len(node.args) > 1 and isinstance(node.args[1].value, cst.SimpleString) and \
                 set(str(node.args[1].value.evaluated_value)) & set("wax"):
             self.findings.append((at, "every rank opens this file for writing: the ranks write one path at once "
@@ -92,13 +101,28 @@ class Survey(cst.CSTVisitor):
                                       "goes through the whole set; to share it, runtime.loader(..., shuffle=False) "
                                       "and average the metric with runtime.all_reduce_mean"))
 
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        if isinstance(node.target, cst.Attribute) and node.target.attr.value == "requires_grad":
+            self._frozen(line_of(self, node))
+
+    def _frozen(self, at: int) -> None:
+        """requires_grad changed after the first wrap: DDP decided at the wrap which parameters it reduces."""
+        if self.wraps and at > min(self.wraps):
+            self.findings.append((at, "requires_grad changed after the DDP wrap: DDP fixed at the wrap which "
+                                      "parameters it all-reduces; freeze before runtime.wrap, or pass "
+                                      "find_unused_parameters=True to it (a backward that leaves parameters "
+                                      "without a gradient fails: 'Expected to have finished reduction')"))
+
     def visit_For(self, node: cst.For) -> None:
         self._accumulation(node)
         self.depth += 1
         over = node.iter
-        if isinstance(over, cst.Call) and dotted(over.func).split(".")[-1] in ("enumerate", "tqdm", "iter") and \
-                over.args:
-            over = over.args[0].value
+        for _ in range(2):  # enumerate(tqdm(loader)): the bar is the loop's, the loader what it goes over
+            if isinstance(over, cst.Call) and dotted(over.func).split(".")[-1] == "tqdm":
+                self.bars.add(id(over))
+            if isinstance(over, cst.Call) and dotted(over.func).split(".")[-1] in ("enumerate", "tqdm", "iter") \
+                    and over.args:
+                over = over.args[0].value
         if isinstance(over, cst.Name):
             self.iterated[over.value] = self.iterated.get(over.value, False) or ".backward(" in code_of(node.body)
 
@@ -113,6 +137,22 @@ class Survey(cst.CSTVisitor):
         self.depth -= 1
 
     def leave_Module(self, node: cst.Module) -> None:
+        """What needs the whole script seen: the wraps, the evaluation loaders, the sizes of training sets."""
+        if len(self.wraps) > 1:
+            for at in self.wraps:
+                self.findings.append((at, f"{len(self.wraps)} models wrapped (a GAN?): a step whose backward leaves "
+                                          "one model's parameters without a gradient (frozen, or its output "
+                                          "detached) fails under DDP ('Expected to have finished reduction'); "
+                                          "pass find_unused_parameters=True to runtime.wrap where --check says so"))
+        self._evaluation()
+        trains = {n for key, (call, _, names) in self.bound.items() if key in self.trains for n in names}
+        for at, loader in self.sizes:
+            if loader in trains:
+                self.findings.append((at, f"len({loader}.dataset) is the whole set: each rank now goes through "
+                                          f"about len({loader}.dataset) / runtime.world_size() samples an epoch "
+                                          f"(len({loader}) batches); counts or averages over it are per rank"))
+
+    def _evaluation(self) -> None:
         """A shuffled loader named for evaluation (val_loader, testloader) and looped over only where no backward
         runs, while another loop over a loader does run one: it evaluates; splitting it would compute the metric on
         each rank's share and pick a "best" per rank."""

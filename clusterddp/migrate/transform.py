@@ -49,6 +49,9 @@ def _makedirs_unless_exists(node: cst.If) -> Any:
     return None
 
 
+_TIGHT = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
 class _Retest(cst.CSTTransformer):
     """Each comparison of a GPU count (``device_count() > 1``, ``len(args.gpus) > 1``, ``n_gpu > 1``) -> the world
     size; the rest of the test as it was."""
@@ -116,6 +119,13 @@ class ToDDP(cst.CSTTransformer):
                                    "one of its arguments here (in **kwargs, or the default 1), so it is not divided; "
                                    "divide it where it is set: max(1, B // runtime.world_size())"))
             return updated.with_changes(func=cst.parse_expression("runtime.loader"), args=args)
+        if id(original) in self.s.bars and keyword(original, "disable") is None:
+            self._did(original, "tqdm(...) -> tqdm(..., disable=not runtime.is_main()) (one progress bar, rank 0's)")
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            return updated.with_changes(args=[*updated.args[:-1], updated.args[-1].with_changes(comma=comma),
+                                              cst.Arg(cst.parse_expression("not runtime.is_main()"),
+                                                      keyword=cst.Name("disable"), equal=_TIGHT)]) \
+                if updated.args else updated
         apart = self.flow.per_rank(original)
         if name == "torch.save" and len(updated.args) == 2 and all(a.keyword is None for a in updated.args):
             if apart is not None:  # only some ranks get here: waiting for the others would wait forever
@@ -124,12 +134,10 @@ class ToDDP(cst.CSTTransformer):
                 self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
                                    f"{_line(self, apart)}); for a decision of all ranks, average the value it tests "
                                    "first (runtime.all_reduce_mean) so that every rank takes the same branch"))
-                tight = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                        whitespace_after=cst.SimpleWhitespace(""))
                 return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"), args=[
                     *updated.args[:-1], updated.args[-1].with_changes(comma=cst.Comma(
                         whitespace_after=cst.SimpleWhitespace(" "))),
-                    cst.Arg(cst.Name("False"), keyword=cst.Name("wait"), equal=tight)])
+                    cst.Arg(cst.Name("False"), keyword=cst.Name("wait"), equal=_TIGHT)])
             self._did(original, "torch.save -> runtime.save_on_main (rank 0 writes, atomically; the others wait)")
             return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"))
         if name == "print":
