@@ -550,7 +550,8 @@ def test_evaluation_loaders_makedirs_files_and_loaders_made_per_epoch():
               "for epoch in range(3):\n    for x, y in train_loader:\n        model(x).sum().backward()\n"
               "    for x, y in enumerate(val_loader):\n        acc = model(x).sum()\n"
               "    again = DataLoader(tr, batch_size=8, shuffle=True)\n"
-              "if not os.path.exists(a):\n    os.makedirs(b)\n")
+              "if not os.path.exists(a):\n    os.makedirs(b)\n"
+              "while True:\n    more = DataLoader(tr, batch_size=8, shuffle=True)\n")
     m = migrate_source(source, "e.py")
     assert "train_loader = runtime.loader(tr, batch_size=8, shuffle=True)\n" in m.text, m.text
     assert "val_loader = DataLoader(va, batch_size=8, shuffle=True)\n" in m.text
@@ -559,7 +560,10 @@ def test_evaluation_loaders_makedirs_files_and_loaders_made_per_epoch():
     listed = {line: what for line, what in m.findings}
     assert "looped over only where no backward runs" in listed[6], m.findings
     assert "every rank opens this file for writing" in listed[9] and 10 not in listed
-    assert "made inside a loop" in listed[16]
+    # made anew each epoch: it starts at that epoch's shuffle (as the DataLoader shuffled anew); in a loop that
+    # counts nothing, listed
+    assert "    again = runtime.loader(tr, batch_size=8, shuffle=True, epoch=epoch)\n" in m.text
+    assert "made inside a loop that counts nothing" in listed[20] and 16 not in listed
     assert 7 in {line for line, _ in m.changes}
 
 
@@ -583,3 +587,17 @@ def test_two_models_frozen_parameters_set_sizes_and_progress_bars():
     assert any("requires_grad changed after the DDP wrap" in w for w in listed[11])
     assert any("len(train_loader.dataset) is the whole set" in w for w in listed[13])
     compile(m.text, "g.py", "exec")
+
+
+@pytest.mark.parametrize("source, listed", [
+    ("idx = torch.randperm(100)\n", True),
+    ("train, val = random_split(ds, [80, 20])\n", True),
+    ("torch.manual_seed(0)\nidx = torch.randperm(100)\n", False),
+    ("train, val = random_split(ds, [80, 20], generator=torch.Generator().manual_seed(1))\n", False),
+])
+def test_a_split_drawn_unseeded_is_listed(source, listed):
+    """Issue 54: an unseeded train/validation split differs by rank (one rank's training sample is another's
+    validation sample)."""
+    m = migrate_source("import torch\nmodel = torch.nn.DataParallel(n)\n" + source, "s.py")
+    said = [what for _, what in m.findings if "each rank draws its own split" in what]
+    assert len(said) == (1 if listed else 0), m.findings

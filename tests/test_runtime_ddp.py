@@ -133,3 +133,16 @@ def test_drop_last_is_the_data_loader_s_so_no_rank_gets_a_short_batch(monkeypatc
     assert len(per_rank[0]) == -(-n // 4) // batch  # each rank's padded share, full batches only
     kept = [i for batches in per_rank for b in batches for i in b]
     assert set(kept) <= set(range(n))
+
+
+def test_a_loader_made_at_epoch_n_starts_in_epoch_n_s_order():
+    """Issue 54: a loader the script makes anew every epoch (migrate gives it ``epoch=``) goes through the data in
+    that epoch's order, as one loader kept across epochs would, not in epoch 0's order every time."""
+    from clusterddp.runtime import data
+    dataset = torch.utils.data.TensorDataset(torch.arange(40))
+    kept = data.loader(dataset, batch_size=5)
+    orders = [[int(i) for b in kept for i in b[0]] for _ in range(3)]
+    assert len({tuple(o) for o in orders}) == 3  # a new shuffle every epoch
+    for epoch in range(3):
+        again = data.loader(dataset, batch_size=5, epoch=epoch)
+        assert [int(i) for b in again for i in b[0]] == orders[epoch]

@@ -36,6 +36,7 @@ class Survey(cst.CSTVisitor):
         self.depth = 0  # the loops around the node visited
         self.sizes: List[Tuple[int, str]] = []  # len(X.dataset): (line, X)
         self.wraps: List[int] = []  # the lines of the DataParallel wraps
+        self.seeded = False  # a manual_seed seen (in the order of the file)
         self.bars: Set[int] = set()  # tqdm calls a for loop goes over (nothing reads the bar itself)
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
@@ -86,16 +87,18 @@ class Survey(cst.CSTVisitor):
             self.findings.append((at, "every rank opens this file for writing: the ranks write one path at once "
                                       "(lines interleave, the last one wins); write it on rank 0 only (if "
                                       "runtime.is_main():) or name it per rank (runtime.rank())"))
+        elif name.split(".")[-1] in ("randperm", "random_split") and keyword(node, "generator") is None and \
+                not self.seeded:
+            self.findings.append((at, f"{name.split('.')[-1]} with no seed set before it: each rank draws its own "
+                                      "split, so one rank's training samples are another's validation samples; "
+                                      "seed it the same on every rank (generator=torch.Generator().manual_seed(0))"))
         elif name.endswith("manual_seed"):
+            self.seeded = True
             self.findings.append((at, "the same seed on every rank: right for the model's initial weights; for "
                                       "per-rank randomness (augmentation, dropout masks) add runtime.rank()"))
         elif is_loader(node) and (keyword(node, "sampler") or keyword(node, "batch_sampler")):
             self.findings.append((at, "a DataLoader with its own sampler is not rewritten: give each rank its share "
                                       "(a DistributedSampler around it, set_epoch every epoch)"))
-        elif is_loader(node) and self.depth and (training_loader(node) or id(node) in self.trains):
-            self.findings.append((at, "a training loader made inside a loop: each new one starts at the first "
-                                      "epoch's shuffle (runtime.loader counts epochs per loader); if this is the "
-                                      "epoch loop, make it once before the loop"))
         elif is_loader(node) and not training_loader(node) and id(node) not in self.trains:
             self.findings.append((at, "a DataLoader without shuffle=True (evaluation?) is left as it is: every rank "
                                       "goes through the whole set; to share it, runtime.loader(..., shuffle=False) "

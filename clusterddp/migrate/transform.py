@@ -80,6 +80,7 @@ class ToDDP(cst.CSTTransformer):
         self.guarded = False
         self.retested: Set[int] = set()  # lines of the ifs whose test is now the world size
         self.later: Lines = []  # findings the rewrite makes
+        self.loops: List[str] = []  # around the node: each loop's counter (for i in range(...)), else ""
 
     def _did(self, node: Any, what: str) -> None:
         self.changes.append((_line(self, node), what))
@@ -108,7 +109,7 @@ class ToDDP(cst.CSTTransformer):
                 not keyword(original, "sampler") \
                 and not keyword(original, "batch_sampler") and len(positional(original)) <= 3:
             self._did(original, "DataLoader -> runtime.loader (each rank its share; a new shuffle every epoch)")
-            args = [self._per_rank(a, i) for i, a in enumerate(updated.args)]
+            args = [self._per_rank(a, i) for i, a in enumerate(updated.args)] + self._epoch_of(original)
             for before, after in zip(updated.args, args):
                 if after is not before:
                     self._did(original, f"batch_size {code_of(before.value)} -> {code_of(after.value)} "
@@ -149,6 +150,37 @@ class ToDDP(cst.CSTTransformer):
             self._did(original, f"print -> runtime.print0 (rank 0 prints){what}")
             return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
         return updated
+
+    def visit_For(self, node: cst.For) -> None:
+        counts = isinstance(node.iter, cst.Call) and dotted(node.iter.func) == "range" and \
+            isinstance(node.target, cst.Name)
+        self.loops.append(node.target.value if counts and isinstance(node.target, cst.Name) else "")
+
+    def leave_For(self, original: cst.For, updated: cst.For) -> Any:
+        self.loops.pop()
+        return updated
+
+    def visit_While(self, node: cst.While) -> None:
+        self.loops.append("")
+
+    def leave_While(self, original: cst.While, updated: cst.While) -> Any:
+        self.loops.pop()
+        return updated
+
+    def _epoch_of(self, loader: cst.Call) -> List[cst.Arg]:
+        """A loader made inside a loop: a new one would start at the first epoch's shuffle every time (the
+        DataLoader it replaces shuffled anew); given the counter of the loop around it, it starts at that epoch."""
+        counter = next((name for name in reversed(self.loops) if name), "")
+        if not self.loops or keyword(loader, "epoch") is not None:
+            return []
+        if not counter:
+            self.later.append((_line(self, loader), "a training loader made inside a loop that counts nothing: "
+                               "each new one starts at the first epoch's shuffle; make it once before the loop, or "
+                               "give it runtime.loader(..., epoch=N)"))
+            return []
+        self._did(loader, f"runtime.loader(..., epoch={counter}) (made anew each time round the loop: it starts at "
+                          f"that epoch's shuffle, as the DataLoader shuffled anew)")
+        return [cst.Arg(cst.Name(counter), keyword=cst.Name("epoch"), equal=_TIGHT)]
 
     def _wrap(self, original: cst.Call, updated: cst.Call) -> Any:
         """DataParallel(model, ...) or DataParallel(module=model) -> runtime.wrap(model); anything else is listed:

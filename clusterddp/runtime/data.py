@@ -104,13 +104,14 @@ def _checking(made: EpochLoader) -> Optional[int]:
 
 
 def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-           **kwargs: Any) -> EpochLoader:
+           epoch: int = 0, **kwargs: Any) -> EpochLoader:
     """A DataLoader over this rank's share of ``dataset`` (DistributedSampler); each new iteration advances the
     sampler's epoch, so shuffling differs per epoch without calling set_epoch. ``batch_size`` is per rank.
 
     It remembers where it is (``state_dict()``: epoch and batches done), so a Checkpointer can resume mid-epoch
     at the exact batch. ``drop_last`` is the DataLoader's, as in a plain DataLoader: each rank's last incomplete
     batch is dropped (the sampler pads the ranks' shares to one length, so every rank has as many batches).
+    ``epoch``: where its first iteration starts (a loader made anew each epoch, given the epoch's number).
     """
     own_generator = "generator" not in kwargs
     if own_generator:
@@ -121,6 +122,6 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0, d
         # migrate --check cuts every epoch to a few batches: workers started anew for each would be most of its time
         kwargs["persistent_workers"] = True
     made = EpochLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **kwargs)
-    made.seed, made.own_generator = seed, own_generator
+    made.seed, made.own_generator, made.next_epoch = seed, own_generator, int(epoch)
     made.number, _MADE[0] = _MADE[0], _MADE[0] + 1
     return made
