@@ -282,7 +282,7 @@ def test_ddp_contract_four_ranks_one_step_equal_one_process_on_the_global_batch(
     proc = run_cli("migrate", "dp_contract.py", "--keep-global-batch", "--check", "--check-steps", "1", "--",
                    str(tmp_path / "ddp.pt"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "check: trained: 4 ranks on 2 emulated nodes, 1 steps each, exit 0" in proc.stderr, proc.stderr
+    assert "check: trained: 4 ranks on 2 emulated nodes, 1 optimizer steps each, exit 0" in proc.stderr, proc.stderr
     out_dir = Path(re.search(r"--output-dir (\S+)", proc.stderr).group(1))
     shares = [json.loads(p.read_text())["indices"] for p in sorted(out_dir.glob("*/check/rank-*-loader-0.json"))]
     assert len(shares) == 4 and all(len(s) == 4 for s in shares) and len({i for s in shares for i in s}) == 16
@@ -375,7 +375,7 @@ def test_the_readme_screen_runs_from_a_dataparallel_script(tmp_path):
     check, local, drill, dry, wait, top, report = (said[line] for line in screen if line in said)
     err = check.stderr
     assert check.returncode == 0, err
-    assert "clusterddp: check: trained: 4 ranks on 2 emulated nodes, 6 steps each, exit 0" in err, err
+    assert "clusterddp: check: trained: 4 ranks on 2 emulated nodes, 6 optimizer steps each, exit 0" in err, err
     assert "clusterddp: check: data (loader 1): each rank saw its own samples (4 ranks x 48" in err, err
     assert "[rank 0] epoch 1 loss " in err and (tmp_path / "model.pt").is_file()
     assert (tmp_path / "train_ddp.py").is_file()
@@ -477,7 +477,7 @@ def test_each_public_script_migrated_trains_as_four_ranks_on_fake_data(tmp_path,
         code, lines = verdict(proc.returncode, run_dir)
         said += "\n".join(lines)
     assert code == 0, said
-    assert re.search(r"check: trained: 4 ranks on 2 emulated nodes, \d+ steps each, exit 0", said), said
+    assert re.search(r"check: trained: 4 ranks on 2 emulated nodes, \d+ optimizer steps each, exit 0", said), said
     assert "check: weights: every rank ended with the same parameters (DDP kept them in step)" in said, said
     assert re.search(r"check: data \(loader 1\): each rank saw its own samples \(4 ranks x \d+ .* none shared\)",
                      said), said
@@ -601,3 +601,25 @@ def test_a_split_drawn_unseeded_is_listed(source, listed):
     m = migrate_source("import torch\nmodel = torch.nn.DataParallel(n)\n" + source, "s.py")
     said = [what for _, what in m.findings if "each rank draws its own split" in what]
     assert len(said) == (1 if listed else 0), m.findings
+
+
+@pytest.mark.ranks
+def test_the_check_counts_the_steps_of_optimizers_it_cannot_name(tmp_path):
+    """Issue 54: the check counted only the steps after optimizers it recognised by name (``.optim.`` calls); an
+    optimizer from a factory took steps the check did not see ("did not train"). torch's step hook counts them all:
+    2 epochs x 3 batches, two optimizers (a GAN's shape) -> 12 optimizer steps on each rank."""
+    (tmp_path / "gan.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+        "def make(params):\n    return getattr(torch.optim, 'SGD')(params, lr=0.01)\n\n\n"
+        "def main():\n    torch.manual_seed(0)\n    g = nn.DataParallel(nn.Linear(4, 4))\n"
+        "    d = nn.DataParallel(nn.Linear(4, 1))\n    og, od = make(g.parameters()), make(d.parameters())\n"
+        "    data = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4, shuffle=True)\n"
+        "    for epoch in range(2):\n        for (x,) in data:\n            od.zero_grad()\n"
+        "            (d(x).mean() - d(g(x).detach()).mean()).backward()\n            od.step()\n"
+        "            og.zero_grad()\n            d(g(x)).mean().backward()\n            og.step()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    proc = run_cli("migrate", "gan.py", "--check", cwd=tmp_path, timeout=240)
+    assert "runtime.step()" not in (tmp_path / "gan_ddp.py").read_text()  # neither optimizer was recognised
+    assert proc.returncode == 0, proc.stderr
+    assert "check: trained: 4 ranks on 2 emulated nodes, 12 optimizer steps each, exit 0" in proc.stderr, proc.stderr
+    assert "check: weights: every rank ended with the same parameters" in proc.stderr

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from .. import contract
 from ..backends.local.plan import visible_gpus
@@ -148,10 +148,16 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
     if run_dir is None:
         return 1, ["check: the job did not start (no run directory)"]
     run = Path(str(run_dir))
-    steps = {r.rank: r.steps for r in telemetry.read(run, 0)}  # steps ended (the summary, written at shutdown)
+    # each rank's optimizer steps (counted by torch's hook, whatever the optimizers are called); else the steps
+    # its telemetry ended (the summary, written at shutdown)
+    steps = {r: int(d["optimizer_steps"]) for r, d in _records(run).items()
+             if isinstance(d.get("optimizer_steps"), int)}
+    what = "optimizer steps"
+    if len(steps) < RANKS:
+        steps, what = {r.rank: r.steps for r in telemetry.read(run, 0)}, "steps"
     trained = code == 0 and len(steps) == RANKS and min(steps.values()) > 0
     if trained:
-        lines.append(f"check: trained: {RANKS} ranks on 2 emulated nodes, {min(steps.values())} steps each, exit 0")
+        lines.append(f"check: trained: {RANKS} ranks on 2 emulated nodes, {min(steps.values())} {what} each, exit 0")
     else:
         lines.append(f"check: did not train: exit {code}, steps per rank {steps or 'none recorded'} (the output "
                      f"above; the logs in {run})")
@@ -180,14 +186,8 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
 
 def _in_step(run: Path) -> Tuple[bool, str]:
     """Whether the ranks ended with the same parameters (their models went through runtime.wrap)."""
-    models = {}
-    for path in sorted((run / "check").glob("rank-*-models.json"))[:4096]:
-        try:
-            data = parse_json(read_bounded(path, 1 << 20) or b"null")
-        except ValueError:
-            continue
-        if isinstance(data, dict) and isinstance(data.get("rank"), int) and isinstance(data.get("models"), list):
-            models[data["rank"]] = tuple(str(m) for m in data["models"])
+    models = {r: tuple(str(m) for m in d["models"]) for r, d in _records(run).items()
+              if isinstance(d.get("models"), list)}
     if len(models) < RANKS:
         return False, f"check: weights: {len(models)} of {RANKS} ranks recorded theirs (did each reach shutdown?)"
     if not any(models.values()):
@@ -196,6 +196,19 @@ def _in_step(run: Path) -> Tuple[bool, str]:
     if len(set(models.values())) > 1:
         return False, "check: weights: the ranks' parameters differ at the end: they were not kept in step"
     return True, "check: weights: every rank ended with the same parameters (DDP kept them in step)"
+
+
+def _records(run: Path) -> Dict[int, Dict[str, Any]]:
+    """What each rank wrote at shutdown (its models' digests, its optimizer steps), by rank."""
+    out: Dict[int, Dict[str, Any]] = {}
+    for path in sorted((run / "check").glob("rank-*-models.json"))[:4096]:
+        try:
+            data = parse_json(read_bounded(path, 1 << 20) or b"null")
+        except ValueError:
+            continue
+        if isinstance(data, dict) and isinstance(data.get("rank"), int):
+            out[data["rank"]] = data
+    return out
 
 
 def _shares(run: Path) -> Dict[int, Dict[int, Set[int]]]:

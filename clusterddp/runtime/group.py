@@ -135,6 +135,8 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     STATE.update(env=joined, device=device, backend=backend, wrapped=weakref.WeakSet(), control=control,
                   channel=channel)
     stop.install()
+    from .checkmode import count_steps
+    count_steps()  # (migrate --check only)
     if device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
         torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     return joined
