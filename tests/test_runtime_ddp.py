@@ -146,3 +146,17 @@ def test_a_loader_made_at_epoch_n_starts_in_epoch_n_s_order():
     for epoch in range(3):
         again = data.loader(dataset, batch_size=5, epoch=epoch)
         assert [int(i) for b in again for i in b[0]] == orders[epoch]
+
+
+def test_a_checked_epoch_ends_with_its_last_batch(monkeypatch, tmp_path):
+    """Issue 54: migrate --check cut each epoch to its first N batches, so a script's last (short) batch, where
+    BatchNorm or a reshape fails, was never run. Now: the first N-1 batches, then the epoch's last one."""
+    from clusterddp import contract
+    from clusterddp.runtime import data
+    monkeypatch.setenv(contract.CHECK_STEPS, "3")
+    monkeypatch.setenv(contract.RUN_DIR, str(tmp_path))
+    dataset = torch.utils.data.TensorDataset(torch.arange(22))
+    made = data.loader(dataset, batch_size=4, shuffle=False)
+    for _ in range(2):  # every epoch, not only the first
+        batches = [b[0].tolist() for b in made]
+        assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [20, 21]], batches

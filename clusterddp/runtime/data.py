@@ -9,7 +9,7 @@ import itertools
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -27,9 +27,15 @@ class ResumableSampler(DistributedSampler):
     """DistributedSampler that can drop the indices already done at the start of the next epoch."""
 
     skip = 0  # indices to drop at the start of the next epoch (resuming mid-epoch)
+    cut: Optional[Tuple[int, int]] = None  # migrate --check: (first indices, where the last batch starts)
 
     def __iter__(self) -> Iterator[int]:  # type: ignore[override]
         skip, self.skip = self.skip, 0
+        if self.cut is not None and not skip:
+            # the epoch's first batches, then its last one (often short): what a script's last step meets
+            head, last = self.cut
+            order = list(super().__iter__())
+            return iter(order[:head] + order[max(head, last):])
         return itertools.islice(super().__iter__(), skip, None)
 
 
@@ -60,6 +66,9 @@ class EpochLoader(DataLoader):
         self.batches_done, self._skip_batches = self._skip_batches, 0
         self._active = True
         limit = _checking(self)
+        if limit is not None and 1 < limit < len(self):
+            size = self.batch_size or 1
+            self.sampler.cut = ((limit - 1) * size, (len(self) - 1) * size)  # type: ignore[attr-defined]
         try:
             batches = super().__iter__()
             while limit is None or self.batches_done < limit:
