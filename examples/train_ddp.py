@@ -149,8 +149,10 @@ def main(argv=None) -> float:
             running += loss.item()
             if batches.batches_done % args.log_every == 0:
                 rate = seen / (time.perf_counter() - start)
+                mean = runtime.all_reduce_mean(running / done_here)
                 runtime.print0(f"epoch {epoch + 1}/{args.epochs} step {batches.batches_done}/{len(batches)} "
-                               f"loss {runtime.all_reduce_mean(running / done_here):.5f} {rate:.1f} images/s")
+                               f"loss {mean:.5f} {rate:.1f} images/s")
+                runtime.report(step=step, loss=mean)  # the loss curve of `clusterddp report`
             if args.ckpt_every and step % args.ckpt_every == 0:  # periodic: what survives a preemption
                 ckpt.save(step, model, opt, batches, running=running, done=done_here, running_epoch=epoch)
             if runtime.should_stop():                          # time limit or preemption: all ranks agree

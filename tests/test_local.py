@@ -157,3 +157,11 @@ def test_new_skeleton_runs_on_two_ranks(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("loss") == 2 and "world size 2" in proc.stdout
     assert list(tmp_path.glob("clusterddp-runs/train-local-*/model.pt"))
+    # issue 56: its run records its steps (top, goodput) and its loss (report's curve)
+    from clusterddp.observe import telemetry
+    run = next(tmp_path.glob("clusterddp-runs/train-local-*"))
+    steps = {r.rank: r.steps for r in telemetry.read(run, 0)}
+    assert sorted(steps) == [0, 1] and min(steps.values()) == 2 * (2048 // 2 // 32), steps  # 2 epochs x 32 batches
+    import json
+    losses = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in losses] == [1, 2] and all(m["metrics"]["loss"] > 0 for m in losses), losses

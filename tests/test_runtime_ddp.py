@@ -88,6 +88,11 @@ def test_example_loss_goes_down_on_two_ranks(tmp_path):
     assert len(losses) == 2 and losses[1] < losses[0], proc.stdout
     assert "world size 2" in proc.stdout and "images/s" in proc.stdout and "final loss" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "ck").glob("ckpt-*.pt")) == ["ckpt-0000000004.pt", "ckpt-0000000008.pt"]
+    # issue 56: the losses it prints are recorded too (report's curve), at the steps they were printed
+    import json
+    printed = [float(x) for x in re.findall(r"step \d+/\d+ loss ([0-9.]+)", proc.stdout)]
+    recorded = [json.loads(line) for line in next((tmp_path / "runs").glob("*/metrics.jsonl")).read_text().splitlines()]
+    assert printed and [round(m["metrics"]["loss"], 5) for m in recorded] == printed, (recorded, proc.stdout)
 
 
 @pytest.mark.slow

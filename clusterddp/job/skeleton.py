@@ -49,10 +49,12 @@ def main():
             opt.zero_grad()
             loss.backward()          # DDP averages the gradients of all ranks here
             opt.step()
+            runtime.step()           # one step done: what `clusterddp top` and `report` count
             total += loss.item()
-        # 4. Metrics: average over ranks; print once (rank 0).
+        # 4. Metrics: average over ranks; print once (rank 0); record it (the loss curve of `clusterddp report`).
         mean = runtime.all_reduce_mean(total / len(data))
         runtime.print0(f"epoch {{epoch + 1}}/{{args.epochs}} loss {{mean:.4f}} (world size {{env.world_size}})")
+        runtime.report(step=epoch + 1, loss=mean)
         # 5. Save on rank 0 only, atomically; runtime.unwrap drops the DDP wrapper from the state dict.
         runtime.save_on_main(runtime.unwrap(model).state_dict(),
                              os.path.join(os.environ.get("CLUSTERDDP_RUN_DIR", "."), "model.pt"))
