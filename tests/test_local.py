@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -165,3 +166,13 @@ def test_new_skeleton_runs_on_two_ranks(tmp_path):
     import json
     losses = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in losses] == [1, 2] and all(m["metrics"]["loss"] > 0 for m in losses), losses
+    # the run ends saying where its files are and what to run next, and those commands work on it
+    here = run.relative_to(tmp_path)  # as the user gave it: relative to where they ran it
+    assert f"clusterddp: run directory: {here} " in proc.stderr, proc.stderr
+    assert f"clusterddp: saved last:    {here / 'model.pt'}" in proc.stderr
+    assert f"next: clusterddp top {here} " in proc.stderr and f"clusterddp report {here} " in proc.stderr
+    assert "on Slurm: clusterddp submit --nodes 1 --gpus 2 train.py -- --epochs 2" in proc.stderr
+    top = run_cli("top", str(run), "--once", cwd=tmp_path)
+    assert top.returncode == 0 and re.search(r"\b64\b", top.stdout), top.stdout + top.stderr  # each rank's steps
+    page = run_cli("report", str(run), "-o", str(tmp_path / "r.html"), cwd=tmp_path)
+    assert page.returncode == 0 and "loss" in (tmp_path / "r.html").read_text(), page.stderr

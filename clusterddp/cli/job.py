@@ -42,6 +42,25 @@ def _summary(spec: JobSpec) -> str:
             f"({spec.launcher} launcher, {spec.dist_backend})")
 
 
+def _local_next(spec: JobSpec, run_dir: Path) -> list:
+    """Where a local run left its files, and what to run next: its observatory, then the same job on Slurm."""
+    import shlex
+
+    saved = sorted((p for pattern in ("*.pt", "*/*.pt", "*/*/*.pt") for p in run_dir.glob(pattern)),
+                   key=lambda p: p.stat().st_mtime)
+    out = [f"run directory: {run_dir} (rank logs, steps, metrics)"]
+    if saved:
+        out.append(f"saved last:    {saved[-1]}")
+    run = shlex.quote(str(run_dir))
+    gpus = spec.tasks_per_node  # the same ranks, a GPU each
+    argv = " ".join(shlex.quote(a) for a in spec.args)
+    out.append(f"next: clusterddp top {run}  (each rank's steps)   clusterddp report {run}  (the run in one page)")
+    out.append(f"      on Slurm: clusterddp submit --nodes {spec.nodes} --gpus {gpus} {'-m ' if spec.module else ''}"
+               f"{shlex.quote(spec.script)}"
+               + (f" -- {argv}" if argv else ""))
+    return out
+
+
 @click.command("render", cls=Command, epilog=EXAMPLES.format(cmd="render"))
 @spec_options
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
@@ -118,7 +137,7 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
                            prepare=ran.append)
         from ..observe.goodput import lines
 
-        for line in lines(Path(ran[0])) if ran else []:
+        for line in (lines(Path(ran[0])) + _local_next(spec, Path(ran[0]))) if ran else []:
             click.echo(f"clusterddp: {line}", err=True)
         sys.exit(code)
     if dry_run:
