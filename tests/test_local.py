@@ -170,8 +170,12 @@ def test_new_skeleton_runs_on_two_ranks(tmp_path):
     here = run.relative_to(tmp_path)  # as the user gave it: relative to where they ran it
     assert f"clusterddp: run directory: {here} " in proc.stderr, proc.stderr
     assert f"clusterddp: saved last:    {here / 'model.pt'}" in proc.stderr
-    assert f"next: clusterddp top {here} " in proc.stderr and f"clusterddp report {here} " in proc.stderr
+    assert f"next: clusterddp status {here} " in proc.stderr and f"clusterddp report {here} " in proc.stderr
     assert "on Slurm: clusterddp submit --nodes 1 --gpus 2 train.py -- --epochs 2" in proc.stderr
+    status = run_cli("status", str(here), cwd=tmp_path)
+    assert status.returncode == 0 and re.search(rf"{here}\s+COMPLETED\s+\S+\s+1\s+local0\s+0", status.stdout), \
+        status.stdout + status.stderr
+    assert "goodput" in status.stdout
     top = run_cli("top", str(run), "--once", cwd=tmp_path)
     assert top.returncode == 0 and re.search(r"\b64\b", top.stdout), top.stdout + top.stderr  # each rank's steps
     page = run_cli("report", str(run), "-o", str(tmp_path / "r.html"), cwd=tmp_path)

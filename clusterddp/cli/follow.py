@@ -22,18 +22,22 @@ def _note(line: str) -> None:
 @CLUSTER_OPTION
 def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     """State, elapsed time, nodes and exit code of JOBID... (default: the last 10 jobs submitted from here, on
-    every cluster; a CLUSTER column then says where each ran)."""
+    every cluster; a CLUSTER column then says where each ran). A local run's directory (what submit --local
+    printed) works too: its attempts and goodput."""
     from ..backends.record import for_job, recent
     from ..job.ids import check_job_id
-    from ..observe.follow import status_rows
+    from ..observe.follow import local_status, status_rows
 
-    if job_ids:
+    if len(job_ids) == 1 and Path(job_ids[0]).is_dir():
+        rows, faults, failed = local_status(Path(job_ids[0]))
+    elif job_ids:
         targets = [(for_job(j, cluster, note=_note).name, j) for j in (check_job_id(j) for j in job_ids)]
+        rows, faults, failed = status_rows(targets)
     else:
         targets = [(r.cluster, r.job_id) for r in recent(10)]
         if not targets:
             raise SpecError("no job ids given and no jobs submitted with clusterddp here yet")
-    rows, faults, failed = status_rows(targets)
+        rows, faults, failed = status_rows(targets)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

@@ -54,7 +54,8 @@ def _local_next(spec: JobSpec, run_dir: Path) -> list:
     run = shlex.quote(str(run_dir))
     gpus = spec.tasks_per_node  # the same ranks, a GPU each
     argv = " ".join(shlex.quote(a) for a in spec.args)
-    out.append(f"next: clusterddp top {run}  (each rank's steps)   clusterddp report {run}  (the run in one page)")
+    out.append(f"next: clusterddp status {run}   clusterddp top {run}  (each rank's steps)   "
+               f"clusterddp report {run}  (the run in one page)")
     out.append(f"      on Slurm: clusterddp submit --nodes {spec.nodes} --gpus {gpus} {'-m ' if spec.module else ''}"
                f"{shlex.quote(spec.script)}"
                + (f" -- {argv}" if argv else ""))

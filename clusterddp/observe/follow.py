@@ -269,6 +269,29 @@ def status_rows(targets: Sequence[Tuple[str, str]]) -> Tuple[List[Tuple[str, ...
     return rows, faults, failed
 
 
+def local_status(run_dir: Path) -> Tuple[List[Tuple[str, ...]], List[str], int]:
+    """``status RUN_DIR`` for a local run (no Slurm job behind it): a row from its recorded attempts (the last one
+    decides), each attempt's line when there were several or a fault, and its goodput."""
+    from ..healing.attempts import allocations, read
+
+    found = read(run_dir)
+    running = any(a.end <= a.start for a in allocations(run_dir)) and not found
+    last = found[-1] if found else None
+    if last is None:
+        state, exit_, elapsed, nodes = ("RUNNING" if running else "UNKNOWN"), "", "", ""
+    else:
+        state = "COMPLETED" if last.exit == 0 else "FAILED"
+        exit_, nodes = str(last.exit), str(len(last.nodes))
+        seconds = max(0, found[-1].end - found[0].start)
+        elapsed = f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    why = "" if last is None or last.exit == 0 else (last.why or last.fault)
+    rows: List[Tuple[str, ...]] = [("RUN", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON"),
+                                   (str(run_dir), state, elapsed, nodes, ",".join(last.nodes) if last else "", exit_,
+                                    why)]
+    lines = [a.line() for a in found] if len(found) > 1 or any(a.fault for a in found) else []
+    return rows, lines + goodput.lines(run_dir), int(state == "FAILED")
+
+
 def reason(job: Any) -> str:
     never = job.never_starts
     return f"{job.reason}: {never} (clusterddp cancel {job.job_id})" if never else job.reason
