@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,19 @@ SCENARIOS = contract.DRILL_SCENARIOS
 GENERATORS = {"python": "Python's random", "torch": "torch's CPU generator", "numpy": "numpy's global generator",
               "cuda": "the CUDA generator"}
 
+
+
+def checkpoint_flag(script: Path) -> str:
+    """The script's own option for how often it checkpoints (``--ckpt-every``, ``--save-interval``, ...), read from
+    its argparse lines; '' when it has none that says so."""
+    try:
+        text = script.read_text(encoding="utf-8", errors="replace")[:1_000_000]
+    except OSError:
+        return ""
+    for flag in re.findall(r"add_argument\(\s*['\"](--[A-Za-z0-9_-]+)['\"]", text):
+        if re.search(r"(ckpt|checkpoint|save)", flag) and re.search(r"(every|interval|freq|steps|period)", flag):
+            return flag
+    return ""
 
 class DrillError(ClusterDDPError):
     """The script cannot be drilled as it is (one line saying what the drill needs)."""
@@ -159,9 +173,12 @@ class Drill:
             raise DrillError("the script saved no checkpoint through clusterddp.runtime.Checkpointer (ckpt.save(step, "
                              "model, optimizer, loader)): the drill compares the checkpoints it writes")
         if steps < 3 or saves[0]["n"] >= steps:
+            flag = checkpoint_flag(Path(self.spec.script))
+            earlier = (f"checkpoint earlier (this script's {flag}, e.g. after -- add {flag} {max(1, steps // 4)})"
+                       if flag and steps >= 3 else "checkpoint earlier")
             raise DrillError(f"the script ran {steps} step(s) (should_stop() calls) and saved its first checkpoint at "
                              f"step {saves[0]['n']}: the drill stops a run after its first checkpoint and before its "
-                             "end; give it more steps (a short epoch) or checkpoint earlier")
+                             f"end; give it more steps (a short epoch) or {earlier}")
         where = (self.base / "reference").resolve()
         if not all(Path(e["path"]).resolve().is_relative_to(where) for e in saves):
             raise DrillError(f"the script writes its checkpoints outside the directory it runs in ({saves[0]['path']}):"
@@ -275,6 +292,8 @@ def component(path_a: str, path_b: str, generators: bool = False) -> Optional[st
     for key in sorted(set(a.get("extra") or {}) | set(b.get("extra") or {})):
         if _differs((a.get("extra") or {}).get(key), (b.get("extra") or {}).get(key)):
             return f"extra entry {key!r}"
+    if _differs(a.get("per_rank"), b.get("per_rank")):
+        return "per-rank entries"
     return None
 
 

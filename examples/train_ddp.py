@@ -119,20 +119,21 @@ def main(argv=None) -> float:
                                                               "checkpoints"), keep=args.keep)
     state = ckpt.load_latest(model, opt, batches)             # DDP: every rank resumes from the same checkpoint
     step = state["step"] if state else 0
-    resumed = dict(state["extra"]) if state else {}           # the running loss of an epoch stopped midway
+    resumed = dict(state["per_rank"] or {}) if state else {}  # this rank's running loss of an epoch stopped midway
     runtime.print0(f"train_ddp: world size {env.world_size} ({env.num_nodes} node(s) x {env.local_world_size}), "
                    f"device {dev.type}, {len(data)} patches of {args.patch}x{args.patch}, "
                    f"{len(batches)} steps per epoch per rank, amp {'on' if amp else 'off'}"
                    + (" (this GPU has no native bf16: fp32)" if dev.type == "cuda" and not native_bf16 else "")
                    + (f"; resuming at step {step} from {state['path']}" if state else ""))
-    loss_value, total_images, total_time = float("nan"), 0, 0.0
+    loss_value, total_images, total_time, stopping, path = float("nan"), 0, 0.0, 0, ""
     for epoch in range(batches.next_epoch, args.epochs):
         model.train()
         start = time.perf_counter()
-        # The epoch's running loss is state too: a run resumed mid-epoch goes on with it (else the reported mean
-        # would differ from an uninterrupted run's; `clusterddp drill` finds such things).
+        # The epoch's running loss is state too, and each rank's own (its share's): a run resumed mid-epoch goes on
+        # with it (else the reported mean would differ from an uninterrupted run's; `clusterddp drill` at 4 ranks
+        # finds such things: saved as extra=, only rank 0's would be kept).
         seen, running, done_here = 0, 0.0, 0
-        if resumed.pop("running_epoch", None) == epoch:
+        if resumed.pop("epoch", None) == epoch:
             running, done_here = float(resumed["running"]), int(resumed["done"])
         for noisy, clean in batches:                           # DDP: the sampler's epoch advances by itself
             if args.max_steps and batches.batches_done > args.max_steps:
@@ -153,14 +154,20 @@ def main(argv=None) -> float:
                 runtime.print0(f"epoch {epoch + 1}/{args.epochs} step {batches.batches_done}/{len(batches)} "
                                f"loss {mean:.5f} {rate:.1f} images/s")
                 runtime.report(step=step, loss=mean)  # the loss curve of `clusterddp report`
-            if args.ckpt_every and step % args.ckpt_every == 0:  # periodic: what survives a preemption
-                ckpt.save(step, model, opt, batches, running=running, done=done_here, running_epoch=epoch)
+            # periodic: what survives a preemption (at an epoch's last step, the epoch's own checkpoint follows)
+            if args.ckpt_every and step % args.ckpt_every == 0 and batches.batches_done < len(batches):
+                ckpt.save(step, model, opt, batches, per_rank=dict(running=running, done=done_here, epoch=epoch))
             if runtime.should_stop():                          # time limit or preemption: all ranks agree
-                path = ckpt.save(step, model, opt, batches, running=running, done=done_here, running_epoch=epoch)
-                runtime.print0(f"stopping at step {step} (epoch {epoch + 1}); checkpoint {path}; "
-                               "a requeued or re-run job resumes here")
-                runtime.shutdown()
-                return loss_value
+                stopping = step
+                if batches.batches_done < len(batches):        # (at an epoch's last step, the epoch ends first)
+                    path = ckpt.save(step, model, opt, batches,
+                                     per_rank=dict(running=running, done=done_here, epoch=epoch))
+                    break
+        if stopping and batches.batches_done < len(batches):
+            runtime.print0(f"stopping at step {step} (epoch {epoch + 1}); checkpoint {path}; "
+                           "a requeued or re-run job resumes here")
+            runtime.shutdown()
+            return loss_value
         if dev.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
@@ -168,7 +175,12 @@ def main(argv=None) -> float:
         total_images, total_time = total_images + seen, total_time + elapsed
         runtime.print0(f"epoch {epoch + 1}/{args.epochs} done: loss {loss_value:.5f}, "
                        f"{seen / max(elapsed, 1e-9):.1f} images/s")
-        ckpt.save(step, model, opt, batches, epoch=epoch + 1)  # DDP: rank 0 writes, atomically
+        path = ckpt.save(step, model, opt, batches, epoch=epoch + 1)  # DDP: rank 0 writes, atomically
+        if stopping:
+            runtime.print0(f"stopping at step {step}, the end of epoch {epoch + 1}; checkpoint {path}; "
+                           "a requeued or re-run job resumes here")
+            runtime.shutdown()
+            return loss_value
     runtime.print0(f"final loss {loss_value:.5f}; throughput {total_images / max(total_time, 1e-9):.1f} images/s "
                    f"over {env.world_size} rank(s)")
     runtime.shutdown()

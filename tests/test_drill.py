@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -116,15 +117,22 @@ def test_only_takes_the_scenario_kinds_and_names_them_when_wrong(tmp_path):
 
 
 @ranks
-def test_the_example_passes_the_drill_with_small_arguments(tmp_path):
-    """Its checkpoints where the README's contract puts them, under $CLUSTERDDP_RUN_DIR (issue 41: each scenario
-    keeps one run directory across its runs, as a requeued or retried job does)."""
-    shutil.copy(ROOT / "examples" / "train_ddp.py", tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--nodes", "2", "--procs-per-node", "1",
-                           "train_ddp.py", "--", "--images", "4", "--image-size", "64", "--patch", "32", "--width",
-                           "8", "--depth", "2", "--batch-size", "4", "--epochs", "2", "--ckpt-every", "2"],
+def test_the_example_passes_the_drill_as_the_readme_says(tmp_path):
+    """The README's drill line for the example, as written: its checkpoints where the README's contract puts them,
+    under $CLUSTERDDP_RUN_DIR (issue 41: each scenario keeps one run directory across its runs, as a requeued or
+    retried job does); the drill's default shape, 2 emulated nodes x 2 ranks (issue 56: a node can be lost), and
+    checkpoints mid-epoch. At 4 ranks the example's running loss, saved as rank 0's extra=, made every resumed rank
+    report rank 0's (a 2-rank drill with checkpoints at epoch ends never saw it); saved per_rank=, each rank
+    resumes with its own (this test fails with the example's extra= version)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = re.search(r"clusterddp drill examples/train_ddp\.py[^)\n]*", readme).group(0)
+    (tmp_path / "examples").mkdir()
+    shutil.copy(ROOT / "examples" / "train_ddp.py", tmp_path / "examples")
+    proc = subprocess.run([sys.executable, "-m", "clusterddp", *shlex.split(line)[1:]],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, line + "\n" + proc.stdout + proc.stderr
+    assert "train_ddp.py, 2 node(s) x 2 rank(s)" in proc.stderr + proc.stdout
+    assert "PASS  kill-node1" in proc.stdout and "PASS  kill-node0" in proc.stdout, proc.stdout
     assert proc.stdout.splitlines()[-1] == "clusterddp drill: every scenario bit-identical: the script resumes exactly"
 
 
@@ -146,6 +154,7 @@ def test_the_part_of_the_last_checkpoint_that_differs_is_named(tmp_path):
         random.seed(1)
         out = {"step": 12, "model": model.state_dict(), "optimizer": opt.state_dict(),
                "loader": {"epoch": 1, "batches_done": 3}, "world_size": 1, "extra": {"best": torch.tensor(0.5)},
+               "per_rank": [{"running": 1.5}],
                "rng": [{"python": list(random.getstate()[1]), "torch": torch.get_rng_state()}]}
         for key, value in change.items():
             out[key] = value(out[key])
@@ -166,6 +175,7 @@ def test_the_part_of_the_last_checkpoint_that_differs_is_named(tmp_path):
     assert component(same, path("opt", optimizer=lambda _: momentum)) == "optimizer"
     assert component(same, path("loader", loader=lambda d: {**d, "batches_done": 4})) == "loader position"
     assert component(same, path("extra", extra=lambda _: {"best": torch.tensor(0.25)})) == "extra entry 'best'"
+    assert component(same, path("mine", per_rank=lambda _: [{"running": 1.25}])) == "per-rank entries"
     unseeded = path("rng", rng=lambda r: [{**r[0], "torch": torch.Generator().manual_seed(7).get_state()}])
     assert component(same, unseeded) is None  # a generator alone is not a difference of the run
     assert component(same, unseeded, generators=True) == "torch's CPU generator"

@@ -70,7 +70,8 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     after the first checkpoint and retried; the drill compares the steps, the values the script reports
     (runtime.all_reduce_mean) and the last checkpoints (runtime.Checkpointer) with the uninterrupted run's.
 
-    Give it small arguments (a short epoch, a tiny model); checkpoints under $CLUSTERDDP_RUN_DIR (kept across a
+    By default 2 emulated nodes x 2 ranks, so that losing a node leaves one (--nodes 1 for one node). Give it small
+    arguments (a short epoch, a tiny model); checkpoints under $CLUSTERDDP_RUN_DIR (kept across a
     scenario's runs, as a requeued job keeps it) or in a relative directory. Exit 0 when every
     scenario is bit-identical, 1 otherwise.
     """
@@ -84,6 +85,11 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
         if chosen.backend != LOCAL:  # the drill stops and kills emulated nodes: only the local backend has them
             raise backends.get(chosen).unsupported("the drill (it runs on this machine, the local backend: drop "
                                                    "--cluster)")
+    given = click.get_current_context().get_parameter_source
+    if given("nodes") is click.core.ParameterSource.DEFAULT and opts.get("nodes") == 1:
+        opts["nodes"] = 2  # a lost node needs a second one: 2 emulated nodes unless told otherwise
+        if not opts.get("gpus_per_node") and opts.get("procs_per_node") is None:
+            opts["procs_per_node"] = 2
     spec = build_spec(script, args, template_dirs, local=True, **opts)[0]
     if run_timeout <= 0:
         raise click.BadParameter(f"{run_timeout} is not a positive number of seconds", param_hint="--run-timeout")

@@ -117,13 +117,17 @@ class Checkpointer:
                 pass
         ckptfile.remove_stale(rundir.at(self.directory), self.run)
 
-    def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None, **extra: Any) -> str:
+    def save(self, step: int, model: Any, optimizer: Any = None, loader: Any = None,
+             per_rank: Optional[Dict[str, Any]] = None, **extra: Any) -> str:
         """Write checkpoint ``step`` (collective: call it on every rank); returns its path (in the background:
-        the path it will have once written; rank 0's answer is exact, the others' the plain ckpt-STEP.pt)."""
+        the path it will have once written; rank 0's answer is exact, the others' the plain ckpt-STEP.pt).
+        ``extra``: rank 0's values; ``per_rank``: values each rank has its own of (JSON: a running loss of the
+        rank's share), gathered from every rank and given back to each by ``load_latest`` as ``per_rank``."""
         with telemetry.phase("ckpt"):  # the time training waited for it (a background write: the copy only)
-            return self._save(step, model, optimizer, loader, extra)
+            return self._save(step, model, optimizer, loader, extra, per_rank)
 
-    def _save(self, step: int, model: Any, optimizer: Any, loader: Any, extra: Dict[str, Any]) -> str:
+    def _save(self, step: int, model: Any, optimizer: Any, loader: Any, extra: Dict[str, Any],
+              per_rank: Optional[Dict[str, Any]] = None) -> str:
         if self.background:
             writer.used()
             writer.settle()  # one write in flight at most; a failed one raises here, on every rank
@@ -139,7 +143,8 @@ class Checkpointer:
         payload = {"step": int(step), "run": who.run, "trial": who.trial, "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "loader": loader.state_dict() if loader is not None else None,
-                   "rng": states, "world_size": world_size(), "extra": extra}
+                   "rng": states, "world_size": world_size(), "extra": extra,
+                   "per_rank": gather_json(per_rank) if per_rank is not None else None}
         steps = telemetry.current()
         if steps is not None:  # steps done, counted across resumes: a resumed run's redone steps are known
             payload["telemetry_steps"] = steps.position()
@@ -294,6 +299,8 @@ class Checkpointer:
             payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
         self._restore(payload, path, model, optimizer, loader)
         payload["path"] = path
+        ranks = payload.get("per_rank")  # this rank's own (none when the world size changed)
+        payload["per_rank"] = ranks[rank()] if isinstance(ranks, list) and len(ranks) == world_size() else None
         if found.get("by"):  # another job of yours that wrote into this directory: its work continues, said
             print0(f"clusterddp: resuming {path} (step {payload['step']}), written by run {found['by']}: another job "
                    "with this checkpoint directory")
