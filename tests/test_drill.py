@@ -197,16 +197,19 @@ def test_ctrl_c_on_the_drill_ends_every_process_it_started(tmp_path):
         "import os, pathlib, sys, time\n"
         "pathlib.Path(sys.argv[1], 'up-' + os.environ['RANK']).touch()\n"
         "time.sleep(600)\n")
-    drill = subprocess.Popen([sys.executable, "-m", "clusterddp", "drill", "--procs-per-node", "2", "forever.py",
-                              "--", str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while len(list(tmp_path.glob("up-*"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(list(tmp_path.glob("up-*"))) == 2, "the reference run's ranks never started"
-    started = descendants(drill.pid)
-    assert len(started) >= 3, started  # the local runner and its two ranks
-    drill.send_signal(signal.SIGINT)
+    drill = subprocess.Popen([sys.executable, "-m", "clusterddp", "drill", "--nodes", "1", "--procs-per-node", "2",
+                              "forever.py", "--", str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("up-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(list(tmp_path.glob("up-*"))) == 2, "the reference run's ranks never started"
+        started = descendants(drill.pid)
+        assert len(started) >= 3, started  # the local runner and its two ranks
+    finally:
+        drill.send_signal(signal.SIGINT)  # (also when an assert above failed: nothing of it outlives the test)
     _, err = drill.communicate(timeout=60)
     assert drill.returncode == 130, err
     left = [pid for pid in started if Path(f"/proc/{pid}").exists()
