@@ -37,16 +37,12 @@ GENERATORS = {"python": "Python's random", "torch": "torch's CPU generator", "nu
 
 
 def checkpoint_flag(script: Path) -> str:
-    """The script's own option for how often it checkpoints (``--ckpt-every``, ``--save-interval``, ...), read from
-    its argparse lines; '' when it has none that says so."""
-    try:
-        text = script.read_text(encoding="utf-8", errors="replace")[:1_000_000]
-    except OSError:
-        return ""
-    for flag in re.findall(r"add_argument\(\s*['\"](--[A-Za-z0-9_-]+)['\"]", text):
-        if re.search(r"(ckpt|checkpoint|save)", flag) and re.search(r"(every|interval|freq|steps|period)", flag):
-            return flag
-    return ""
+    """The script's own option for how often it checkpoints (``--ckpt-every``, ``--save-interval``), from its argparse
+    lines; '' when it has none that says so."""
+    text = script.read_text(encoding="utf-8", errors="replace")[:1_000_000] if script.is_file() else ""
+    return next((f for f in re.findall(r"add_argument\(\s*['\"](--[A-Za-z0-9_-]+)['\"]", text)
+                 if re.search(r"ckpt|checkpoint|save", f) and re.search(r"every|interval|freq|steps|period", f)), "")
+
 
 class DrillError(ClusterDDPError):
     """The script cannot be drilled as it is (one line saying what the drill needs)."""

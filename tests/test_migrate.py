@@ -624,3 +624,20 @@ def test_the_check_counts_the_steps_of_optimizers_it_cannot_name(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "check: trained: 4 ranks on 2 emulated nodes, 12 optimizer steps each, exit 0" in proc.stderr, proc.stderr
     assert "check: weights: every rank ended with the same parameters" in proc.stderr
+
+
+def test_where_the_backward_runs_decides_a_training_loader_not_shuffle():
+    """Issue 54: a GAN's loader without shuffle=True (a loop with a backward goes over it) was left whole on every
+    rank ("evaluation?"); it trains: each rank its share, in its own order (shuffle=False kept). A generator step
+    every n_critic batches, with its own backward, is not gradient accumulation."""
+    source = ("import torch\nfrom torch.utils.data import DataLoader\nnetD = torch.nn.DataParallel(D())\n"
+              "dataloader = DataLoader(ds, batch_size=8, num_workers=2)\nval = DataLoader(vs, batch_size=8)\n"
+              "for epoch in range(2):\n    for i, data in enumerate(dataloader):\n"
+              "        netD(data).mean().backward()\n        optD.step()\n        if i % 5 == 0:\n            netD(data).sum().backward()\n"
+              "            optG.step()\n    for data in val:\n        netD(data)\n")
+    m = migrate_source(source, "gan.py")
+    assert "dataloader = runtime.loader(ds, batch_size=8, num_workers=2, shuffle=False)\n" in m.text, m.text
+    assert "val = DataLoader(vs, batch_size=8)\n" in m.text
+    listed = {line: what for line, what in m.findings}
+    assert 4 not in listed and "without shuffle=True" in listed[5], m.findings
+    assert not any("gradient accumulation" in what for _, what in m.findings), m.findings

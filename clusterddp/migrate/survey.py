@@ -33,6 +33,7 @@ class Survey(cst.CSTVisitor):
         self.bound: Dict[int, Tuple[Any, int, Set[str]]] = {}  # a DataLoader call -> (it, its line, its names)
         self.iterated: Dict[str, bool] = {}  # a name looped over -> whether any such loop runs a backward
         self.evaluation: Set[int] = set()  # shuffled loaders that only evaluate: left as they are
+        self.unshuffled: Set[int] = set()  # loaders without shuffle that train (a loop with a backward goes over)
         self.depth = 0  # the loops around the node visited
         self.sizes: List[Tuple[int, str]] = []  # len(X.dataset): (line, X)
         self.wraps: List[int] = []  # the lines of the DataParallel wraps
@@ -148,12 +149,26 @@ class Survey(cst.CSTVisitor):
                                           "detached) fails under DDP ('Expected to have finished reduction'); "
                                           "pass find_unused_parameters=True to runtime.wrap where --check says so"))
         self._evaluation()
+        self._unshuffled_training()
         trains = {n for key, (call, _, names) in self.bound.items() if key in self.trains for n in names}
         for at, loader in self.sizes:
             if loader in trains:
                 self.findings.append((at, f"len({loader}.dataset) is the whole set: each rank now goes through "
                                           f"about len({loader}.dataset) / runtime.world_size() samples an epoch "
                                           f"(len({loader}) batches); counts or averages over it are per rank"))
+
+    def _unshuffled_training(self) -> None:
+        """A loader without shuffle=True that a loop with a backward goes over trains (a GAN's, often): where the
+        backward runs decides, not shuffle. It becomes runtime.loader(..., shuffle=False): each rank its share, in
+        the order it had."""
+        for key, (call, at, names) in self.bound.items():
+            if key in self.trains or keyword(call, "sampler") or keyword(call, "batch_sampler"):
+                continue
+            if any(self.iterated.get(n) for n in names):
+                self.trains.add(key)
+                self.unshuffled.add(key)
+                self.findings = [(line, what) for line, what in self.findings
+                                 if not (line == at and "without shuffle=True" in what)]
 
     def _evaluation(self) -> None:
         """A shuffled loader named for evaluation (val_loader, testloader) and looped over only where no backward
@@ -178,7 +193,9 @@ class Survey(cst.CSTVisitor):
         if ".backward(" not in code or "no_sync" in code:
             return
         for statement in loop.body.body:
-            if isinstance(statement, cst.If) and "%" in code_of(statement.test) and ".step(" in code_of(statement.body):
+            # (an if with its own backward is a schedule of steps, a GAN's generator every n_critic batches)
+            if isinstance(statement, cst.If) and "%" in code_of(statement.test) and \
+                    ".step(" in code_of(statement.body) and ".backward(" not in code_of(statement.body):
                 self.findings.append((line_of(self, statement), "gradient accumulation without model.no_sync(): every "
                                       "backward all-reduces; wrap the backward of the steps that do not step the "
                                       "optimizer in `with model.no_sync():`"))

@@ -108,8 +108,14 @@ class ToDDP(cst.CSTTransformer):
                 id(original) not in self.s.evaluation and \
                 not keyword(original, "sampler") \
                 and not keyword(original, "batch_sampler") and len(positional(original)) <= 3:
-            self._did(original, "DataLoader -> runtime.loader (each rank its share; a new shuffle every epoch)")
+            # DataLoader's default is no shuffle, runtime.loader's a shuffle: an unshuffled one keeps its order
+            keep_order = id(original) in self.s.unshuffled and not any(a.star for a in updated.args)
+            self._did(original, "DataLoader -> runtime.loader (each rank its share; " + (
+                "shuffle=False, its order kept: it trains, a loop with a backward goes over it)" if keep_order else
+                "a new shuffle every epoch)"))
             args = [self._per_rank(a, i) for i, a in enumerate(updated.args)] + self._epoch_of(original)
+            if keep_order:
+                args.append(cst.Arg(cst.Name("False"), keyword=cst.Name("shuffle"), equal=_TIGHT))
             for before, after in zip(updated.args, args):
                 if after is not before:
                     self._did(original, f"batch_size {code_of(before.value)} -> {code_of(after.value)} "
