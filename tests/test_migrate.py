@@ -633,7 +633,8 @@ def test_where_the_backward_runs_decides_a_training_loader_not_shuffle():
     source = ("import torch\nfrom torch.utils.data import DataLoader\nnetD = torch.nn.DataParallel(D())\n"
               "dataloader = DataLoader(ds, batch_size=8, num_workers=2)\nval = DataLoader(vs, batch_size=8)\n"
               "for epoch in range(2):\n    for i, data in enumerate(dataloader):\n"
-              "        netD(data).mean().backward()\n        optD.step()\n        if i % 5 == 0:\n            netD(data).sum().backward()\n"
+              "        netD(data).mean().backward()\n        optD.step()\n"
+              "        if i % 5 == 0:\n            netD(data).sum().backward()\n"
               "            optG.step()\n    for data in val:\n        netD(data)\n")
     m = migrate_source(source, "gan.py")
     assert "dataloader = runtime.loader(ds, batch_size=8, num_workers=2, shuffle=False)\n" in m.text, m.text
