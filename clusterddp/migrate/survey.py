@@ -26,6 +26,7 @@ class Survey(cst.CSTVisitor):
     def __init__(self) -> None:
         self.wrapped: Set[str] = set()
         self.optimizers: Set[str] = set()
+        self.optimizer_kinds: Set[str] = set()  # names imported from torch.optim
         self.findings: Lines = []
         self.loops = 0
         self.trains: Set[int] = set()  # the DataLoader calls that train (by the name they are bound to)
@@ -39,6 +40,14 @@ class Survey(cst.CSTVisitor):
         self.wraps: List[int] = []  # the lines of the DataParallel wraps
         self.seeded = False  # a manual_seed seen (in the order of the file)
         self.bars: Set[int] = set()  # tqdm calls a for loop goes over (nothing reads the bar itself)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        """``from torch.optim import RMSprop``: what those names make is an optimizer."""
+        module = dotted(node.module) if node.module is not None else ""
+        if module.split(".")[:2] in (["torch", "optim"], ["optim"]) and "lr_scheduler" not in module and \
+                not isinstance(node.names, cst.ImportStar):
+            self.optimizer_kinds |= {a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name)
+                                     else dotted(a.name) for a in node.names}
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
         if dotted(node.name).split(".")[-1] == "DataParallel" and node.asname is not None and \
@@ -58,8 +67,8 @@ class Survey(cst.CSTVisitor):
             self.trains.add(id(value))
         if isinstance(value, cst.Call) and is_loader(value):
             self.bound[id(value)] = (value, line_of(self, value), names)
-        if isinstance(value, cst.Call) and ".optim." in f".{dotted(value.func)}" and "lr_scheduler" not in \
-                dotted(value.func):
+        if isinstance(value, cst.Call) and (".optim." in f".{dotted(value.func)}" or dotted(value.func) in
+                                            self.optimizer_kinds) and "lr_scheduler" not in dotted(value.func):
             self.optimizers |= names
 
     def visit_Call(self, node: cst.Call) -> None:

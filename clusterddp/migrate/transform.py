@@ -275,12 +275,26 @@ class ToDDP(cst.CSTTransformer):
             if text.startswith(("import ", "from ")) or (i == 0 and text.startswith(('"', "'"))):
                 at = i + 1
         added = [cst.parse_statement(IMPORT + "\n")]
-        if not self.guarded:  # a script without a main guard: the whole module is the entry point
+        early = self.guarded and any("runtime." in code_of(b) for b in body[at:] if not _main_guard(b) and
+                                     not isinstance(b, (cst.FunctionDef, cst.ClassDef)))
+        if early:  # module-level code asks the runtime (a device chosen at import): init before it, not in the guard
+            body = [_without_init(b, self.init) if _main_guard(b) else b for b in body]
+        if not self.guarded or early:  # without a main guard, the whole module is the entry point
             added.append(cst.parse_statement(f"{self.init}\n"))
+        if not self.guarded:
             body.append(cst.parse_statement("runtime.shutdown()\n"))
-        self.changes.append((1, f"{IMPORT}" + ("" if self.guarded else "; runtime.init() after the imports, "
-                                               "runtime.shutdown() at the end")))
+        self.changes.append((1, f"{IMPORT}" + ("" if self.guarded and not early else "; runtime.init() after the "
+                                               "imports (module-level code uses the runtime)" if early else
+                                               "; runtime.init() after the imports, runtime.shutdown() at the end")))
         return updated.with_changes(body=body[:at] + added + body[at:])
+
+
+def _without_init(guard: Any, init: str) -> Any:
+    """The main guard without the runtime.init() the rewrite put first in it."""
+    first = guard.body.body[0] if guard.body.body else None
+    if first is not None and code_of(first).strip() == init:
+        return guard.with_changes(body=guard.body.with_changes(body=guard.body.body[1:]))
+    return guard
 
 
 class _Average(cst.CSTTransformer):
