@@ -414,10 +414,10 @@ CPU_FIXES = {
 EPOCHS = {"dvc_cnn_dp_imagefolder.py": ("    num_epochs = 50\n", "    num_epochs = 5\n")}
 # name: (arguments, rank 0's loss line, the file it saves (None: it saves none), how many losses it prints)
 RUNS = {
-    "mnist_examples_dp_steplr.py": (["--batch-size", "16", "--epochs", "3", "--log-interval", "1", "--save-model"],
-                                    r"Loss: ([0-9.]+)", "mnist_cnn.pt", 12),
-    "mnist_resnet18_dp_argparse.py": (["--batch_size", "16", "--max_epochs", "3"], r"\| Loss: ([0-9.]+)", None, 3),
-    "cifar10_dp_gpuid_cuda.py": (["--cpu", "--batchsize", "8", "--epoch", "3"], r"Loss: ([0-9.]+) ,", None, 3),
+    "mnist_examples_dp_steplr.py": (["--batch-size", "16", "--epochs", "4", "--log-interval", "1", "--save-model"],
+                                    r"Loss: ([0-9.]+)", "mnist_cnn.pt", 16),
+    "mnist_resnet18_dp_argparse.py": (["--batch_size", "16", "--max_epochs", "4"], r"\| Loss: ([0-9.]+)", None, 4),
+    "cifar10_dp_gpuid_cuda.py": (["--cpu", "--batchsize", "8", "--epoch", "4"], r"Loss: ([0-9.]+) ,", None, 4),
     "cifar10_resnet50_dp.py": ([], r"loss: ([0-9.]+)", "cifar_net.pth", 1),  # one epoch, batch 1024: one loss
     "dvc_cnn_dp_imagefolder.py": ([], r"train loss: ([0-9.]+)", None, 5),      # 5 epochs (EPOCHS) of one batch
     # issue 54: a GAN, two optimizers, a training loader without shuffle, a device chosen at import; the critic's
