@@ -3,6 +3,7 @@ does, says where a parse fails as Python says it, and a --check ended from outsi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -146,6 +147,9 @@ def test_a_check_whose_ranks_hang_gives_its_verdict_within_its_hang_limit(tmp_pa
     took = time.monotonic() - started
     assert got.returncode == 1 and "check: hung: no rank advanced for 10 s" in got.stderr, got.stderr
     assert "Traceback" not in got.stderr.split("check: hung")[-1]
+    said = next(line for line in got.stderr.splitlines() if "check: hung" in line)
+    assert re.search(r"steps each rank had ended: rank 0 \d+, rank 1 \d+, rank 2 \d+, rank 3 \d+", said), said
+    print(said)
     print(f"verdict after {took:.1f} s")  # (10 s limit: the ranks' start, epoch 0, then 10 s of no progress)
 
 

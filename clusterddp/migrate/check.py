@@ -40,9 +40,12 @@ def run(script: Path, args: Sequence[str], steps: int, echo: Callable[[str], Non
     runs = sorted(out.glob("*/"))
     code, lines = verdict(returncode, runs[-1] if runs else None)
     if returncode == contract.HANG_EXIT:
-        lines.insert(0, f"check: hung: no rank advanced for {hang} s, so the job was ended (--check-hang); where "
-                        "each rank waited is in the roll call above: a collective (print of an average, a save "
-                        "that waits, a backward) that only some ranks reach?")
+        reached = {r.rank: r.steps for r in telemetry.read(runs[-1], 0)} if runs else {}
+        apart = f"; steps each rank had ended: {', '.join(f'rank {r} {n}' for r, n in sorted(reached.items()))}" + (
+            " (apart)" if len(set(reached.values())) > 1 else "") if reached else ""
+        lines.insert(0, f"check: hung: no rank advanced for {hang} s, so the job was ended (--check-hang){apart}; "
+                        "where each rank waited is in the roll call above: a collective (print of an average, a "
+                        "save that waits, a backward) that only some ranks reach?")
     if original is not None:
         lines[-1] = compared(dp, throughput(runs[-1]) if runs else None, len(visible_gpus()))
     return code, lines
