@@ -180,3 +180,9 @@ def test_new_skeleton_runs_on_two_ranks(tmp_path):
     assert top.returncode == 0 and re.search(r"\b64\b", top.stdout), top.stdout + top.stderr  # each rank's steps
     page = run_cli("report", str(run), "-o", str(tmp_path / "r.html"), cwd=tmp_path)
     assert page.returncode == 0 and "loss" in (tmp_path / "r.html").read_text(), page.stderr
+    assert re.search(r"clusterddp: goodput \d+%: ", proc.stderr), proc.stderr  # measured (steps recorded)
+    # issue 56: with telemetry off, a clean run's goodput is not measured (it read "goodput 0%, all start-up")
+    off = run_cli("submit", "--local", "--procs-per-node", "2", "--env", "CLUSTERDDP_TELEMETRY=0", "train.py", "--",
+                  "--epochs", "1", cwd=tmp_path)
+    assert off.returncode == 0 and "clusterddp: goodput not measured: no step was recorded" in off.stderr, off.stderr
+    assert "goodput 0%" not in off.stderr

@@ -34,6 +34,7 @@ class Ledger:
     steps: int = 0          # steps run, redone ones included
     redone_steps: int = 0
     attempts: int = 0
+    unmeasured: int = 0     # attempts that ended well with no step recorded (telemetry off, no runtime steps)
 
     @property
     def total(self) -> float:
@@ -48,6 +49,9 @@ class Ledger:
         total = self.total
         if total <= 0:
             return "goodput: nothing recorded yet"
+        if self.unmeasured and self.parts["productive"] <= 0:
+            return (f"goodput not measured: no step was recorded ({contract.TELEMETRY}=0, or a loop that calls "
+                    f"neither runtime.step() nor runtime.should_stop()); {self._amount(total)} allocated")
         scale, unit = (3600.0, "node-hours") if total >= 3600 else (60.0, "node-minutes") if total >= 60 else \
             (1.0, "node-seconds")
         lost = [f"{name} {100 * v / total:.0f}%" for name, v in self.parts.items()
@@ -56,6 +60,12 @@ class Ledger:
         return (f"goodput {100 * self.goodput:.0f}%: {self.parts['productive'] / scale:.3g} of {total / scale:.3g} "
                 f"{unit} trained; lost: {', '.join(lost) or 'nothing'}{redone}")
 
+    @staticmethod
+    def _amount(total: float) -> str:
+        scale, unit = (3600.0, "node-hours") if total >= 3600 else (60.0, "node-minutes") if total >= 60 else \
+            (1.0, "node-seconds")
+        return f"{total / scale:.3g} {unit}"
+
     def add(self, other: "Ledger") -> None:
         """Another job's ledger into this one (a sweep's trials)."""
         for name, value in other.parts.items():
@@ -63,6 +73,7 @@ class Ledger:
         self.steps += other.steps
         self.redone_steps += other.redone_steps
         self.attempts += other.attempts
+        self.unmeasured += other.unmeasured
 
     def as_json(self) -> Dict[str, object]:
         return {"goodput": round(self.goodput, 4), "total_node_s": round(self.total, 3),
@@ -111,6 +122,7 @@ def ledger(run_dir: Path) -> Optional[Ledger]:
         firsts = [r.first for r in ranks if r.first is not None]
         if not firsts or not pos:
             out.parts["failed" if a.exit != 0 else "start-up"] += (end - start) * nodes
+            out.unmeasured += a.exit == 0
             continue
         first = min(max(min(firsts), start), end)
         last = min(max(max(t for _, t in pos.values()), first), end)
