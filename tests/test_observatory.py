@@ -271,3 +271,20 @@ def test_gpu_numbers_show_where_cuda_was_used_and_are_numbers_only(tmp_path):
     assert lines[4].split()[-2:] == ["-", "-"], lines  # rank 2: what it wrote was not numbers
     write_run(tmp_path / "cpu", even_job(n=12))
     assert "GPU%" not in top.text(top.snapshot(tmp_path / "cpu"))
+
+
+def test_an_allocation_without_an_attempt_is_in_the_ledger(tmp_path):
+    """Issue 56: an allocation whose script ended before any attempt was recorded (a setup line failed, the gate,
+    a node lost at start) dropped out of the ledger (2,000 of 10,000 node-seconds shown). It is lost whole, and the
+    parts still add up to every allocation."""
+    test_with_its_allocation_recorded_the_ledger_is_the_allocation(tmp_path)
+    with open(tmp_path / contract.ALLOCATIONS_FILE, "a") as fh:  # restart 1: 4 nodes for 100 s, no attempt
+        fh.write(f"begin\t1\t{T0 + 300:.3f}\tnode1,node2,node3,node4\nend\t1\t{T0 + 400:.3f}\n")
+    ledger = goodput.ledger(tmp_path)
+    assert ledger.total == pytest.approx(3 * 187.75 + 4 * 100)
+    assert ledger.parts["failed"] == pytest.approx(2 * 10 + 4 * 100)
+    alone = tmp_path / "alone"  # and a job with only such an allocation has a ledger, all of it lost
+    alone.mkdir()
+    (alone / contract.ALLOCATIONS_FILE).write_text(f"begin\t0\t{T0:.3f}\tnode1,node2\nend\t0\t{T0 + 50:.3f}\n")
+    only = goodput.ledger(alone)
+    assert only is not None and only.total == pytest.approx(100) and only.parts["failed"] == pytest.approx(100)

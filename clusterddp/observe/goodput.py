@@ -92,10 +92,15 @@ def _telemetry_of(run_dir: Path, a: attempts_file.Attempt, last_of_restart: bool
 def ledger(run_dir: Path) -> Optional[Ledger]:
     """The job's ledger from its ended attempts (None: none ended yet, or none recorded)."""
     done = sorted(attempts_file.read(run_dir), key=lambda a: (a.restart, a.attempt))
-    if not done:
-        return None
     held_by = {alloc.restart: alloc for alloc in attempts_file.allocations(run_dir)}
+    # an allocation that ended with no attempt recorded (its script ended before one: a setup line, the gate, a
+    # node lost at start) is lost whole; left out, the ledger showed less than Slurm allocated
+    empty = [a for r, a in held_by.items() if a.end and r not in {d.restart for d in done}]
+    if not done and not empty:
+        return None
     out = Ledger(attempts=len(done))
+    for lost in empty:
+        out.parts["failed"] += max(0.0, lost.end - lost.start) * max(1, len(lost.nodes))
     reached = 0  # the furthest step any earlier attempt recorded
     cursor = 0.0  # one timeline per allocation that never goes back (attempts' times are whole seconds)
     for i, a in enumerate(done):
