@@ -288,3 +288,23 @@ def test_an_allocation_without_an_attempt_is_in_the_ledger(tmp_path):
     (alone / contract.ALLOCATIONS_FILE).write_text(f"begin\t0\t{T0:.3f}\tnode1,node2\nend\t0\t{T0 + 50:.3f}\n")
     only = goodput.ledger(alone)
     assert only is not None and only.total == pytest.approx(100) and only.parts["failed"] == pytest.approx(100)
+
+
+def test_the_goodput_bar_shows_only_the_parts_there_are_with_their_numbers(tmp_path):
+    """Issue 56: the bar had no numbers and a legend of all 9 parts, 6 of them absent."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from clusterddp.observe import report
+
+    test_the_ledger_splits_every_attempt_and_adds_up(tmp_path)
+    story = report.gather(tmp_path)
+    fig = report._goodput(plt, story, 0.0)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    present = [name for name, value in story.ledger.parts.items() if value > 0]
+    assert len(labels) == len(present) < len(goodput.PARTS), labels
+    for name, label in zip(present, labels):
+        share = 100 * story.ledger.parts[name] / story.ledger.total
+        assert label == f"{name} {share:.0f}%", labels
+    plt.close(fig)

@@ -179,13 +179,15 @@ def _goodput(plt: Any, story: Story, t0: float) -> Any:
         return None
     fig, ax = plt.subplots(figsize=(10, 1.4))
     offset = 0.0
-    for name, value in ledger.parts.items():
-        share = 100 * value / ledger.total
-        ax.barh([0], [share], left=offset, color=_PART_COLOURS[name], label=name)
+    present = [(name, 100 * value / ledger.total) for name, value in ledger.parts.items() if value > 0]
+    for name, share in present:  # only the parts there are, each with its number
+        ax.barh([0], [share], left=offset, color=_PART_COLOURS[name], label=f"{name} {share:.0f}%")
+        if share >= 6:
+            ax.text(offset + share / 2, 0, f"{share:.0f}%", ha="center", va="center", fontsize=8)
         offset += share
     ax.set_yticks([])
     ax.set_xlabel("% of the node-seconds")
-    ax.legend(fontsize=7, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.5))
+    ax.legend(fontsize=7, ncol=max(1, len(present)), loc="upper center", bbox_to_anchor=(0.5, -0.5))
     return fig
 
 
