@@ -153,6 +153,7 @@ TRIAL_FILE = "trial.json"              # in the trial's run directory: sweep, in
 #: sample indices it gave this rank (CHECK_FILE), so the check can say how the ranks' data differed.
 CHECK_STEPS = "CLUSTERDDP_CHECK_STEPS"
 CHECK_FILE = "check/rank-{rank}-loader-{loader}.json"
+CHECK_SECOND_EPOCH = "check/rank-{rank}-second-epoch"  # a runtime.loader of this rank began a second epoch
 CHECK_MODELS = "check/rank-{rank}-models.json"  # at shutdown: a digest of each wrapped model's parameters
 RUN_ID = "CLUSTERDDP_RUN_ID"           # set by init(): the job's identity for trackers (runtime.run_id())
 #: A checkpoint (file, or a directory: its newest) to start from when the run has none of its own: another run's

@@ -249,7 +249,7 @@ def test_every_command_shown_in_the_readme_and_the_guides_is_one_the_cli_knows()
 NOT_RUN_HERE = {
     "stacks 1234": "a running job's: test_hangs runs stacks on real hung jobs",
     "top 4242": "a Slurm job id: test_self_healing runs top JOBID on the test cluster",
-    "migrate train.py --check -- --epochs 1": "4 ranks: test_migrate runs the README's migrate --check",
+    "migrate train.py --check -- --epochs 2": "4 ranks: test_migrate runs the README's migrate --check",
     "submit --cluster hpc --nodes 2 --gpus 8 train.py --wait -- --epochs 10": "over SSH: test_remote",
     "status": "the jobs of every cluster: test_remote",
     "logs 12345 --rank 3 -f": "a remote job's: test_remote",

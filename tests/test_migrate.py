@@ -257,6 +257,22 @@ def test_the_check_says_when_the_ranks_were_not_kept_in_step(tmp_path):
     assert recorded([["a"]] * 3)[1].startswith("check: weights: 3 of 4 ranks recorded theirs")
 
 
+def test_the_check_says_when_it_saw_one_epoch_only(tmp_path):
+    """Issue 54: --check judges at least two epochs: a run whose loaders never began a second one says so."""
+    import json
+
+    from clusterddp import contract
+    from clusterddp.migrate.check import verdict
+
+    (tmp_path / "check").mkdir()
+    for rank in range(4):
+        (tmp_path / contract.CHECK_FILE.format(rank=rank, loader=0)).write_text(json.dumps(
+            {"rank": rank, "loader": 0, "batch_size": 2, "indices": [2 * rank, 2 * rank + 1]}))
+    assert any(line.startswith("check: one epoch only") for line in verdict(0, tmp_path)[1])
+    (tmp_path / contract.CHECK_SECOND_EPOCH.format(rank=2)).write_text("")
+    assert not any(line.startswith("check: one epoch only") for line in verdict(0, tmp_path)[1])
+
+
 def test_migrate_never_imports_torch_in_the_cli(tmp_path):
     import subprocess
     import sys

@@ -55,7 +55,7 @@ def migrate_command(script: Path, args: Sequence[str], output: Optional[Path], d
     \b
       clusterddp migrate train.py                 # writes train_ddp.py, lists the changes
       clusterddp migrate train.py --diff          # review first
-      clusterddp migrate train.py --check -- --epochs 1
+      clusterddp migrate train.py --check -- --epochs 2
       clusterddp submit --nodes 2 --gpus 8 train_ddp.py -- --epochs 10
     """
     from ..migrate.rules import migrate_source, report

@@ -170,6 +170,9 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
     shares = _shares(run)
     if not shares:
         lines.append("check: data: no runtime.loader was used, so how the ranks' data differ is not known")
+    elif not list((run / "check").glob("rank-*-second-epoch"))[:1]:
+        lines.append("check: one epoch only: a second (the sampler's new shuffle, what the script does at an "
+                     "epoch's end, a loader made anew) was not run; give the script 2 or more epochs after --")
     for loader, by_rank in sorted(shares.items()):
         seen = [s for _, s in sorted(by_rank.items())]
         shared = set.intersection(*seen) if len(seen) == RANKS else set()

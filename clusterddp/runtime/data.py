@@ -109,6 +109,8 @@ def _checking(made: EpochLoader) -> Optional[int]:
         path = Path(rundir.at(run_dir)) / contract.CHECK_FILE.format(rank=rank(), loader=made.number)
         write_atomic(path, json.dumps({"rank": rank(), "loader": made.number, "batch_size": made.batch_size,
                                       "indices": [int(i) for i in indices]}))
+    elif made.epoch == 1:
+        write_atomic(Path(rundir.at(run_dir)) / contract.CHECK_SECOND_EPOCH.format(rank=rank()), "")
     return limit
 
 
