@@ -71,11 +71,16 @@ def collectives_under_rank_tests(text: str) -> list:
     found = []
     apart_functions: Set[str] = set()
 
-    def varies(test: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(test)) or \
+    def varies(test: ast.AST, shared: frozenset) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in names and n.id not in shared for n in ast.walk(test)) or \
             any(isinstance(n, ast.Attribute) and n.attr == "item" for n in ast.walk(test))
 
-    def visit(node: ast.AST, apart: str) -> None:
+    def averaged(value: ast.AST) -> bool:
+        """runtime.all_reduce_mean(...): a value every rank shares."""
+        return isinstance(value, ast.Call) and getattr(value.func, "attr", getattr(value.func, "id", "")) == \
+            "all_reduce_mean"
+
+    def visit(node: ast.AST, apart: str, shared: frozenset = frozenset()) -> None:
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             waits = not any(k.arg == "wait" and isinstance(k.value, ast.Constant) and k.value.value is False
@@ -85,14 +90,24 @@ def collectives_under_rank_tests(text: str) -> list:
             if apart and name not in apart_functions and any(
                     isinstance(d, ast.FunctionDef) and d.name == name for d in ast.walk(tree)):
                 apart_functions.add(name)
-        if isinstance(node, (ast.If, ast.While)) and not apart and varies(node.test):
+        if isinstance(node, (ast.If, ast.While)) and not apart and varies(node.test, shared):
             apart = ast.unparse(node.test)
         if isinstance(node, ast.ExceptHandler):
             apart = apart or "except"
         if isinstance(node, ast.FunctionDef):
             apart = f"called under a per-rank test: {node.name}" if node.name in apart_functions else ""
-        for child in ast.iter_child_nodes(node):
-            visit(child, apart)
+            shared = frozenset()
+        for _, value in ast.iter_fields(node):
+            if isinstance(value, ast.AST):
+                visit(value, apart, shared)
+            elif isinstance(value, list):  # a block, in order: a name just averaged is shared until set again
+                now = set(shared)
+                for child in value:
+                    if isinstance(child, ast.AST):
+                        visit(child, apart, frozenset(now))
+                    if isinstance(child, ast.Assign) and len(child.targets) == 1 and \
+                            isinstance(child.targets[0], ast.Name):
+                        (now.add if averaged(child.value) else now.discard)(child.targets[0].id)
 
     for _ in range(3):  # functions first seen called apart: once more
         found.clear()
@@ -175,3 +190,29 @@ def test_a_script_whose_decisions_differ_by_rank_runs_to_the_end_as_four_ranks(t
     assert re.search(r"check: .*trained", proc.stderr), proc.stderr
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"best.pt", "best-again.pt", "final.pt"}
     assert Path(tmp_path / "branches_ddp.py").exists()
+
+
+@pytest.mark.parametrize("body, averaged", [
+    # the plain intent: keep the best score; each rank scored its own share, so the decision is made on the average
+    (LOOP + "    here = loss.item()\n    if here < best:\n        best = here\n        torch.save(model, 'b.pt')\n",
+     True),
+    (LOOP + "    acc = score(model)\n    if acc >= best_acc:\n        best_acc = acc\n", True),
+    # not that plain: a block with its own branch, a test under another per-rank test, no best kept: left as they are
+    (LOOP + "    here = loss.item()\n    if here < best:\n        best = here\n        if here < 0.1:\n"
+     "            torch.save(model, 'b.pt')\n", False),
+    (LOOP + "    here = loss.item()\n    if loss.item() > 1:\n        if here < best:\n            best = here\n",
+     False),
+    (LOOP + "    here = loss.item()\n    if here < best:\n        torch.save(model, 'b.pt')\n", False),
+    (LOOP + "    here = loss.item()\n    if here < best:\n        best = here\n    else:\n        stale += 1\n", False),
+])
+def test_a_best_model_decision_is_made_on_the_ranks_average(body, averaged):
+    """Issue 54: where the intent is plain (keep the best score), the score is averaged over the ranks before the
+    test, so every rank takes the same branch, as the one process did on the whole set; anything less plain keeps
+    its rank-0-local save and is listed. Never a collective under a per-rank test either way (the walker)."""
+    m = migrate_source(HEAD + body, "d.py")
+    score = "acc" if "acc >=" in body else "here"
+    assert (f"    {score} = runtime.all_reduce_mean({score})\n    if " in m.text) is averaged, m.text
+    assert collectives_under_rank_tests(m.text) == []
+    if averaged:
+        assert not any("rank 0 saves when its own values" in what for _, what in m.findings), m.findings
+        assert any("the decision is now every rank's" in what for _, what in m.changes)

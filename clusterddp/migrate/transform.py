@@ -3,11 +3,12 @@ module level: ``rules.migrate_source`` loads this module only once LibCST is kno
 from __future__ import annotations
 
 import re
-from typing import Any, List, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from .patterns import TIGHT, Retest, best_decisions, cuda_literal, makedirs_unless_exists
 from .survey import Survey, line_of
 from .syntax import IMPORT, METRIC, code_of, dotted, is_loader, keyword, positional, training_loader
 from .uniform import Flow, analyse
@@ -21,49 +22,6 @@ def _line(visitor: Any, node: Any) -> int:
 
 def _main_guard(node: Any) -> bool:
     return isinstance(node, cst.If) and code_of(node.test).replace(" ", "").replace("'", '"') == '__name__=="__main__"'
-
-
-_GPU_COUNT = re.compile(r"device_count\(|\bn_?gpus?\b|\bnum_gpus?\b|\bgpu_count\b|\bgpus\b|device_ids|gpu_ids")
-
-
-def _cuda_literal(node: Any) -> bool:
-    """'cuda' or 'cuda:0' (DataParallel's first GPU): under DDP the rank's own GPU."""
-    return isinstance(node, cst.SimpleString) and node.evaluated_value in ("cuda", "cuda:0")
-
-
-def _makedirs_unless_exists(node: cst.If) -> Any:
-    """X for ``if not os.path.exists(X): os.makedirs(X)`` (nothing else in it, no else); None otherwise."""
-    test = node.test
-    if node.orelse is not None or not isinstance(test, cst.UnaryOperation) or \
-            not isinstance(test.operator, cst.Not) or not isinstance(test.expression, cst.Call) or \
-            dotted(test.expression.func) != "os.path.exists" or len(test.expression.args) != 1:
-        return None
-    body = node.body.body if isinstance(node.body, cst.IndentedBlock) else node.body.body
-    only = body[0] if len(body) == 1 else None
-    if isinstance(only, cst.SimpleStatementLine) and len(only.body) == 1:
-        only = only.body[0]
-    if isinstance(only, cst.Expr) and isinstance(only.value, cst.Call) and dotted(only.value.func) == "os.makedirs" \
-            and len(only.value.args) == 1 and only.value.args[0].keyword is None and \
-            code_of(only.value.args[0].value) == code_of(test.expression.args[0].value):
-        return code_of(test.expression.args[0].value)
-    return None
-
-
-_TIGHT = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-
-
-class _Retest(cst.CSTTransformer):
-    """Each comparison of a GPU count (``device_count() > 1``, ``len(args.gpus) > 1``, ``n_gpu > 1``) -> the world
-    size; the rest of the test as it was."""
-
-    def __init__(self) -> None:
-        self.done = False
-
-    def leave_Comparison(self, original: cst.Comparison, updated: cst.Comparison) -> Any:
-        if not _GPU_COUNT.search(code_of(original)):
-            return updated
-        self.done = True
-        return cst.parse_expression("runtime.world_size() > 1").with_changes(lpar=original.lpar, rpar=original.rpar)
 
 
 class ToDDP(cst.CSTTransformer):
@@ -81,6 +39,9 @@ class ToDDP(cst.CSTTransformer):
         self.retested: Set[int] = set()  # lines of the ifs whose test is now the world size
         self.later: Lines = []  # findings the rewrite makes
         self.loops: List[str] = []  # around the node: each loop's counter (for i in range(...)), else ""
+        # id(if) -> the score averaged before it (a best-model decision), found before the walk (a helper the block
+        # calls may come first in the file)
+        self.uniformed: Dict[int, str] = {}
 
     def _did(self, node: Any, what: str) -> None:
         self.changes.append((_line(self, node), what))
@@ -92,7 +53,7 @@ class ToDDP(cst.CSTTransformer):
         if self.s.is_dp(original):
             return self._wrap(original, updated)
         if isinstance(original.func, cst.Attribute) and original.func.attr.value == "to" and positional(original) \
-                and _cuda_literal(positional(original)[0].value):
+                and cuda_literal(positional(original)[0].value):
             self._did(original, f"{code_of(positional(original)[0].value)} -> runtime.device() (the rank's own GPU)")
             return updated.with_changes(args=[updated.args[0].with_changes(
                 value=cst.parse_expression("runtime.device()")), *updated.args[1:]])
@@ -115,7 +76,7 @@ class ToDDP(cst.CSTTransformer):
                 "a new shuffle every epoch)"))
             args = [self._per_rank(a, i) for i, a in enumerate(updated.args)] + self._epoch_of(original)
             if keep_order:
-                args.append(cst.Arg(cst.Name("False"), keyword=cst.Name("shuffle"), equal=_TIGHT))
+                args.append(cst.Arg(cst.Name("False"), keyword=cst.Name("shuffle"), equal=TIGHT))
             for before, after in zip(updated.args, args):
                 if after is not before:
                     self._did(original, f"batch_size {code_of(before.value)} -> {code_of(after.value)} "
@@ -131,20 +92,25 @@ class ToDDP(cst.CSTTransformer):
             comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
             return updated.with_changes(args=[*updated.args[:-1], updated.args[-1].with_changes(comma=comma),
                                               cst.Arg(cst.parse_expression("not runtime.is_main()"),
-                                                      keyword=cst.Name("disable"), equal=_TIGHT)]) \
+                                                      keyword=cst.Name("disable"), equal=TIGHT)]) \
                 if updated.args else updated
         apart = self.flow.per_rank(original)
         if name == "torch.save" and len(updated.args) == 2 and all(a.keyword is None for a in updated.args):
             if apart is not None:  # only some ranks get here: waiting for the others would wait forever
-                self._did(original, "torch.save -> runtime.save_on_main(..., wait=False) (rank 0 writes, "
-                          f"atomically, when its own values lead it here: line {_line(self, apart)})")
-                self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
-                                   f"{_line(self, apart)}); for a decision of all ranks, average the value it tests "
-                                   "first (runtime.all_reduce_mean) so that every rank takes the same branch"))
+                # (under a decision made on the ranks' average every rank is here; not waiting stays safe)
+                self._did(original, "torch.save -> runtime.save_on_main(..., wait=False) (rank 0 writes, atomically, "
+                          + (f"the decision at line {_line(self, apart)} being every rank's, on the average)"
+                             if id(apart) in self.uniformed else
+                             f"when its own values lead it here: line {_line(self, apart)})"))
+                if id(apart) not in self.uniformed:
+                    self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
+                                       f"{_line(self, apart)}); for a decision of all ranks, average the value it "
+                                       "tests first (runtime.all_reduce_mean) so that every rank takes the same "
+                                       "branch"))
                 return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"), args=[
                     *updated.args[:-1], updated.args[-1].with_changes(comma=cst.Comma(
                         whitespace_after=cst.SimpleWhitespace(" "))),
-                    cst.Arg(cst.Name("False"), keyword=cst.Name("wait"), equal=_TIGHT)])
+                    cst.Arg(cst.Name("False"), keyword=cst.Name("wait"), equal=TIGHT)])
             self._did(original, "torch.save -> runtime.save_on_main (rank 0 writes, atomically; the others wait)")
             return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"))
         if name == "print":
@@ -186,7 +152,7 @@ class ToDDP(cst.CSTTransformer):
             return []
         self._did(loader, f"runtime.loader(..., epoch={counter}) (made anew each time round the loop: it starts at "
                           f"that epoch's shuffle, as the DataLoader shuffled anew)")
-        return [cst.Arg(cst.Name(counter), keyword=cst.Name("epoch"), equal=_TIGHT)]
+        return [cst.Arg(cst.Name(counter), keyword=cst.Name("epoch"), equal=TIGHT)]
 
     def _wrap(self, original: cst.Call, updated: cst.Call) -> Any:
         """DataParallel(model, ...) or DataParallel(module=model) -> runtime.wrap(model); anything else is listed:
@@ -203,7 +169,7 @@ class ToDDP(cst.CSTTransformer):
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> Any:
         if self.measure or original.keyword is None or original.keyword.value != "device" or \
-                not _cuda_literal(original.value):
+                not cuda_literal(original.value):
             return updated
         self._did(original, f"device={code_of(original.value)} -> device=runtime.device() (the rank's own GPU)")
         return updated.with_changes(value=cst.parse_expression("runtime.device()"))
@@ -232,7 +198,16 @@ class ToDDP(cst.CSTTransformer):
         return updated
 
     def leave_If(self, original: cst.If, updated: cst.If) -> Any:
-        made = _makedirs_unless_exists(original)
+        if id(original) in self.uniformed:
+            # "if score < best: best = score; save": each rank scored its own share; on their average every
+            # rank takes the same branch (as the one process did on the whole set)
+            score = self.uniformed[id(original)]
+            self._did(original, f"{score} = runtime.all_reduce_mean({score}) before `if {code_of(original.test)}:` "
+                                "(each rank scored its own share: the decision is now every rank's, on the average)")
+            return cst.FlattenSentinel([cst.parse_statement(f"{score} = runtime.all_reduce_mean({score})\n")
+                                        .with_changes(leading_lines=updated.leading_lines),
+                                        updated.with_changes(leading_lines=[])])
+        made = makedirs_unless_exists(original)
         if made is not None and not self.measure:
             # every rank tests, then makes: all but the first die of FileExistsError
             self._did(original, f"if not os.path.exists({made}): os.makedirs({made}) -> os.makedirs({made}, "
@@ -255,7 +230,7 @@ class ToDDP(cst.CSTTransformer):
         """The if around the DataParallel wrap. Only its GPU-count comparisons are the world size now ("if
         device_count() > 1": under DDP each rank has one GPU, so the wrap would never happen and every rank would
         train its own copy); any other test (a switch of the script's, is_available()) is kept and listed."""
-        retest = _Retest()
+        retest = Retest()
         test = updated.test.visit(retest)
         if not retest.done:
             self.later.append((_line(self, original), f"the DDP wrap is under `if {code_of(original.test)}:`, kept as "
@@ -317,6 +292,7 @@ def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) 
     wrapper.visit(survey)
     flow = analyse(wrapper.module)
     transformer = ToDDP(survey, flow, keep_global_batch, measure)
+    transformer.uniformed = {} if measure else best_decisions(wrapper.module, flow)
     new = wrapper.visit(transformer)
     findings = {(line, what) for line, what in survey.findings if line not in transformer.retested}
     findings |= set(transformer.later) | set(_diverging(wrapper, flow))

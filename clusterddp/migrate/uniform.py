@@ -41,6 +41,7 @@ class Flow:
         self.apart: Set[str] = set()               # functions called under per-rank control
         self.controlled: Dict[int, Any] = {}       # id(call) -> the statement whose per-rank test controls it
         self.diverging: List[Tuple[Any, Any]] = []  # (loop, the exit's statement): ranks leave or skip apart
+        self.if_control: Dict[int, Any] = {}       # id(if) -> what controls it (None: every rank reaches it)
 
     def per_rank(self, call: Any) -> Optional[Any]:
         """The statement whose test differs by rank and controls ``call``; None where every rank runs it."""
@@ -258,6 +259,8 @@ class _Control:
         """Walks ``st``; returns what controls the statements after it (a per-rank return makes them per rank)."""
         names = self.flow
         if isinstance(st, cst.If):
+            if ctrl is not None or id(st) not in self.flow.if_control:  # (a later walk under control wins)
+                self.flow.if_control[id(st)] = ctrl
             self.calls(st.test, ctrl)
             inner = ctrl or (st if varies(st.test, names) else None)
             self.block(st.body.body, inner)
