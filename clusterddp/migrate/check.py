@@ -91,9 +91,13 @@ class Ended(ClusterDDPError):
 
 
 def _child(argv: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, str]:
-    """Run ``argv`` (its output captured); a SIGTERM, SIGHUP or Ctrl-C here is passed on to it (the local job's agent
-    ends its ranks on a SIGTERM) and waited for, so nothing the check started outlives it."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """Run ``argv`` (its output captured) in a session of its own; a SIGTERM, SIGHUP or Ctrl-C here ends it and
+    every process it started (the drill's end_run: Ctrl-C to it, which stops its ranks; then whatever is left), so
+    nothing the check started outlives it."""
+    from ..backends.local.tree import end_run
+
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
     def on_term(signum: int, frame: object) -> None:
         raise Ended(f"check: ended by {signal.Signals(signum).name}; the job it ran was stopped too")
@@ -104,12 +108,7 @@ def _child(argv: List[str], cwd: Path, env: Dict[str, str]) -> Tuple[int, str]:
         out, _ = proc.communicate()
         return proc.returncode, out
     except (Ended, KeyboardInterrupt):
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_run(proc)
         raise
     finally:
         for sig, before in previous.items():

@@ -31,8 +31,9 @@ def descendants(root: int) -> List[int]:
 
 
 def end_run(proc: subprocess.Popen) -> None:
-    """End a drill run and every process it started (its ranks live in sessions of their own): Ctrl-C to the
-    local runner, which stops its ranks; whatever is left after 30 s is killed."""
+    """End a run started in a session of its own (a drill's, a migrate check's) and every process it started (its
+    ranks live in sessions of their own): Ctrl-C to the local runner, which stops its ranks; whatever is left after
+    30 s is killed."""
     below = descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGINT)
