@@ -54,6 +54,10 @@ EXCEPTION_FILE = "stacks/ranks/exception-{rank}.json"
 #: time went. ``CLUSTERDDP_TELEMETRY=0`` turns it off (no comm hook, no file).
 TELEMETRY = "CLUSTERDDP_TELEMETRY"
 TELEMETRY_FILE = "telemetry/restart-{restarts}/rank-{rank}.json"
+#: Peer heal (issue 55): ``CLUSTERDDP_PEER_HEAL=0`` (``submit --no-peer-heal``) turns it off: a lost node's job then
+#: resumes from the last checkpoint only. Survivors keep their state under CLUSTERDDP_PEER_DIR (default /dev/shm).
+PEER_HEAL = "CLUSTERDDP_PEER_HEAL"
+PEER_DIR = "CLUSTERDDP_PEER_DIR"
 #: ``CLUSTERDDP_TENSORBOARD=0``: no TensorBoard event files (RUN_DIR/tensorboard/) even where tensorboard is installed.
 TENSORBOARD = "CLUSTERDDP_TENSORBOARD"
 TELEMETRY_POS = "telemetry/restart-{restarts}/rank-{rank}.pos"  # "<steps done> <Unix time>": rewritten every step

@@ -44,7 +44,18 @@ def node1_ranks(cli: int, launcher: str) -> list:
     return tree.get(agents[1], []) if len(agents) == 2 else []
 
 
-def run_and_kill(work: Path, launcher: str, *extra: str) -> tuple:
+def spoil_checkpoints(directory: Path) -> int:
+    """Every file of the checkpoint directory made garbage (as root, a chmod would not stop a read): a job that
+    reads any of them cannot resume from it. Returns how many."""
+    spoilt = 0
+    for path in directory.iterdir():
+        if path.is_file():
+            path.write_bytes(b"not a checkpoint")
+            spoilt += 1
+    return spoilt
+
+
+def run_and_kill(work: Path, launcher: str, *extra: str, spoil: bool = False) -> tuple:
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
                             *LOCAL_SHAPE, *extra, *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
                            cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -53,6 +64,8 @@ def run_and_kill(work: Path, launcher: str, *extra: str) -> tuple:
         time.sleep(0.1)
     victims = node1_ranks(cli.pid, launcher)
     assert len(victims) == 2, victims
+    if spoil:  # issue 55: a peer heal reads nothing from the checkpoint directory
+        assert spoil_checkpoints(work / "run-ck") >= 1
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     out, err = cli.communicate(timeout=180)
@@ -60,12 +73,15 @@ def run_and_kill(work: Path, launcher: str, *extra: str) -> tuple:
     return cli.returncode, out, err, run_dir
 
 
-@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
-def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, launcher):
+@pytest.mark.parametrize("launcher,peer", [("srun", True), ("torchrun", True), ("srun", False)])
+def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, launcher, peer):
+    """Issue 55: by default the survivors' memory seeds the next attempt (the checkpoints spoilt before the kill:
+    nothing of them is read), at most the step in flight redone; with --no-peer-heal, the last checkpoint."""
     shutil.copy(SCRIPTS / "resumable.py", tmp_path)
-    code, out, err, run_dir = run_and_kill(tmp_path, launcher, "--spare-nodes", "1")
+    code, out, err, run_dir = run_and_kill(tmp_path, launcher, "--spare-nodes", "1",
+                                           *([] if peer else ["--no-peer-heal"]), spoil=peer)
     assert code == 0, err
-    same_as_reference(tmp_path, reference)
+    same_as_reference(tmp_path, reference, peer=peer)
     first, second = attempts.read(run_dir)
     assert first.nodes == ("local0", "local1") and first.fault_nodes == ("local1",) and first.next == "retry"
     assert first.fault == "suspect" and attempts.at_fault([first, second]) == []  # never quarantined
@@ -75,14 +91,22 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     cited = (r"the local runner's wait: rank [23] on local1 ended by SIGKILL, 2 of the node's processes by a signal"
              if launcher == "srun" else r'node-1\.out: "torchrun\'s root cause: rank [23], exitcode -9"')
     assert re.fullmatch(cited, first.evidence) and f"; evidence: {first.evidence}" in err, (first, err)
-    assert f"RESUME from step {EVERY}" in out
+    if peer:
+        resumed = re.search(r"clusterddp: peer heal: resuming at step (\d+) from the memory of the ranks that "
+                            r"survived on local0 \(digests agree\); nothing read from the checkpoint directory", out)
+        assert resumed and int(resumed.group(1)) >= EVERY + 3, out  # the last step done before the kill, or later
+        assert f"RESUME from step {resumed.group(1)}" in out and "peer heal not used" not in out, out
+        kept = re.findall(r"clusterddp: peer heal: rank (\d) kept the state of step (\d+)", out)
+        assert sorted(r for r, _ in kept) == ["0", "1"] and {int(s) for _, s in kept} == {int(resumed.group(1))}, kept
+    else:
+        assert f"RESUME from step {EVERY}" in out and "peer heal" not in out, out
     assert (run_dir / "attempts" / "0.0").is_dir()
     ids = re.findall(r"tracker run id (\S+)", "".join(p.read_text() for p in run_dir.rglob("*.out")))
     assert len(ids) == 2 and len(set(ids)) == 1 and ids[0] != "None", ids  # issue 42: one identity per job
     # issue 42: the ledger's redone steps are the steps that ran twice; its parts add up to the attempts' spans
     ledger = goodput.ledger(run_dir)
     ran = [step for _, step in steps(tmp_path / "run.log")]
-    assert ledger.redone_steps == len(ran) - len(set(ran)) > 0, (ledger.as_json(), ran)
+    assert ledger.redone_steps == len(ran) - len(set(ran)) >= (0 if peer else 1), (ledger.as_json(), ran)
     assert ledger.steps == len(ran)
     (held,) = attempts.allocations(run_dir)  # the emulated allocation: 3 nodes (a spare), the whole local run
     assert held.nodes == ("local0", "local1", "local2") and held.start <= first.start + 1 and held.end >= second.end
@@ -92,7 +116,8 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     idle = (first.end - first.start) + (second.end - second.start)  # one emulated node of three unused in each
     assert abs(ledger.parts["idle"] - idle) <= 2, ledger.as_json()
     assert ledger.parts["failed"] > 0 and ledger.parts["productive"] > 0
-    assert f"clusterddp: {ledger.line()}" in err and f"({ledger.redone_steps} of {len(ran)} steps redone)" in err
+    assert f"clusterddp: {ledger.line()}" in err
+    assert (f"({ledger.redone_steps} of {len(ran)} steps redone)" in err) == (ledger.redone_steps > 0), err
     shown = run_cli("top", "--once", str(run_dir), cwd=tmp_path).stdout.splitlines()
     assert sorted((r.split()[0], r.split()[1]) for r in shown[2:6]) == [("local0", "0"), ("local0", "1"),
                                                                       ("local2", "2"), ("local2", "3")], shown
@@ -100,9 +125,10 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
 
 def test_without_a_spare_a_killed_emulated_node_is_retried_in_place(tmp_path, reference):
     shutil.copy(SCRIPTS / "resumable.py", tmp_path)
-    code, out, err, run_dir = run_and_kill(tmp_path, "srun")
+    code, out, err, run_dir = run_and_kill(tmp_path, "srun", spoil=True)
     assert code == 0, err
-    same_as_reference(tmp_path, reference)
+    same_as_reference(tmp_path, reference, peer=True)  # issue 55: node0's ranks seed node1's new ones
+    assert "clusterddp: peer heal: resuming at step" in out, out
     first, second = attempts.read(run_dir)
     assert (first.fault, first.fault_nodes, first.next) == ("suspect", ("local1",), "in-place"), first
     assert second.nodes == ("local0", "local1") and second.exit == 0, second

@@ -69,9 +69,10 @@ def _epoch(clock: str) -> float:
     return time.mktime(time.strptime(clock, "%Y-%m-%dT%H:%M:%S"))
 
 
-def same_as_reference(work: Path, ref_pt: Path) -> None:
+def same_as_reference(work: Path, ref_pt: Path, peer: bool = False) -> None:
     """Final parameters bit for bit (``ref_pt``: the uninterrupted run's, test_requeue's fixture); every step
-    every rank ran (redone ones too) with the reference's loss."""
+    every rank ran (redone ones too) with the reference's loss. ``peer``: resumed from the survivors' memory
+    (issue 55): at most the step in flight redone, else from the last checkpoint: at most its interval."""
     assert identical(work / "run.pt", ref_pt)
     ref, got = rank_steps(ref_pt.parent / "ref.log"), rank_steps(work / "run.log")
     for rank in range(RANKS):
@@ -80,7 +81,10 @@ def same_as_reference(work: Path, ref_pt: Path) -> None:
         assert all(expected[step] == loss for step, loss in got[rank]), rank
         assert {step for step, _ in got[rank]} == set(expected), rank
         redone = len(got[rank]) - TOTAL_STEPS
-        assert 0 < redone <= EVERY, (rank, redone)  # at most one checkpoint interval
+        if peer:  # (the step in flight is logged only once done: it may or may not show)
+            assert redone <= 1, (rank, redone)
+        else:
+            assert 0 < redone <= EVERY, (rank, redone)  # at most one checkpoint interval
 
 
 @pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE)])

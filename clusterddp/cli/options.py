@@ -111,6 +111,11 @@ HEALING_OPTIONS = [
                  help="End the job when no rank has advanced for this long (minutes, or MM:SS, HH:MM:SS as "
                       "--time; 0 = off). The roll call of where every rank waits goes into the batch log. "
                       "Scripts using clusterddp.runtime only; the first step gets twice as long."),
+    click.option("--peer-heal/--no-peer-heal", default=D("peer_heal"), show_default=True,
+                 help="When a node is lost, resume from the state the surviving ranks kept in memory (at most the "
+                      "step in flight redone; nothing read from the checkpoint directory) where it applies: "
+                      "2+ nodes, a Checkpointer whose save() steps count optimizer steps. Else, and with "
+                      "--no-peer-heal, from the last checkpoint."),
     click.option("--flight-recorder/--no-flight-recorder", default=D("flight_recorder"), show_default=True,
                  help="NCCL jobs: PyTorch's flight recorder keeps each rank's last collectives and writes them "
                       "into the run directory on a timeout or hang (TORCH_NCCL_TRACE_BUFFER_SIZE)."),

@@ -65,6 +65,7 @@ class JobSpec:
     stop_grace: int = 90
     hang_timeout: str = "15"
     flight_recorder: bool = True
+    peer_heal: bool = True  # issue 55: a lost node's job resumes from the survivors' memory (runtime/peerheal.py)
     sweep: Optional["SweepJob"] = None  # the trials, one per array task (set by sweeps/run.py)
 
     def __post_init__(self) -> None:
@@ -117,7 +118,8 @@ class JobSpec:
         """What every rank is told about the job's shape, whatever the backend (contract.py's names)."""
         return [(contract.LAUNCHER, str(self.launcher)), (contract.NNODES, str(self.nodes)),
                 (contract.GPUS_PER_NODE, str(self.gpus_per_node)), (contract.PROCS_PER_NODE, str(self.tasks_per_node)),
-                (contract.WORLD_SIZE, str(self.world_size)), (contract.HANG_TIMEOUT, str(self.hang_timeout_seconds))]
+                (contract.WORLD_SIZE, str(self.world_size)), (contract.HANG_TIMEOUT, str(self.hang_timeout_seconds))] \
+            + ([] if self.peer_heal else [(contract.PEER_HEAL, "0")])
 
     @property
     def requeues(self) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import contract
 from ..errors import RuntimeEnvError
-from . import ckptfile, ckptowner, drill, rundir, telemetry, writer
+from . import ckptfile, ckptowner, drill, peerheal, peerload, rundir, telemetry, writer
 from .ckptstate import check_payload, cpu_copy, rng_state, saved_rng, set_rng_state
 from .collect import broadcast_json, gather_json
 from .group import barrier, is_main, print0, rank, unwrap, world_size
@@ -123,6 +123,7 @@ class Checkpointer:
         the path it will have once written; rank 0's answer is exact, the others' the plain ckpt-STEP.pt).
         ``extra``: rank 0's values; ``per_rank``: values each rank has its own of (JSON: a running loss of the
         rank's share), gathered from every rank and given back to each by ``load_latest`` as ``per_rank``."""
+        peerheal.saved(step, extra, per_rank)
         with telemetry.phase("ckpt"):  # the time training waited for it (a background write: the copy only)
             return self._save(step, model, optimizer, loader, extra, per_rank)
 
@@ -277,6 +278,9 @@ class Checkpointer:
         import torch
 
         self.wait()
+        healed = peerload.resume(self.run, self._paths, model, optimizer, loader)  # issue 55: a lost node's peers
+        if healed is not None:
+            return healed
         if start_from is None:
             start_from = os.environ.get(contract.START_FROM) or None
         found, payload = self._newest_loadable(weights_only, start_from) if is_main() else ({}, None)
@@ -294,6 +298,7 @@ class Checkpointer:
                 raise RuntimeEnvError(f"no checkpoint in {self.directory} could be loaded (every one of them is "
                                       "damaged); move them aside to start afresh")
             drill.record({"e": "load", "step": None})
+            peerheal.keep(self.run, model, optimizer, loader, 0)
             return None
         if payload is None:
             payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
@@ -311,6 +316,7 @@ class Checkpointer:
         drill.record({"e": "load", "step": payload["step"], "path": os.path.abspath(path),
                       "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
                       "held": sorted(k for k in given if payload.get(k) is not None)})
+        peerheal.keep(self.run, model, optimizer, loader, payload["step"])
         return payload
 
     def _restore(self, payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:

@@ -166,6 +166,8 @@ class Control:
         previous, path = sys.excepthook, self.run_dir / contract.EXCEPTION_FILE.format(rank=self.env.rank)
 
         def hook(kind: Any, exc: BaseException, tb: Any) -> None:
+            from .peerheal import on_exception
+            on_exception(exc)  # issue 55: a survivor of a lost peer keeps its state for the next attempt
             try:
                 frames, prefixes = traceback.extract_tb(tb), library_prefixes()
                 own = [f for f in frames if not rollcall.is_library(f.filename, prefixes)]

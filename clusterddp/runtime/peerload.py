@@ -1,0 +1,187 @@
+"""Peer heal (issue 55), the resuming half: at the next attempt's ``load_latest``, the states the survivors kept on
+their nodes (peerheal.py) are read where they were written, compared by digest, and one survivor's is broadcast to
+every rank (the replacement node's included): nothing is read from the checkpoint directory. Any doubt (survivors
+that disagree, a rank whose random states were lost with two nodes, a state older than the newest checkpoint, another
+run's or user's) falls back to the checkpoint, saying why."""
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import re
+import shutil
+import stat
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
+
+from . import drill, peerheal, telemetry
+from .ckptstate import saved_rng, set_rng_state
+from .collect import gather_json
+from .group import print0, unwrap
+from .state import STATE, channel, rank, world_size
+
+
+class Use(NamedTuple):
+    """Resume from the survivors' state: ``source`` (a rank of this attempt) broadcasts it."""
+
+    source: int
+    step: int
+    digest: str
+    nodes: List[str]
+
+
+def decide(entries: Sequence[Optional[Dict[str, Any]]], world: int, newest_checkpoint: Optional[int]) \
+        -> Union[Use, str, None]:
+    """What the gathered summaries (one per rank of this attempt: the state it read, or None) allow: ``Use``, a
+    reason to fall back (str), or None where no state was kept at all (a fresh start, a fault with no survivor)."""
+    held = [(new, e) for new, e in enumerate(entries) if e]
+    if not held:
+        return None
+    sizes = sorted({e["world_size"] for _, e in held})
+    if sizes != [world]:
+        return f"the survivors' states were written by {'/'.join(map(str, sizes))} ranks, this attempt has {world}"
+    olds = [e["rank"] for _, e in held]
+    if len(set(olds)) != len(olds):
+        return "two survivors' states claim the same rank"
+    by_step: Dict[Any, List[int]] = {}
+    for _, e in held:
+        by_step.setdefault((e["step"], e["parameters_digest"]), []).append(e["rank"])
+    if len(by_step) > 1:
+        return "the survivors disagree: " + "; ".join(
+            f"step {step} (digest {dig[:12]}) on old rank(s) {','.join(map(str, sorted(r)))}"
+            for (step, dig), r in sorted(by_step.items()))
+    missing = sorted(set(range(world)) - {int(r) for _, e in held for r in e["rng"]})
+    if missing:
+        return (f"the random states of rank(s) {','.join(map(str, missing))} were lost with their node and the one "
+                "that held them (two nodes lost)")
+    step = held[0][1]["step"]
+    if newest_checkpoint is not None and step < newest_checkpoint:
+        return f"the survivors' state (step {step}) is older than the checkpoint of step {newest_checkpoint}"
+    source_new, source = min(held, key=lambda item: item[1]["rank"])
+    if source["buffers"] and source["rank"] != 0:
+        return ("rank 0's buffers (BatchNorm statistics: DDP broadcasts rank 0's at every forward) were lost with "
+                "its node")
+    return Use(source_new, int(step), source["digest"], sorted({e["node"] for _, e in held}))
+
+
+def _read(path: str) -> Dict[str, Any]:
+    """One state file of this user's (no link, a regular file, its digest right), loaded as tensors and data."""
+    import torch
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise ValueError("not a regular file of this user's")
+        state = torch.load(fh, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or peerheal.digest(state.get("shared")) != state.get("digest"):
+        raise ValueError("its digest does not match its content")
+    return state
+
+
+def _mine(run: str) -> tuple:
+    """The state this rank reads (its node's, by local rank), with a note where one was there but unusable."""
+    where = peerheal.node_dir(run)
+    if where is None or not os.path.isdir(where):
+        return None, None
+    names = sorted(n for n in os.listdir(where) if n.startswith("rank-") and n.endswith(".pt"))
+    local = STATE["env"].local_rank
+    if local >= len(names):
+        return None, None
+    path = os.path.join(where, names[local])
+    try:
+        state = _read(path)
+    except Exception as exc:
+        return None, f"{path}: {type(exc).__name__}: {str(exc)[:200]}"
+    if state.get("run") != run or state.get("uid") != os.getuid() or state.get("node") != peerheal.node_name():
+        return None, f"{path}: another run's, user's or node's"
+    return state, None
+
+
+def _summary(state: Dict[str, Any]) -> Dict[str, Any]:
+    return {**{k: state[k] for k in ("rank", "world_size", "parameters_digest", "digest", "rng", "node", "buffers")},
+            "step": state["shared"]["step"], "telemetry_steps": state.get("telemetry_steps")}
+
+
+def _clean(run: str) -> None:
+    """This run's states on this node go (every rank of the node has read its own: a collective came before), and
+    this user's states of other runs left for a day (an attempt that never came)."""
+    where = peerheal.node_dir(run)
+    if where is not None and STATE["env"].local_rank == 0:
+        shutil.rmtree(where, ignore_errors=True)
+        top = peerheal.root()
+        for name in os.listdir(top) if top else []:
+            path = os.path.join(top, name)
+            try:
+                old = time.time() - os.lstat(path).st_mtime > peerheal.STALE_S
+            except OSError:
+                continue
+            if old and name != peerheal.run_key(run):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _broadcast(state: Optional[Dict[str, Any]], source: int) -> Dict[str, Any]:
+    """``source``'s shared state on every rank, over the CPU channel, loaded as tensors and data only."""
+    import torch
+    import torch.distributed as dist
+
+    data = b""
+    if rank() == source:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    dist.broadcast(size, source, group=channel())
+    payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
+        torch.zeros(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(payload, source, group=channel())
+    if rank() == source:
+        return state  # type: ignore[return-value]
+    received = ctypes.string_at(payload.data_ptr(), payload.numel())
+    return torch.load(io.BytesIO(received), map_location="cpu", weights_only=True)
+
+
+def _newest(paths: Callable[[], List[str]]) -> Optional[int]:
+    """The newest checkpoint's step, from the names alone (no checkpoint file is opened)."""
+    steps = [int(m.group(1)) for m in (re.match(r"ckpt-(\d+)", os.path.basename(p)) for p in paths()) if m]
+    return max(steps, default=None)
+
+
+def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optimizer: Any, loader: Any) \
+        -> Optional[Dict[str, Any]]:
+    """The payload ``load_latest`` returns when the survivors' memory seeds this attempt, else None (collective).
+    ``paths``: the checkpoints' paths (rank 0 reads their names: a kept state older than the newest is not used)."""
+    if run is None or not peerheal.enabled() or world_size() < 2 or "env" not in STATE:
+        return None
+    state, note = _mine(run)
+    gathered = gather_json({"entry": _summary(state) if state else None, "note": note,
+                            "newest": _newest(paths) if rank() == 0 else None})
+    entries, notes = [g["entry"] for g in gathered], [g["note"] for g in gathered if g["note"]]
+    _clean(run)
+    verdict = decide(entries, world_size(), gathered[0]["newest"])
+    if verdict is None or isinstance(verdict, str):
+        why = verdict or (f"a kept state could not be used ({notes[0]})" if notes else None)
+        if why:
+            print0(f"clusterddp: peer heal not used: {why}; resuming from the last checkpoint")
+            drill.record({"e": "peer", "used": False, "why": why})
+        return None
+    shared = _broadcast(state["shared"] if state and rank() == verdict.source else None, verdict.source)
+    if peerheal.digest(shared) != verdict.digest:
+        raise RuntimeError("peer heal: the state received differs from the one the survivors agreed on")
+    if model is not None:
+        unwrap(model).load_state_dict(shared["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(shared["optimizer"])
+    if loader is not None and shared["loader"] is not None:
+        loader.load_state_dict(shared["loader"])
+    rngs = {k: v for e in entries if e for k, v in e["rng"].items()}
+    set_rng_state(saved_rng(rngs[str(rank())]))
+    steps, done = telemetry.current(), entries[verdict.source]["telemetry_steps"]  # type: ignore[index]
+    if steps is not None:
+        steps.resumed(done if isinstance(done, int) and done >= 0 else None)
+    print0(f"clusterddp: peer heal: resuming at step {verdict.step} from the memory of the ranks that survived on "
+           f"{','.join(verdict.nodes)} (digests agree); nothing read from the checkpoint directory")
+    drill.record({"e": "peer", "used": True, "step": verdict.step, "nodes": verdict.nodes})
+    peerheal.keep(run, model, optimizer, loader, verdict.step, trusted=True)
+    return {"step": verdict.step, "path": None, "peer": verdict.nodes, "extra": {}, "per_rank": None,
+            "world_size": world_size()}
