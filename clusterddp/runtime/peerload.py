@@ -52,8 +52,8 @@ def decide(entries: Sequence[Optional[Dict[str, Any]]], world: int, newest_check
             for (step, dig), r in sorted(by_step.items()))
     missing = sorted(set(range(world)) - {int(r) for _, e in held for r in e["rng"]})
     if missing:
-        return (f"the random states of rank(s) {','.join(map(str, missing))} were lost with their node and the one "
-                "that held them (two nodes lost)")
+        return (f"no survivor holds the random states of rank(s) {','.join(map(str, missing))} (each rank's are "
+                "held by its own node and the next one: two neighbouring nodes lost, or a survivor's state unusable)")
     step = held[0][1]["step"]
     if newest_checkpoint is not None and step < newest_checkpoint:
         return f"the survivors' state (step {step}) is older than the checkpoint of step {newest_checkpoint}"
@@ -62,6 +62,11 @@ def decide(entries: Sequence[Optional[Dict[str, Any]]], world: int, newest_check
         return ("rank 0's buffers (BatchNorm statistics: DDP broadcasts rank 0's at every forward) were lost with "
                 "its node")
     return Use(source_new, int(step), source["digest"], sorted({e["node"] for _, e in held}))
+
+
+def random_states(entries: Sequence[Optional[Dict[str, Any]]]) -> Dict[int, Any]:
+    """Every rank's random states at the step resumed, from the survivors that hold them (its own or its buddy's)."""
+    return {int(k): v for e in entries if e for k, v in e["rng"].items()}
 
 
 def _read(path: str) -> Dict[str, Any]:
@@ -174,8 +179,7 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
         optimizer.load_state_dict(shared["optimizer"])
     if loader is not None and shared["loader"] is not None:
         loader.load_state_dict(shared["loader"])
-    rngs = {k: v for e in entries if e for k, v in e["rng"].items()}
-    set_rng_state(saved_rng(rngs[str(rank())]))
+    set_rng_state(saved_rng(random_states(entries)[rank()]))
     steps, done = telemetry.current(), entries[verdict.source]["telemetry_steps"]  # type: ignore[index]
     if steps is not None:
         steps.resumed(done if isinstance(done, int) and done >= 0 else None)

@@ -26,6 +26,7 @@ def main():
     p.add_argument("--step-sleep", type=float, default=0.2)
     p.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps")
     p.add_argument("--background", action="store_true", help="Checkpointer(background=True)")
+    p.add_argument("--save-extra", action="store_true", help="save(..., epoch=E): more than a peer state keeps")
     p.add_argument("--static-graph", action="store_true", help="runtime.wrap(..., static_graph=True)")
     args = p.parse_args()
     runtime.init(timeout=120, allow_single=True)
@@ -56,7 +57,7 @@ def main():
                     fh.write(f"{restart} {step}\n")
             time.sleep(args.step_sleep)
             if args.ckpt_every and step % args.ckpt_every == 0:
-                ckpt.save(step, model, opt, batches)
+                ckpt.save(step, model, opt, batches, **({"epoch": _epoch} if args.save_extra else {}))
             if runtime.should_stop():
                 path = ckpt.save(step, model, opt, batches)
                 runtime.print0(f"STOPPED at step {step}, checkpoint {path}")
