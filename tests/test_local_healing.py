@@ -20,7 +20,7 @@ from clusterddp.observe import goodput
 
 from .conftest import SCRIPTS, run_cli
 from .procs import children
-from .test_requeue import LOCAL_SHAPE, job_args, steps  # noqa: F401
+from .test_requeue import LOCAL_SHAPE, job_args, spoil_checkpoints, steps  # noqa: F401
 from .test_self_healing import EVERY, same_as_reference
 
 pytestmark = pytest.mark.ranks
@@ -42,17 +42,6 @@ def node1_ranks(cli: int, launcher: str) -> list:
         return [p for p in tree.get(cli, []) if _environ(p).get("RANK") in ("2", "3")]
     agents = sorted(tree.get(cli, []))
     return tree.get(agents[1], []) if len(agents) == 2 else []
-
-
-def spoil_checkpoints(directory: Path) -> int:
-    """Every file of the checkpoint directory made garbage (as root, a chmod would not stop a read): a job that
-    reads any of them cannot resume from it. Returns how many."""
-    spoilt = 0
-    for path in directory.iterdir():
-        if path.is_file():
-            path.write_bytes(b"not a checkpoint")
-            spoilt += 1
-    return spoilt
 
 
 def run_and_kill(work: Path, launcher: str, *extra: str, spoil: bool = False) -> tuple:
@@ -86,8 +75,8 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     assert first.nodes == ("local0", "local1") and first.fault_nodes == ("local1",) and first.next == "retry"
     assert first.fault == "suspect" and attempts.at_fault([first, second]) == []  # never quarantined
     assert second.nodes == ("local0", "local2") and second.exit == 0 and second.next == "end"
-    assert ("clusterddp: retrying on local0,local2 without local1 (a suspect, not quarantined; retry 1 of 2), from the "
-            "last checkpoint") in err, err
+    assert ("clusterddp: retrying on local0,local2 without local1 (a suspect, not quarantined; retry 1 of 2), "
+            "from the survivors' memory where they kept it (peer heal), else the last checkpoint") in err, err
     cited = (r"the local runner's wait: rank [23] on local1 ended by SIGKILL, 2 of the node's processes by a signal"
              if launcher == "srun" else r'node-1\.out: "torchrun\'s root cause: rank [23], exitcode -9"')
     assert re.fullmatch(cited, first.evidence) and f"; evidence: {first.evidence}" in err, (first, err)

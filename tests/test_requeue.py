@@ -45,6 +45,17 @@ def rank_steps(log: Path, ranks: int = RANKS) -> list:
     return out
 
 
+def spoil_checkpoints(directory: Path) -> int:
+    """Every file of the checkpoint directory made garbage (as root, a chmod would not stop a read): a job that
+    reads any of them cannot resume from it. Returns how many."""
+    spoilt = 0
+    for path in directory.iterdir():
+        if path.is_file():
+            path.write_bytes(b"not a checkpoint")
+            spoilt += 1
+    return spoilt
+
+
 def identical(a: Path, b: Path) -> bool:
     sa, sb = torch.load(a), torch.load(b)
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

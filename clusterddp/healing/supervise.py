@@ -45,6 +45,9 @@ DECISIONS: Tuple[Tuple[str, FaultKind, str, str], ...] = (
 )
 
 
+#: Where a retry starts: the runtime decides (runtime/peerload.py), and each rank's log says which.
+RESUMES = "from the survivors' memory where they kept it (peer heal), else the last checkpoint"
+
 def decision_rows() -> str:
     """DECISIONS as the markdown table of docs/node-failure.md."""
     rows = ["| evidence (of this attempt only) | fault | what follows |", "|---|---|---|"]
@@ -143,7 +146,7 @@ def after_failure(fault: Fault, *, history: Sequence[Attempt], policy: Policy, h
             where = ",".join(ran_on)
             return _gate(hosts, bad, fault, contract.NEXT_IN_PLACE,
                          (f"clusterddp: retrying once in place on {where} (retry {used + 1} of {policy.retries}; "
-                           "no node excluded, none quarantined), from the last checkpoint",))
+                           "no node excluded, none quarantined), " + RESUMES,))
         # Unclear twice in a row: the same failure after a retry in place is the program's (a node is blamed only
         # on evidence about the node; none came).
         judged = fault._replace(kind=FaultKind.PROGRAM, nodes=(), why=f"{fault.why}; again after a retry in place "
@@ -162,7 +165,7 @@ def after_failure(fault: Fault, *, history: Sequence[Attempt], policy: Policy, h
             return spared or _gate(hosts, bad, fault, contract.NEXT_IN_PLACE,
                                    (f"clusterddp: retrying in place on {','.join(ran_on)}: no spare to leave "
                                     f"{','.join(fault.nodes)} out (a suspect, not quarantined; retry {used + 1} of "
-                                    f"{policy.retries}), from the last checkpoint",))
+                                    f"{policy.retries}), " + RESUMES,))
     if not fault.nodes:
         return _end(fault, exit_code, bad, "clusterddp: not retried: the node at fault is not known")
     spared = _on_a_spare(fault, hosts, bad, policy, f"retry {used + 1} of {policy.retries}")
@@ -178,8 +181,7 @@ def _on_a_spare(fault: Fault, hosts: Sequence[str], bad: Sequence[str], policy: 
     if chosen is None:
         return None
     return _gate(hosts, without, fault, contract.NEXT_RETRY,
-                 (f"clusterddp: retrying on {','.join(chosen)} without {','.join(fault.nodes)} ({note}), from the "
-                  "last checkpoint",))
+                 (f"clusterddp: retrying on {','.join(chosen)} without {','.join(fault.nodes)} ({note}), " + RESUMES,))
 
 
 def leave(fault: Fault, *, history: Sequence[Attempt], policy: Policy, hosts: Sequence[str], bad: Sequence[str],

@@ -281,6 +281,8 @@ class Control:
         except Exception as exc:  # an unwritable run directory must not keep a hung job alive
             print(f"clusterddp: rank {rank}: no roll call ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
         finally:
+            from .peerheal import on_hang
+            on_hang()  # issue 55: a survivor of a lost node keeps its state (its main thread waits on the lost peer)
             os._exit(contract.HANG_EXIT)
 
     def _roll_call(self, idle: float, since: str) -> None:

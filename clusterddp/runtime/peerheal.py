@@ -244,6 +244,18 @@ def on_exception(exc: BaseException) -> Optional[str]:
         return None
 
 
+def on_hang() -> None:
+    """The hang watchdog's part, from its thread while the main thread waits (on a lost or frozen peer): the state
+    of the last completed step is written as on a lost peer's exception."""
+    keeper = STATE.get("peer")
+    if keeper is not None:
+        try:
+            write(keeper)
+        except Exception as failed:
+            print(f"clusterddp: peer heal: this rank's state was not kept ({type(failed).__name__}: {failed})",
+                  flush=True)
+
+
 def write(keeper: Keeper) -> Optional[str]:
     import torch
 
