@@ -396,6 +396,13 @@ def item16_observatory(rows: List[Row], work: Path) -> None:
     telemetry_cost(rows, work, ROOT, on_off)
 
 
+def item17_peer_overhead(rows: List[Row], work: Path) -> None:
+    """Issue 55: a step's cost with peer heal on and off, no fault (bench/peer_overhead.py)."""
+    from .peer_overhead import rows as overhead
+
+    rows.extend(overhead(work))
+
+
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
                  "skipped: no GPU on this machine", ""))
@@ -419,7 +426,7 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = p.parse_args()
     which = set(args.only.split(","))
@@ -437,7 +444,8 @@ def main() -> int:
                  ("9", lambda: item9_control_overhead(rows, work)), ("10", lambda: item10_stacks(rows, work)),
                  ("11", lambda: item11_ssh(rows, work)), ("12", lambda: item12_checkpoints(rows, work)),
                  ("13", lambda: item13_self_healing(rows, work)), ("14", lambda: item14_drill(rows, work)),
-                 ("15", lambda: item15_sweep_calls(rows, work)), ("16", lambda: item16_observatory(rows, work))]
+                 ("15", lambda: item15_sweep_calls(rows, work)), ("16", lambda: item16_observatory(rows, work)),
+                 ("17", lambda: item17_peer_overhead(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:

@@ -58,6 +58,9 @@ TELEMETRY_FILE = "telemetry/restart-{restarts}/rank-{rank}.json"
 #: resumes from the last checkpoint only. Survivors keep their state under CLUSTERDDP_PEER_DIR (default /dev/shm).
 PEER_HEAL = "CLUSTERDDP_PEER_HEAL"
 PEER_DIR = "CLUSTERDDP_PEER_DIR"
+#: Rank 0's record of where each attempt started, one JSON line per load_latest: {"time", "restart", "how": peer |
+#: checkpoint | fresh, "step", "why" (peer heal not used), "nodes" (the survivors')}; status and report read it.
+RECOVERY_FILE = "recovery.jsonl"
 #: ``CLUSTERDDP_TENSORBOARD=0``: no TensorBoard event files (RUN_DIR/tensorboard/) even where tensorboard is installed.
 TENSORBOARD = "CLUSTERDDP_TENSORBOARD"
 TELEMETRY_POS = "telemetry/restart-{restarts}/rank-{rank}.pos"  # "<steps done> <Unix time>": rewritten every step

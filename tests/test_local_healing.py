@@ -88,8 +88,15 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
         kept = re.findall(r"clusterddp: peer heal: rank (\d) kept the state of step (\d+)", out)
         assert sorted(r for r, _ in kept) == ["0", "1"] and {int(s) for _, s in kept} == {int(resumed.group(1))}, kept
     else:
+        resumed = None
         assert f"RESUME from step {EVERY}" in out and "peer heal" not in out, out
     assert (run_dir / "attempts" / "0.0").is_dir()
+    # issue 55: status (and report) say where each retry started
+    second_line = [ln for ln in run_cli("status", str(run_dir), cwd=tmp_path).stdout.splitlines()
+                   if ln.startswith("attempt 2 (restart 0)")]
+    assert second_line and second_line[0].endswith(
+        f"; started from the survivors' memory at step {resumed.group(1)} (peer heal: local0; no checkpoint read)"
+        if peer else f"; started from the checkpoint of step {EVERY}"), second_line
     ids = re.findall(r"tracker run id (\S+)", "".join(p.read_text() for p in run_dir.rglob("*.out")))
     assert len(ids) == 2 and len(set(ids)) == 1 and ids[0] != "None", ids  # issue 42: one identity per job
     # issue 42: the ledger's redone steps are the steps that ran twice; its parts add up to the attempts' spans

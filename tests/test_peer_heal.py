@@ -19,7 +19,7 @@ import pytest
 
 from clusterddp.runtime import peerheal, peerload
 
-from .conftest import SCRIPTS, reference_run
+from .conftest import SCRIPTS, reference_run, run_cli
 from .procs import children
 from .test_local_healing import _environ
 from .test_requeue import identical, job_args, rank_steps, steps, total_steps
@@ -157,6 +157,11 @@ def test_two_neighbouring_nodes_lost_fall_back_to_the_checkpoint_saying_why(tmp_
     assert resumed % 4 == 0 and resumed >= 4, out  # a checkpoint's step
     _same_as(tmp_path, reference, 6, resumed)
     assert total_steps(6) == len(set(s for _, s in steps(tmp_path / "run.log")))
+    run_dir = next((tmp_path / "clusterddp-runs").glob("resumable-local-*"))
+    shown = run_cli("status", str(run_dir), cwd=tmp_path).stdout
+    assert re.search(rf"\nattempt 2 \(restart 0\) on local0,local3,local4, .*; started from the checkpoint of step "
+                     rf"{resumed} \(peer heal not used: no survivor holds the random states of rank\(s\) 2,3 ", shown), \
+        shown
 
 
 @pytest.mark.ranks

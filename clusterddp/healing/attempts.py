@@ -172,3 +172,43 @@ def at_fault(attempts: Sequence[Attempt]) -> List[Tuple[Tuple[str, ...], str]]:
     `clusterddp nodes`)."""
     return [(a.fault_nodes, a.why + (f"; evidence: {a.evidence}" if a.evidence else "")) for a in attempts
             if a.fault == FaultKind.INFRASTRUCTURE and a.fault_nodes and a.next != contract.NEXT_IN_PLACE]
+
+
+def starts(run_dir: Path) -> List[dict]:
+    """Where each attempt's ranks started (rank 0's records, contract.RECOVERY_FILE), as checked data."""
+    import json
+
+    raw = read_bounded(Path(run_dir) / contract.RECOVERY_FILE)
+    out = []
+    for line in (raw or b"").decode("utf-8", "replace").split("\n")[:_MAX_LINES]:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(r, dict) or r.get("how") not in ("peer", "checkpoint", "fresh") \
+                or not isinstance(r.get("time"), (int, float)) or not isinstance(r.get("restart"), int):
+            continue
+        step = r.get("step") if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool) else None
+        nodes = _nodes(",".join(n for n in r.get("nodes") or [] if isinstance(n, str)))
+        why = printable(r["why"])[:300] if isinstance(r.get("why"), str) else ""
+        out.append({"time": float(r["time"]), "restart": r["restart"], "how": r["how"], "step": step,
+                    "nodes": nodes, "why": why})
+    return out
+
+
+def lines(run_dir: Path, found: Sequence[Attempt]) -> List[str]:
+    """Each attempt's line, and after a fault, where the next one started (issue 55: the survivors' memory, or the
+    checkpoint and why not the survivors')."""
+    records = starts(run_dir)
+    out = []
+    for a in found:
+        text = a.line()
+        rec = next((r for r in records if r["restart"] == a.restart and a.start - 1 <= r["time"] <= a.end + 1), None)
+        if rec and (a.attempt or a.restart) and rec["how"] == "peer":
+            text += (f"; started from the survivors' memory at step {rec['step']} (peer heal: "
+                     f"{','.join(rec['nodes']) or '?'}; no checkpoint read)")
+        elif rec and (a.attempt or a.restart) and rec["how"] == "checkpoint":
+            text += f"; started from the checkpoint of step {rec['step']}" + (
+                f" (peer heal not used: {rec['why']})" if rec["why"] else "")
+        out.append(text)
+    return out

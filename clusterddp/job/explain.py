@@ -105,6 +105,17 @@ def _batch_size(args: tuple) -> "int | None":
     return None
 
 
+def peer_heal(spec: JobSpec) -> str:
+    """Where a retry after a lost node starts (runtime/peerheal.py decides in the job; docs/node-failure.md)."""
+    if not spec.peer_heal:
+        return "  a retry starts from the last checkpoint (--no-peer-heal)"
+    if spec.nodes < 2:
+        return "  a retry starts from the last checkpoint (peer heal needs 2 or more nodes: the survivors' memory)"
+    return ("  a retry starts from the survivors' memory (peer heal: at most the step in flight redone, nothing read "
+            "from the checkpoint directory) where the script's Checkpointer kept it, else from the last checkpoint, "
+            "saying why (--no-peer-heal: always the checkpoint)")
+
+
 def node_faults(spec: JobSpec) -> List[str]:
     """What the job does after a node fault (templates/base.sh.j2's retry loop)."""
     if not spec.retries:
@@ -119,12 +130,13 @@ def node_faults(spec: JobSpec) -> List[str]:
                      "lists enable_expedited_requeue; else after Slurm's requeue delay)"}[spec.expedite]
             if spec.requeues else "then the job ends (requeue is off: --time or --requeue turns it on)")
     out = [f"retries: up to {spec.retries} after a node fault (Slurm's node failure, ranks silent in a hang's roll "
-           "call the others answered, ranks that never arrived), from the last checkpoint, without the node(s) at "
+           "call the others answered, ranks that never arrived), without the node(s) at "
            "fault; after every rank of a node killed with nothing from Slurm (a suspect), without it where a spare "
            "is free, else in place; once in place after an unclear one (one rank killed, a segfault, a hang in the "
            "script's own code); a Python exception, abort(), an out-of-memory kill, an unclear failure again are "
            "the program's: never retried (--retries)",
            f"  {then}; {last}",
+           peer_heal(spec),
            "health gate: before " + ("every attempt" if spec.health_check or spec.spare_nodes else "each retry")
            + ", each candidate node checks that the run directory is writable there and its GPUs are visible "
            "(nvidia-smi)" + (f", and runs --health-check {spec.health_check!r}" if spec.health_check else "")

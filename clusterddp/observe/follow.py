@@ -178,6 +178,7 @@ def job_faults(backend: Any, job_id: str, cluster: str, job: Any) -> Tuple[List[
     ``submit --wait`` do)."""
     from ..backends.record import JobRecord
     from ..healing.attempts import at_fault, read
+    from ..healing.attempts import lines as attempt_lines
     from ..healing.faults import INFRASTRUCTURE
 
     record = JobRecord.load(job_id, cluster)
@@ -189,7 +190,7 @@ def job_faults(backend: Any, job_id: str, cluster: str, job: Any) -> Tuple[List[
         run_dir = Path(backend.readable(record, reports_only=True).run_dir)
         found = read(run_dir)
         if len(found) > 1 or any(a.fault for a in found):
-            lines += [a.line() for a in found]
+            lines += attempt_lines(run_dir, found)
         blamed += at_fault(found)
         lines += goodput.lines(run_dir)
     if job.done and job.return_code and job.state in FAULT_STATES:
@@ -273,6 +274,7 @@ def local_status(run_dir: Path) -> Tuple[List[Tuple[str, ...]], List[str], int]:
     """``status RUN_DIR`` for a local run (no Slurm job behind it): a row from its recorded attempts (the last one
     decides), each attempt's line when there were several or a fault, and its goodput."""
     from ..healing.attempts import allocations, read
+    from ..healing.attempts import lines as attempt_lines
 
     found = read(run_dir)
     running = any(a.end <= a.start for a in allocations(run_dir)) and not found
@@ -288,7 +290,7 @@ def local_status(run_dir: Path) -> Tuple[List[Tuple[str, ...]], List[str], int]:
     rows: List[Tuple[str, ...]] = [("RUN", "STATE", "ELAPSED", "NODES", "NODELIST", "EXIT", "REASON"),
                                    (str(run_dir), state, elapsed, nodes, ",".join(last.nodes) if last else "", exit_,
                                     why)]
-    lines = [a.line() for a in found] if len(found) > 1 or any(a.fault for a in found) else []
+    lines = attempt_lines(run_dir, found) if len(found) > 1 or any(a.fault for a in found) else []
     return rows, lines + goodput.lines(run_dir), int(state == "FAILED")
 
 

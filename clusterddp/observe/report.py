@@ -80,7 +80,7 @@ def gather(run_dir: Path) -> Story:
 
 def summary(story: Story) -> str:
     """The terminal summary: attempts, goodput, stragglers, the last metrics, and what is missing."""
-    lines = [a.line() for a in story.attempts]
+    lines = attempts_file.lines(story.run_dir, story.attempts)
     if story.ledger is not None and story.ledger.total > 0:
         lines.append(story.ledger.line())
     if story.stragglers:

@@ -298,7 +298,7 @@ class Checkpointer:
                 raise RuntimeEnvError(f"no checkpoint in {self.directory} could be loaded (every one of them is "
                                       "damaged); move them aside to start afresh")
             drill.record({"e": "load", "step": None})
-            peerheal.keep(self.run, model, optimizer, loader, 0)
+            peerload.started(self.run, model, optimizer, loader, None, "fresh")
             return None
         if payload is None:
             payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
@@ -316,7 +316,7 @@ class Checkpointer:
         drill.record({"e": "load", "step": payload["step"], "path": os.path.abspath(path),
                       "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
                       "held": sorted(k for k in given if payload.get(k) is not None)})
-        peerheal.keep(self.run, model, optimizer, loader, payload["step"])
+        peerload.started(self.run, model, optimizer, loader, payload["step"], "checkpoint")
         return payload
 
     def _restore(self, payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:

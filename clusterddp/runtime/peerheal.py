@@ -139,7 +139,8 @@ class Keeper:
         got = torch.zeros(EXCHANGE_BYTES, dtype=torch.uint8)
         works = [dist.isend(out, self.buddy, group=channel()), dist.irecv(got, self.source, group=channel())]
         for work in works:
-            work.wait()
+            if work is not None:
+                work.wait()
         size = int.from_bytes(bytes(got[:8].tolist()), "little")
         theirs = json.loads(bytes(got[8:8 + min(size, EXCHANGE_BYTES - 8)].tolist()))
         return {str(rank()): own, str(self.source): theirs}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import json
 import os
 import re
 import shutil
@@ -14,7 +15,8 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
-from . import drill, peerheal, telemetry
+from .. import contract
+from . import drill, peerheal, rundir, telemetry
 from .ckptstate import saved_rng, set_rng_state
 from .collect import gather_json
 from .group import print0, unwrap
@@ -114,7 +116,7 @@ def _clean(run: str) -> None:
     where = peerheal.node_dir(run)
     if where is not None and STATE["env"].local_rank == 0:
         shutil.rmtree(where, ignore_errors=True)
-        top = peerheal.root()
+        top = peerheal.root() or ""
         for name in os.listdir(top) if top else []:
             path = os.path.join(top, name)
             try:
@@ -169,6 +171,7 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
         if why:
             print0(f"clusterddp: peer heal not used: {why}; resuming from the last checkpoint")
             drill.record({"e": "peer", "used": False, "why": why})
+            STATE["peer_why"] = why
         return None
     shared = _broadcast(state["shared"] if state and rank() == verdict.source else None, verdict.source)
     if peerheal.digest(shared) != verdict.digest:
@@ -185,7 +188,27 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
         steps.resumed(done if isinstance(done, int) and done >= 0 else None)
     print0(f"clusterddp: peer heal: resuming at step {verdict.step} from the memory of the ranks that survived on "
            f"{','.join(verdict.nodes)} (digests agree); nothing read from the checkpoint directory")
-    drill.record({"e": "peer", "used": True, "step": verdict.step, "nodes": verdict.nodes})
-    peerheal.keep(run, model, optimizer, loader, verdict.step, trusted=True)
+    given = sorted(k for k, v in {"model": model, "optimizer": optimizer, "loader": loader}.items() if v is not None)
+    drill.record({"e": "load", "step": verdict.step, "path": None, "peer": verdict.nodes, "restored": given,
+                  "held": given})
+    started(run, model, optimizer, loader, verdict.step, "peer", verdict.nodes)
     return {"step": verdict.step, "path": None, "peer": verdict.nodes, "extra": {}, "per_rank": None,
             "world_size": world_size()}
+
+
+def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: Optional[int], how: str,
+            nodes: Optional[List[str]] = None) -> None:
+    """Where this attempt started (``how``: peer, checkpoint or fresh): rank 0 records it in the run directory
+    (contract.RECOVERY_FILE: status and report show it per attempt); then the keeping starts."""
+    run_dir = os.environ.get(contract.RUN_DIR)
+    why = STATE.pop("peer_why", None)
+    if run_dir and rank() == 0:
+        restart = STATE["control"].restart if "control" in STATE else 0
+        line = {"time": time.time(), "restart": restart, "how": how,
+                "step": step, "why": why, "nodes": nodes}
+        try:
+            with open(rundir.at(os.path.join(run_dir, contract.RECOVERY_FILE)), "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(line) + "\n")
+        except OSError:
+            pass  # a help for status; the run goes on
+    peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer")
