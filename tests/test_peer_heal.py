@@ -159,9 +159,8 @@ def test_two_neighbouring_nodes_lost_fall_back_to_the_checkpoint_saying_why(tmp_
     assert total_steps(6) == len(set(s for _, s in steps(tmp_path / "run.log")))
     run_dir = next((tmp_path / "clusterddp-runs").glob("resumable-local-*"))
     shown = run_cli("status", str(run_dir), cwd=tmp_path).stdout
-    assert re.search(rf"\nattempt 2 \(restart 0\) on local0,\S+, .*; started from the checkpoint of step "
-                     rf"{resumed} \(peer heal not used: no survivor holds the random states of rank\(s\) 2,3 ", shown), \
-        shown
+    assert re.search(rf"\nattempt 2 \(restart 0\) on local0,\S+, .*; started from the checkpoint of step {resumed} "
+                     r"\(peer heal not used: no survivor holds the random states of rank\(s\) 2,3 ", shown), shown
 
 
 @pytest.mark.ranks

@@ -26,6 +26,7 @@ from ..hostlist import HostlistError, expand
 from ..rollcall import read_dumps, read_hellos, write_dump
 from . import rundir, telemetry
 from .env import DistEnv
+from .state import STATE
 
 POLL_S = 1.0          # how often a rank looks for a stack request
 BEAT_S = 2.0          # how often a rank adds its progress to the store's counter
@@ -166,8 +167,9 @@ class Control:
         previous, path = sys.excepthook, self.run_dir / contract.EXCEPTION_FILE.format(rank=self.env.rank)
 
         def hook(kind: Any, exc: BaseException, tb: Any) -> None:
-            from .peerheal import on_exception
-            on_exception(exc)  # issue 55: a survivor of a lost peer keeps its state for the next attempt
+            keeper = STATE.get("peer")  # issue 55 (runtime/peerheal.py): a lost peer's survivor keeps its state
+            if keeper is not None:
+                keeper.on_exception(exc)
             try:
                 frames, prefixes = traceback.extract_tb(tb), library_prefixes()
                 own = [f for f in frames if not rollcall.is_library(f.filename, prefixes)]
@@ -281,8 +283,9 @@ class Control:
         except Exception as exc:  # an unwritable run directory must not keep a hung job alive
             print(f"clusterddp: rank {rank}: no roll call ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
         finally:
-            from .peerheal import on_hang
-            on_hang()  # issue 55: a survivor of a lost node keeps its state (its main thread waits on the lost peer)
+            keeper = STATE.get("peer")  # issue 55: a lost node's survivor keeps its state (its main thread waits)
+            if keeper is not None:
+                keeper.on_hang()
             os._exit(contract.HANG_EXIT)
 
     def _roll_call(self, idle: float, since: str) -> None:

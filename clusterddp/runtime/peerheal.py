@@ -182,6 +182,24 @@ class Keeper:
         self.trusted, self.off_why = False, why
         print0(f"clusterddp: peer heal is off for this run: {why}; a lost node resumes from the last checkpoint")
 
+    def on_exception(self, exc: BaseException) -> Optional[str]:
+        """The exception hook's part (control.py): a survivor of a lost peer writes its state; returns where."""
+        if not lost_peer(exc):
+            return None
+        return self._write()
+
+    def on_hang(self) -> Optional[str]:
+        """The hang watchdog's part, from its thread while the main thread waits (on a lost or frozen peer)."""
+        return self._write()
+
+    def _write(self) -> Optional[str]:
+        try:
+            return write(self)
+        except Exception as failed:  # a help: the checkpoint is still there
+            print(f"clusterddp: peer heal: this rank's state was not kept ({type(failed).__name__}: {failed})",
+                  flush=True)
+            return None
+
     def state(self) -> Optional[Dict[str, Any]]:
         """The last completed step's state, or None where it cannot be told exactly."""
         if not self.trusted or self.stepping or self.done is None:
@@ -230,31 +248,6 @@ def lost_peer(exc: BaseException) -> bool:
     kinds = tuple(k for k in (getattr(dist, "DistError", None),) if k is not None)
     return bool(kinds and isinstance(exc, kinds)) or (isinstance(exc, RuntimeError) and bool(_LOST_PEER.search(
         str(exc)[:2000])))
-
-
-def on_exception(exc: BaseException) -> Optional[str]:
-    """The exception hook's part: a survivor of a lost peer writes its state; returns where (None: not written)."""
-    keeper = STATE.get("peer")
-    if keeper is None or not lost_peer(exc):
-        return None
-    try:
-        return write(keeper)
-    except Exception as failed:  # a help: the checkpoint is still there
-        print(f"clusterddp: peer heal: this rank's state was not kept ({type(failed).__name__}: {failed})",
-              flush=True)
-        return None
-
-
-def on_hang() -> None:
-    """The hang watchdog's part, from its thread while the main thread waits (on a lost or frozen peer): the state
-    of the last completed step is written as on a lost peer's exception."""
-    keeper = STATE.get("peer")
-    if keeper is not None:
-        try:
-            write(keeper)
-        except Exception as failed:
-            print(f"clusterddp: peer heal: this rank's state was not kept ({type(failed).__name__}: {failed})",
-                  flush=True)
 
 
 def write(keeper: Keeper) -> Optional[str]:
