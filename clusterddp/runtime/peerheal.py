@@ -15,6 +15,7 @@ run and node; the next attempt reads it, uses it or not, and removes it.
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import hashlib
 import json
@@ -22,14 +23,15 @@ import os
 import re
 import stat
 import time
-from typing import Any, Dict, Mapping, Optional
+from datetime import timedelta
+from typing import Any, Dict, List, Mapping, Optional
 
 from .. import contract
-from .ckptstate import rng_state
+from .ckptstate import numpy_module, rank_device
 from .group import print0, unwrap
 from .state import STATE, channel, rank, world_size
 
-EXCHANGE_BYTES = 1 << 16  # one rank's random states as JSON (python's 625 words, torch's 5 KB, numpy's) fit
+EXCHANGE_BYTES = 1 << 14  # one rank's random states packed (python's 625 words, torch's 5 KB, numpy's 624) fit
 STALE_S = 24 * 3600       # this user's states of other runs older than this are removed at the next load
 _LOST_PEER = re.compile(r"Connection (closed|reset) by peer|Broken pipe|gloo|NCCL|c10d|[Ss]ocket|timed out")
 
@@ -109,10 +111,57 @@ def _feed(h: Any, obj: Any) -> None:
         h.update(repr(obj).encode())
 
 
+def pack_rng() -> bytes:
+    """This rank's random states (ckptstate.rng_state's content) as bytes, in ~15 us: a small JSON head, then the
+    torch, CUDA, Python and NumPy words."""
+    import random
+
+    import torch
+
+    version, internal, gauss = random.getstate()
+    blobs = [_raw(torch.get_rng_state()), array.array("I", internal).tobytes()]
+    dev = rank_device()
+    blobs.append(_raw(torch.cuda.get_rng_state(dev)) if dev is not None else b"")
+    numpy, head_numpy = numpy_module(), None
+    if numpy is not None:
+        name, keys, pos, has_gauss, cached = numpy.random.get_state()
+        blobs.append(numpy.asarray(keys, dtype=numpy.uint32).tobytes())
+        head_numpy = [name, int(pos), int(has_gauss), float(cached)]
+    head = json.dumps({"v": version, "g": gauss, "n": head_numpy, "l": [len(b) for b in blobs]}).encode()
+    return len(head).to_bytes(4, "little") + head + b"".join(blobs)
+
+
+def unpack_rng(data: bytes) -> Dict[str, Any]:
+    """pack_rng's bytes in ckptstate.rng_state's JSON form (what restore reads)."""
+    import base64
+
+    size = int.from_bytes(data[:4], "little")
+    head = json.loads(data[4:4 + size])
+    blobs, at = [], 4 + size
+    for length in head["l"]:
+        blobs.append(data[at:at + length])
+        at += length
+    state: Dict[str, Any] = {"python": [head["v"], list(array.array("I", blobs[1])), head["g"]],
+                             "torch": base64.b64encode(blobs[0]).decode()}
+    if blobs[2]:
+        state["cuda"] = base64.b64encode(blobs[2]).decode()
+    if head["n"] is not None:
+        name, pos, has_gauss, cached = head["n"]
+        state["numpy"] = [name, list(array.array("I", blobs[3])), pos, has_gauss, cached]
+    return state
+
+
+def _raw(tensor: Any) -> bytes:
+    t = tensor.contiguous()
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+
+
 class Keeper:
     """The last completed step of one (model, optimizer, loader), kept by optimizer hooks (see the module)."""
 
     def __init__(self, run: str, model: Any, optimizer: Any, loader: Any, step: int) -> None:
+        import torch
+
         env = STATE["env"]
         self.run, self.model, self.optimizer, self.loader = run, model, optimizer, loader
         per_node = max(1, env.local_world_size)
@@ -121,49 +170,78 @@ class Keeper:
         self.trusted: Optional[bool] = None  # that count checked at a save (None: no save yet)
         self.off_why: Optional[str] = None
         self.stepping = False
-        self.pending: Optional[Dict[str, Any]] = None
-        self.done = self._completed(self._exchange(rng_state()))
+        self.out = torch.zeros(EXCHANGE_BYTES, dtype=torch.uint8)
+        self.got = torch.zeros(EXCHANGE_BYTES, dtype=torch.uint8)
+        self.works: List[Any] = []
+        self.posted = -1                      # the step whose random states are in flight
+        self.theirs: Dict[int, bytes] = {}    # the source's random states received, by step (the last two)
+        self.pending = self._send(self.offset)
+        self.done = self._completed(self.pending)
         self.hooks = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]
 
-    def _exchange(self, own: Dict[str, Any]) -> Dict[str, Any]:
-        """This rank's random states to its buddy, its source's back: {rank: states} of both."""
+    def _settle(self) -> None:
+        """The exchange in flight, done (a lost peer raises here: the step below never happens)."""
+        works, self.works = self.works, []
+        if works:
+            self._received(works[1])
+            works[0].wait()
+
+    def _received(self, work: Any, timeout: Optional[timedelta] = None) -> None:
+        """The source's random states, once its receive is done (raises where it failed)."""
+        work.wait(timeout) if timeout is not None else work.wait()
+        size = int.from_bytes(ctypes.string_at(self.got.data_ptr(), 4), "little")
+        self.theirs = {self.posted: ctypes.string_at(self.got.data_ptr() + 4, min(size, EXCHANGE_BYTES - 4)),
+                       **{k: v for k, v in self.theirs.items() if k == self.posted - 1}}
+
+    def _send(self, step: int) -> bytes:
+        """This rank's random states now (the next step's start) to its buddy, the source's coming back: sent
+        while the next step computes, settled at the next step's optimizer step (or read, if done, at a loss)."""
         import torch
         import torch.distributed as dist
 
-        data = json.dumps(own, separators=(",", ":")).encode()
-        if len(data) + 8 > EXCHANGE_BYTES:
-            raise ValueError(f"random states of {len(data)} bytes")
-        out = torch.zeros(EXCHANGE_BYTES, dtype=torch.uint8)
-        out[:8] = torch.tensor(list(len(data).to_bytes(8, "little")), dtype=torch.uint8)
-        out[8:8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        got = torch.zeros(EXCHANGE_BYTES, dtype=torch.uint8)
-        works = [dist.isend(out, self.buddy, group=channel()), dist.irecv(got, self.source, group=channel())]
-        for work in works:
-            if work is not None:
-                work.wait()
-        size = int.from_bytes(bytes(got[:8].tolist()), "little")
-        theirs = json.loads(bytes(got[8:8 + min(size, EXCHANGE_BYTES - 8)].tolist()))
-        return {str(rank()): own, str(self.source): theirs}
+        self._settle()
+        own = pack_rng()
+        if len(own) + 4 > EXCHANGE_BYTES:
+            raise ValueError(f"random states of {len(own)} bytes")
+        self.out[:4 + len(own)] = torch.frombuffer(bytearray(len(own).to_bytes(4, "little") + own), dtype=torch.uint8)
+        self.works = [dist.isend(self.out, self.buddy, group=channel()),
+                      dist.irecv(self.got, self.source, group=channel())]
+        self.posted = step
+        return own
 
     def _pre(self, *_: Any) -> None:
         if STATE.get("peer") is not self:
             return
-        self.pending = self._exchange(rng_state())  # a lost peer raises here: the step below never happens
+        self.pending = self._send(self.offset + self.taken + 1)
         self.stepping = True
 
     def _post(self, *_: Any) -> None:
-        if STATE.get("peer") is not self or self.pending is None:
+        if STATE.get("peer") is not self or not self.stepping:
             return
         self.taken += 1
-        self.done, self.pending, self.stepping = self._completed(self.pending), None, False
+        self.done, self.stepping = self._completed(self.pending), False
 
-    def _completed(self, rngs: Dict[str, Any]) -> Dict[str, Any]:
+    def _completed(self, own: bytes) -> Dict[str, Any]:
         from . import telemetry
 
         steps = telemetry.current()
-        return {"step": self.offset + self.taken, "rng": rngs,
+        return {"step": self.offset + self.taken, "own": own,
                 "loader": self.loader.state_dict() if self.loader is not None else None,
                 "telemetry_steps": steps.position() if steps is not None else None}
+
+    def held(self) -> Dict[str, Any]:
+        """{rank: random states} this rank holds for the last completed step: its own, and its source's where they
+        arrived (waited for up to 2 s: a lost source's never come; the send to a lost buddy is not needed here)."""
+        step = self.done["step"]
+        if self.posted == step and self.works and step not in self.theirs:
+            try:  # (gloo marks a receive complete only once waited for; its data may be there already)
+                self._received(self.works[1], timedelta(seconds=2))
+            except Exception:
+                pass  # the source was lost before it sent them
+        out = {str(rank()): unpack_rng(self.done["own"])}
+        if step in self.theirs:
+            out[str(self.source)] = unpack_rng(self.theirs[step])
+        return out
 
     def saved(self, step: int, extra: Mapping[str, Any], per_rank: Any) -> None:
         """A checkpoint was saved at ``step``: the script's step count must be the optimizer's (else the step a
@@ -207,7 +285,7 @@ class Keeper:
         shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(),
                   "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"]}
         return {"run": self.run, "uid": os.getuid(), "node": node_name(), "rank": rank(), "world_size": world_size(),
-                "time": time.time(), "telemetry_steps": self.done["telemetry_steps"], "rng": self.done["rng"],
+                "time": time.time(), "telemetry_steps": self.done["telemetry_steps"], "rng": self.held(),
                 "parameters_digest": digest({**{k: v for k, v in shared.items() if k != "model"},
                                              "parameters": parameters(self.model)}),
                 "buffers": len(shared["model"]) > len(parameters(self.model)), "digest": digest(shared),
