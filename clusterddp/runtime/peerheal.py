@@ -23,15 +23,14 @@ import os
 import re
 import stat
 import time
-from datetime import timedelta
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from .ckptstate import numpy_module, rank_device
 from .group import print0, unwrap
-from .state import STATE, channel, rank, world_size
+from .peerlink import Link, LostPeer
+from .state import STATE, rank, world_size
 
-EXCHANGE_BYTES = 1 << 14  # one rank's random states packed (python's 625 words, torch's 5 KB, numpy's 624) fit
 STALE_S = 24 * 3600       # this user's states of other runs older than this are removed at the next load
 _LOST_PEER = re.compile(r"Connection (closed|reset) by peer|Broken pipe|gloo|NCCL|c10d|[Ss]ocket|timed out")
 
@@ -160,8 +159,6 @@ class Keeper:
     """The last completed step of one (model, optimizer, loader), kept by optimizer hooks (see the module)."""
 
     def __init__(self, run: str, model: Any, optimizer: Any, loader: Any, step: int) -> None:
-        import torch
-
         env = STATE["env"]
         self.run, self.model, self.optimizer, self.loader = run, model, optimizer, loader
         per_node = max(1, env.local_world_size)
@@ -170,42 +167,22 @@ class Keeper:
         self.trusted: Optional[bool] = None  # that count checked at a save (None: no save yet)
         self.off_why: Optional[str] = None
         self.stepping = False
-        self.out = torch.zeros(EXCHANGE_BYTES, dtype=torch.uint8)
-        self.got = torch.zeros(EXCHANGE_BYTES, dtype=torch.uint8)
-        self.works: List[Any] = []
-        self.posted = -1                      # the step whose random states are in flight
-        self.theirs: Dict[int, bytes] = {}    # the source's random states received, by step (the last two)
+        STATE["peer_links"] = STATE.get("peer_links", 0) + 1  # (load_latest is collective: the same on every rank)
+        self.link = Link(STATE["control"].store, f"clusterddp-peer/{STATE['peer_links']}", rank(), self.buddy,
+                         self.source, env.master_addr)
+        self.posted = -1  # the step whose random states were sent last
         self.pending = self._send(self.offset)
         self.done = self._completed(self.pending)
         self.hooks = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]
 
-    def _settle(self) -> None:
-        """The exchange in flight, done (a lost peer raises here: the step below never happens)."""
-        works, self.works = self.works, []
-        if works:
-            self._received(works[1])
-            works[0].wait()
-
-    def _received(self, work: Any, timeout: Optional[timedelta] = None) -> None:
-        """The source's random states, once its receive is done (raises where it failed)."""
-        work.wait(timeout) if timeout is not None else work.wait()
-        size = int.from_bytes(ctypes.string_at(self.got.data_ptr(), 4), "little")
-        self.theirs = {self.posted: ctypes.string_at(self.got.data_ptr() + 4, min(size, EXCHANGE_BYTES - 4)),
-                       **{k: v for k, v in self.theirs.items() if k == self.posted - 1}}
-
     def _send(self, step: int) -> bytes:
-        """This rank's random states now (the next step's start) to its buddy, the source's coming back: sent
-        while the next step computes, settled at the next step's optimizer step (or read, if done, at a loss)."""
-        import torch
-        import torch.distributed as dist
-
-        self._settle()
+        """This rank's random states now (the next step's start) to its buddy; what its source sent is read."""
+        self.link.drain()
         own = pack_rng()
-        if len(own) + 4 > EXCHANGE_BYTES:
-            raise ValueError(f"random states of {len(own)} bytes")
-        self.out[:4 + len(own)] = torch.frombuffer(bytearray(len(own).to_bytes(4, "little") + own), dtype=torch.uint8)
-        self.works = [dist.isend(self.out, self.buddy, group=channel()),
-                      dist.irecv(self.got, self.source, group=channel())]
+        try:
+            self.link.send(step, own)
+        except OSError as exc:  # the buddy is gone: a lost peer (the step below never happens)
+            raise LostPeer(f"peer heal: rank {self.buddy}, this rank's buddy, is gone ({exc})") from exc
         self.posted = step
         return own
 
@@ -233,14 +210,10 @@ class Keeper:
         """{rank: random states} this rank holds for the last completed step: its own, and its source's where they
         arrived (waited for up to 2 s: a lost source's never come; the send to a lost buddy is not needed here)."""
         step = self.done["step"]
-        if self.posted == step and self.works and step not in self.theirs:
-            try:  # (gloo marks a receive complete only once waited for; its data may be there already)
-                self._received(self.works[1], timedelta(seconds=2))
-            except Exception:
-                pass  # the source was lost before it sent them
+        self.link.drain(wait_for=step, seconds=2)
         out = {str(rank()): unpack_rng(self.done["own"])}
-        if step in self.theirs:
-            out[str(self.source)] = unpack_rng(self.theirs[step])
+        if step in self.link.frames:
+            out[str(self.source)] = unpack_rng(self.link.frames[step])
         return out
 
     def saved(self, step: int, extra: Mapping[str, Any], per_rank: Any) -> None:
@@ -304,6 +277,7 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
     if old is not None:
         for hook in old.hooks:
             hook.remove()
+        old.link.close()
     env = STATE.get("env")
     if (run is None or env is None or model is None or optimizer is None or not enabled()
             or world_size() <= max(1, env.local_world_size) or world_size() % max(1, env.local_world_size)):
@@ -323,7 +297,7 @@ def lost_peer(exc: BaseException) -> bool:
     """The exception ending this rank is a lost peer's (what a survivor of a lost node meets)."""
     import torch.distributed as dist
 
-    kinds = tuple(k for k in (getattr(dist, "DistError", None),) if k is not None)
+    kinds = tuple(k for k in (getattr(dist, "DistError", None), LostPeer) if k is not None)
     return bool(kinds and isinstance(exc, kinds)) or (isinstance(exc, RuntimeError) and bool(_LOST_PEER.search(
         str(exc)[:2000])))
 

@@ -1,0 +1,121 @@
+"""Peer heal's wire (issue 55): each rank's random states go to its buddy on the next node at every step, over a
+TCP connection of their own, so that a lost node's ranks' states outlive it. A send is one syscall of ~10 KB into
+the kernel (no thread of ours, no collective); the receiver drains what arrived at its next step, and once more, for
+up to 2 s, when it keeps its state after a loss (what a lost source sent before it died is still readable).
+
+The connections are made once per attempt through the job's rendezvous store: each rank listens on a port of its
+own, publishes it with a token drawn for this attempt, and its source connects and says that token first; a
+connection that does not is closed unread. What arrives is data (peerheal.unpack_rng), never code."""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from typing import Any, Dict, Optional
+
+_FRAME = struct.Struct("<IQ")  # payload length, step
+_LIMIT = 1 << 16
+
+
+def _own_address(master: str) -> str:
+    """The address of this node that reaches the job's master (the interface its buddies reach it by)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((master, 9))  # (UDP: nothing is sent)
+        return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+class LostPeer(RuntimeError):
+    """The buddy's connection broke: a lost peer, as torch's distributed errors say of a collective."""
+
+
+class Link:
+    """This rank's connection to its buddy (sending) and from its source (receiving)."""
+
+    def __init__(self, store: Any, prefix: str, rank: int, buddy: int, source: int, master: str,
+                 timeout: float = 120.0) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(4)
+        listener.settimeout(timeout)
+        token = os.urandom(16).hex()
+        store.set(f"{prefix}/{rank}", f"{_own_address(master)} {listener.getsockname()[1]} {token}")
+        store.wait([f"{prefix}/{buddy}"])
+        host, port, theirs = store.get(f"{prefix}/{buddy}").decode().split()
+        self.out = socket.create_connection((host, int(port)), timeout=timeout)
+        self.out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.out.sendall(theirs.encode() + struct.pack("<I", rank))
+        self.inc = self._accept(listener, token, source)
+        listener.close()
+        self.pending = b""
+        self.frames: Dict[int, bytes] = {}  # the source's random states by step (the last two)
+        self.closed = False
+
+    @staticmethod
+    def _accept(listener: socket.socket, token: str, source: int) -> socket.socket:
+        expected = token.encode() + struct.pack("<I", source)
+        while True:
+            conn, _ = listener.accept()
+            conn.settimeout(10)
+            got = b""
+            try:
+                while len(got) < len(expected):
+                    chunk = conn.recv(len(expected) - len(got))
+                    if not chunk:
+                        break
+                    got += chunk
+            except OSError:
+                pass
+            if got == expected:
+                conn.setblocking(False)
+                return conn
+            conn.close()  # not our source: unread
+
+    def send(self, step: int, payload: bytes) -> None:
+        self.out.sendall(_FRAME.pack(len(payload), step) + payload)
+
+    def drain(self, wait_for: Optional[int] = None, seconds: float = 0.0) -> None:
+        """Read what arrived (without waiting, or until the frame of step ``wait_for`` is in, the source has
+        closed, or ``seconds`` passed)."""
+        import time
+
+        deadline = time.monotonic() + seconds
+        while not self.closed:
+            try:
+                chunk = self.inc.recv(1 << 16)
+            except BlockingIOError:
+                if wait_for is None or wait_for in self.frames or time.monotonic() > deadline:
+                    return
+                time.sleep(0.005)
+                continue
+            except OSError:
+                self.closed = True
+                return
+            if not chunk:
+                self.closed = True
+                return
+            self.pending += chunk
+            self._frames()
+
+    def _frames(self) -> None:
+        while len(self.pending) >= _FRAME.size:
+            size, step = _FRAME.unpack_from(self.pending)
+            if size > _LIMIT:
+                self.closed = True  # not our frames: nothing more is read
+                return
+            if len(self.pending) < _FRAME.size + size:
+                return
+            self.frames = {step: self.pending[_FRAME.size:_FRAME.size + size],
+                           **{k: v for k, v in self.frames.items() if k == step - 1}}
+            self.pending = self.pending[_FRAME.size + size:]
+
+    def close(self) -> None:
+        for sock in (self.out, self.inc):
+            try:
+                sock.close()
+            except OSError:
+                pass
