@@ -48,12 +48,14 @@ def one(work: Path, n: int, env: dict, peer: bool = True) -> Tuple[float, float,
     """(submit to first step s, kill to first step after it s, steps run twice) of one job."""
     log, d = work / f"run{n}.log", work
     argv = [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
-            "--gpus", "2", "--time", "10", "--wait", "resumable.py", "--", "--ckpt-dir", str(d / f"ck{n}"),
-            "--out", str(d / f"o{n}.pt"), "--steps-log", str(log), "--step-sleep", "0.3", "--ckpt-every", str(EVERY)] \
-        + ([] if peer else ["--no-peer-heal"])
+            "--gpus", "2", "--time", "10", "--wait", *([] if peer else ["--no-peer-heal"]), "resumable.py", "--",
+            "--ckpt-dir", str(d / f"ck{n}"), "--out", str(d / f"o{n}.pt"), "--steps-log", str(log),
+            "--step-sleep", "0.3", "--ckpt-every", str(EVERY)]
     start = time.monotonic()
     job = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while _lines(log) == 0:
+        if job.poll() is not None:
+            raise RuntimeError(f"job {n} ended before its first step: {job.communicate()[1][-500:]}")
         time.sleep(0.02)
     first = time.monotonic() - start
     while _lines(log) < KILL_AT:

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 from . import contract
 from .backends.local.tree import end_run, ranks_of_node
 from .datafiles import parse_json
+from .drillcheck import component
 from .errors import ClusterDDPError
 from .job.spec import JobSpec
 
@@ -31,8 +32,6 @@ OUTSIDE = ("everything the checkpoint holds was restored, yet the run differs at
            "{resumed}): state outside the checkpoint (an LR scheduler, a GradScaler, an EMA model, a counter, your own "
            "random generator)")
 SCENARIOS = contract.DRILL_SCENARIOS
-GENERATORS = {"python": "Python's random", "torch": "torch's CPU generator", "numpy": "numpy's global generator",
-              "cuda": "the CUDA generator"}
 
 
 
@@ -216,10 +215,25 @@ class Drill:
                 spec = self.spec.replace(retries=0)
                 runs = [self.run(name, "a", spec, kill_node=0), self.run(name, "b", spec)]
             kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
-            what = (f"emulated node {node}'s ranks SIGKILLed after the first checkpoint, retried on a spare"
-                    if node is not None else "every rank SIGKILLed after the first checkpoint, run again")
-            out.append(_failed(name, what, runs[-1]) or compare(name, what, ref, runs, kill))
+            what = (f"emulated node {node}'s ranks SIGKILLed a step after the first checkpoint, retried on a spare"
+                    if node is not None else "every rank SIGKILLed a step after the first checkpoint, run again")
+            verdict = _failed(name, what, runs[-1]) or compare(name, what, ref, runs, kill)
+            out.append(verdict._replace(why=verdict.why + resumes(runs)) if verdict.identical else verdict)
         return out
+
+
+def resumes(runs: Sequence[Run]) -> str:
+    """Where a scenario's runs resumed (rank 0's loads) and how many steps each redid: ' (resumed ...)'."""
+    said, done, offset = [], 0, 0
+    for e in [e for run in runs for e in run.events.get(0, [])]:
+        if e["e"] == "load":
+            if e.get("step") is not None and done:
+                how = "from the survivors' memory (peer heal)" if e.get("peer") else "from its checkpoint"
+                said.append(f"resumed {how} at step {e['step']}, {max(0, done - int(e['step']))} step(s) redone")
+            offset = int(e.get("step") or 0) - int(e.get("n") or 0)
+        elif e["e"] == "step":
+            done = offset + int(e.get("n") or 0)
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def _failed(name: str, what: str, last: Run) -> Optional[Verdict]:
@@ -254,43 +268,6 @@ def _values(runs: Sequence[Run], rank: int) -> Tuple[Dict[int, List[list]], Opti
 def _last_save(runs: Sequence[Run]) -> Optional[str]:
     saves = [e["path"] for run in runs for e in run.events.get(0, []) if e["e"] == "save"]
     return saves[-1] if saves else None
-
-
-def _differs(a: Any, b: Any) -> bool:
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                    and a.shape == b.shape and torch.equal(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() != b.keys() or any(_differs(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) != len(b) or any(_differs(x, y) for x, y in zip(a, b))
-    return bool(a != b)
-
-
-def component(path_a: str, path_b: str, generators: bool = False) -> Optional[str]:
-    """The first part of two checkpoints that differs: the model, the optimizer, the loader position, an extra
-    entry; with ``generators``, the random generators first (a generator the script never uses differs between
-    any two processes that did not seed it, so it only explains a difference found elsewhere)."""
-    import torch
-
-    a, b = (torch.load(p, map_location="cpu", weights_only=True) for p in (path_a, path_b))
-    if generators:
-        found = sorted({key for ra, rb in zip(a.get("rng") or [], b.get("rng") or []) for key in set(ra) | set(rb)
-                        if _differs(ra.get(key), rb.get(key))}, key=lambda k: list(GENERATORS).index(k)
-                       if k in GENERATORS else len(GENERATORS))
-        if found:
-            return " and ".join(GENERATORS.get(k, k) for k in found)
-    for key, name in (("model", "model"), ("optimizer", "optimizer"), ("loader", "loader position")):
-        if _differs(a.get(key), b.get(key)):
-            return name
-    for key in sorted(set(a.get("extra") or {}) | set(b.get("extra") or {})):
-        if _differs((a.get("extra") or {}).get(key), (b.get("extra") or {}).get(key)):
-            return f"extra entry {key!r}"
-    if _differs(a.get("per_rank"), b.get("per_rank")):
-        return "per-rank entries"
-    return None
 
 
 def compare(name: str, what: str, ref: Run, runs: Sequence[Run], interrupted: int) -> Verdict:

@@ -6,6 +6,7 @@ more than a peer state can, both fall back to the checkpoint bit-identical and s
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shutil
@@ -178,3 +179,25 @@ def test_a_save_that_keeps_extra_values_turns_peer_heal_off_and_a_lost_node_resu
     resumed = int(re.search(r"RESUME from step (\d+)", out).group(1))
     assert resumed % 4 == 0, out
     _same_as(tmp_path, reference, 4, resumed)
+
+
+@pytest.mark.ranks
+def test_the_drill_s_node_loss_resumes_from_the_survivors_memory_and_says_what_it_redid(tmp_path):
+    """Issue 55, item 4: the drill kills a node a step after the first checkpoint; a script whose saves peer heal
+    can stand for (resumable.py: model, optimizer, loader, no extra values) resumes from the survivors' memory and
+    redoes nothing; the same kill with --no-peer-heal redoes the step (the checkpoint path, said so)."""
+    shutil.copy(SCRIPTS / "resumable.py", tmp_path)
+    args = ["--", "--ckpt-dir", "ck", "--out", "out.pt", "--steps-log", "steps.log", "--step-sleep", "0",
+            "--ckpt-every", "4", "--epochs", "1"]
+    found = {}
+    for peer in (True, False):
+        proc = subprocess.run([sys.executable, "-m", "clusterddp", "drill", "--launcher", "srun", "--only", "kill",
+                               "--json", *([] if peer else ["--no-peer-heal"]), "resumable.py", *args],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        found[peer] = {v["scenario"]: v["why"] for v in json.loads(proc.stdout)["scenarios"]}
+    for name in ("kill-node1", "kill-node0"):
+        assert re.search(r": bit-identical \(resumed from the survivors' memory \(peer heal\) at step 5, 0 step\(s\) "
+                         r"redone\)$", found[True][name]), found
+        assert re.search(r": bit-identical \(resumed from its checkpoint at step 4, 1 step\(s\) redone\)$",
+                         found[False][name]), found

@@ -28,6 +28,7 @@ def record(event: Dict[str, Any]) -> None:
         return
     if event.get("e") == "save":
         _COUNT["saved"] = 1
+        _COUNT.setdefault("saved_at", _COUNT["steps"])
     event = dict(event, n=_COUNT["steps"])
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(event, sort_keys=True) + "\n")
@@ -40,9 +41,10 @@ def step() -> bool:
     _COUNT["steps"] += 1
     record({"e": "step"})
     hold = os.path.join(os.environ[contract.DRILL_DIR], contract.DRILL_HOLD)
-    if _COUNT.get("saved") and os.path.exists(hold):
-        # The drill kills a node here, after the first checkpoint, on every rank at the same step: each rank says
-        # it holds and waits until the drill has killed its victims (then the survivors meet a peer gone).
+    if _COUNT.get("saved") and _COUNT["steps"] >= _COUNT["saved_at"] + 2 and os.path.exists(hold):
+        # The drill kills a node here, a step after the first checkpoint (a checkpoint restart redoes it, a peer
+        # heal does not), on every rank at the same step: each rank says it holds and waits until the drill has
+        # killed its victims (then the survivors meet a peer gone).
         open(os.path.join(os.environ[contract.DRILL_DIR], f"held-rank-{os.environ.get('RANK', '0')}"), "w").close()
         while os.path.exists(hold):
             time.sleep(0.02)
