@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from . import contract
-from .backends.local.tree import end_run, ranks_of_node
-from .datafiles import parse_json
-from .drillcheck import component
-from .errors import ClusterDDPError
-from .job.spec import JobSpec
+from .. import contract
+from ..backends.local.tree import end_run, ranks_of_node
+from ..datafiles import parse_json
+from ..errors import ClusterDDPError
+from ..job.spec import JobSpec
+from .check import component
 
 OUTSIDE = ("everything the checkpoint holds was restored, yet the run differs at step {step} (resumed from step "
            "{resumed}): state outside the checkpoint (an LR scheduler, a GradScaler, an EMA model, a counter, your own "
@@ -65,8 +65,8 @@ class Verdict(NamedTuple):
 
 def _child() -> None:
     """In the drill's child process: one local run of the spec given as JSON on stdin."""
-    from . import backends
-    from .job.ids import LOCAL
+    from .. import backends
+    from ..job.ids import LOCAL
 
     sent = json.load(sys.stdin)
     given = tuple((name, os.environ[name]) for name in contract.DRILL_VARIABLES if name in os.environ)
