@@ -123,7 +123,7 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert f"job {job_id} ended COMPLETED, exit code 0" in err
     same_as_reference(work, reference, peer=True)
     run_dir = work / "clusterddp-runs" / f"resumable-{job_id}"
-    peer_healed(run_dir, "node1")
+    healed = peer_healed(run_dir, "node1")
     first, second = attempts.read(run_dir)
     # Issue 53: every rank of node2 killed, nothing from Slurm: a suspect, moved to the spare, never quarantined
     assert first.nodes == ("node1", "node2") and first.fault == "suspect" and first.fault_nodes == ("node2",)
@@ -149,7 +149,8 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert lines[1].split()[:2] == [job_id, "COMPLETED"], status.stdout
     assert lines[2].startswith("attempt 1 (restart 0) on node1,node2") and "fault: suspect on node2" in lines[2]
     assert f"; evidence: {first.evidence}" in lines[2], lines
-    assert lines[3].startswith("attempt 2 (restart 0) on node1,node3") and lines[3].endswith("exit 0"), lines
+    assert lines[3].startswith("attempt 2 (restart 0) on node1,node3") and lines[3].endswith(
+        f"exit 0; started from the survivors' memory at step {healed} (peer heal: node1; no checkpoint read)"), lines
     # the failed attempt's logs were kept aside; the batch log tells the story
     assert sorted(p.name for p in (run_dir / "attempts" / "0.0").glob("*.out"))[:1] in (["node-0.out"],
                                                                                         ["rank-0.out"])
