@@ -21,7 +21,7 @@ from clusterddp.observe import goodput
 from .conftest import SCRIPTS, run_cli
 from .procs import children
 from .test_requeue import LOCAL_SHAPE, job_args, spoil_checkpoints, steps  # noqa: F401
-from .test_self_healing import EVERY, same_as_reference
+from .test_self_healing import EVERY, same_as_reference, victims_logged
 
 pytestmark = pytest.mark.ranks
 
@@ -49,8 +49,8 @@ def run_and_kill(work: Path, launcher: str, *extra: str, spoil: bool = False) ->
                             *LOCAL_SHAPE, *extra, *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
                            cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while len(steps(work / "run.log")) < EVERY + 3 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while not victims_logged(work / "run.log", EVERY + 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
     victims = node1_ranks(cli.pid, launcher)
     assert len(victims) == 2, victims
     if spoil:  # issue 55: a peer heal reads nothing from the checkpoint directory

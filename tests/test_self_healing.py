@@ -49,12 +49,26 @@ def work(slurm_env, tmp_path):
     return tmp_path
 
 
+def victims_logged(log: Path, n: int, ranks=(2, 3)) -> bool:
+    """Rank 0 and the ranks about to be killed logged step ``n`` (resumable.py logs after its optimizer step, then
+    sleeps): a kill now lands between steps, after the step's random states went to the buddies, as a real loss
+    mostly does. (A loss after the gradient all-reduce and before the lost rank's optimizer step leaves its random
+    states with nobody: peer heal then falls back to the checkpoint, rightly; tests/test_peer_heal.py.)"""
+    if len(steps(log)) < n:
+        return False
+    for rank in ranks:
+        path = Path(f"{log}.rank{rank}")
+        if not path.exists() or len(path.read_text().splitlines()) < n:
+            return False
+    return True
+
+
 def kill_node2_after(log: Path, n: int, script: str = "resumable.py", spoil: Optional[Path] = None) -> float:
     """SIGKILL every rank process on node2 at once (a lost node) when rank 0 logged ``n`` steps; returns when.
     ``spoil``: the checkpoint directory, whose files are made garbage first (issue 55: a peer heal reads none)."""
     deadline = time.monotonic() + 150
-    while len(steps(log)) < n and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while not victims_logged(log, n) and time.monotonic() < deadline:
+        time.sleep(0.05)
     victims = _rank_pids("node2", script)
     assert len(victims) == 2, victims  # ranks 2 and 3
     if spoil is not None:
@@ -68,8 +82,8 @@ def freeze_node2_after(log: Path, n: int, script: str = "resumable.py") -> float
     node whose network or kernel hung leaves them) when rank 0 logged ``n`` steps. The others then wait in their
     all-reduce until the hang watchdog's roll call, which node2's ranks cannot answer."""
     deadline = time.monotonic() + 150
-    while len(steps(log)) < n and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while not victims_logged(log, n) and time.monotonic() < deadline:
+        time.sleep(0.05)
     victims = _rank_pids("node2", script)
     assert len(victims) == 2, victims  # ranks 2 and 3
     for pid in victims:
@@ -347,8 +361,8 @@ def test_one_rank_killed_with_nothing_said_is_retried_once_in_place(work, refere
          "--gpus", "2", "--time", "10", "--wait", *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
         cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 150
-    while len(steps(work / "run.log")) < EVERY + 3 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while not victims_logged(work / "run.log", EVERY + 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
     victims = sorted(_rank_pids("node2", "resumable.py"))
     assert len(victims) == 2, victims
     os.kill(victims[-1], signal.SIGKILL)
@@ -379,8 +393,8 @@ def test_a_node_that_dies_whole_is_left_out_by_slurm_s_own_requeue_and_quarantin
     job_id = proc.stdout.strip()
     try:
         deadline = time.monotonic() + 150
-        while len(steps(work / "run.log")) < EVERY + 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while not victims_logged(work / "run.log", EVERY + 3) and time.monotonic() < deadline:
+            time.sleep(0.05)
         subprocess.run([str(CLUSTER_SH), "kill-node", "node2"], check=True, env=release, capture_output=True)
         final = slurm.wait(job_id)
     finally:
