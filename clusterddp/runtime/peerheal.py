@@ -313,9 +313,13 @@ def write(keeper: Keeper) -> Optional[str]:
     path = os.path.join(where, f"rank-{rank()}.pt")
     temp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        torch.save(state, fh)
-    os.replace(temp, path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(state, fh)
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)  # (node memory: a /dev/shm full of a half-written state would hold it until a reboot)
+        raise
     print(f"clusterddp: peer heal: rank {rank()} kept the state of step {state['shared']['step']} in {path}",
           flush=True)
     return path
