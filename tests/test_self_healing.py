@@ -106,6 +106,19 @@ def peer_healed(run_dir: Path, survivors: str) -> int:
     return int(found[0])
 
 
+def healed_either_way(work: Path, ref_pt: Path, run_dir: Path, survivors: str) -> None:
+    """Bit-identical from the survivors' memory (at most the step in flight redone), or, where a survivor could not
+    keep its state (slurmstepd's SIGKILL after this cluster's KillWait of 5 s can come first on a loaded machine:
+    CI #9 met it), from the checkpoint with the reason said. The spare test above holds peer heal to its promise."""
+    said = "".join(p.read_text(errors="replace") for p in sorted(run_dir.glob("*.out")))
+    if "clusterddp: peer heal: resuming at step" in said:
+        same_as_reference(work, ref_pt, peer=True)
+        peer_healed(run_dir, survivors)
+    else:
+        assert "clusterddp: peer heal not used: " in said, said[-3000:]
+        same_as_reference(work, ref_pt)
+
+
 def same_as_reference(work: Path, ref_pt: Path, peer: bool = False) -> None:
     """Final parameters bit for bit (``ref_pt``: the uninterrupted run's, test_requeue's fixture); every step
     every rank ran (redone ones too) with the reference's loss. ``peer``: resumed from the survivors' memory
@@ -339,8 +352,7 @@ def test_with_no_node_to_spare_a_suspect_node_is_retried_in_place_never_requeued
     out, err = job.communicate(timeout=300)
     assert job.returncode == 0, err
     job_id = out.split()[0]
-    same_as_reference(work, reference, peer=True)
-    peer_healed(work / "clusterddp-runs" / f"resumable-{job_id}", "node1")
+    healed_either_way(work, reference, work / "clusterddp-runs" / f"resumable-{job_id}", "node1")
     first, second = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
     assert (first.fault, first.fault_nodes, first.next) == ("suspect", ("node2",), "in-place"), first
     assert (second.restart, second.nodes, second.exit, second.next) == (0, ("node1", "node2"), 0, "end"), second
@@ -369,8 +381,8 @@ def test_one_rank_killed_with_nothing_said_is_retried_once_in_place(work, refere
     out, err = job.communicate(timeout=300)
     assert job.returncode == 0, err
     job_id = out.split()[0]
-    same_as_reference(work, reference, peer=True)  # ranks 0-2 survived: rank 3's random states are rank 1's
-    peer_healed(work / "clusterddp-runs" / f"resumable-{job_id}", "node1,node2")
+    # ranks 0-2 survived: rank 3's random states are rank 1's
+    healed_either_way(work, reference, work / "clusterddp-runs" / f"resumable-{job_id}", "node1,node2")
     first, second = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
     assert (first.fault, first.fault_nodes, first.next) == ("ambiguous", ("node2",), "in-place"), first
     assert "1 of the node's 2 ranks, nothing else said" in first.why, first
