@@ -163,6 +163,9 @@ CHECK_FILE = "check/rank-{rank}-loader-{loader}.json"
 CHECK_SECOND_EPOCH = "check/rank-{rank}-second-epoch"  # a runtime.loader of this rank began a second epoch
 CHECK_MODELS = "check/rank-{rank}-models.json"  # at shutdown: a digest of each wrapped model's parameters
 RUN_ID = "CLUSTERDDP_RUN_ID"           # set by init(): the job's identity for trackers (runtime.run_id())
+#: In the run directory: {"cluster", "job", "token"}, written at a new job's start (healing/identity.py), kept across
+#: its requeues and retries; runtime.run_id() hashes it, so a reused path or job id is another run for the trackers.
+IDENTITY_FILE = "identity.json"
 #: A checkpoint (file, or a directory: its newest) to start from when the run has none of its own: another run's
 #: (fine-tuning, or a resubmitted job continuing a finished one). Checkpointer.load_latest(start_from=...) too.
 START_FROM = "CLUSTERDDP_START_FROM"
@@ -187,6 +190,8 @@ ATTEMPTS_FILE = "attempts.tsv"
 # Each allocation the job held (one per requeue): "begin RESTART TIME HOSTS" from the supervisor's start, "end RESTART
 # TIME" from the batch shell's EXIT trap; the goodput ledger's whole (node-seconds Slurm allocated).
 ALLOCATIONS_FILE = "allocations.tsv"
+LOCAL_JOB_FILE = "local-job.json"  # a local run's runner: its id, pid and host, then its exit code (backends/local/jobs)
+LOCAL_LOG = "runner.log"           # a local run's own lines (its "batch log": clusterddp logs L7)
 ATTEMPT_FIELDS = ("restart", "attempt", "start", "end", "nodes", "exit", "fault", "fault_nodes", "why", "next",
                   "evidence")
 #: What ``next`` says: the step ran again in this allocation, the job requeued itself without the node at fault,

@@ -11,7 +11,7 @@ registered names only.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 from ..errors import BackendUnsupported
 from ..job.ids import LOCAL
@@ -35,12 +35,19 @@ class Backend(Protocol):
     cluster: "Cluster"
     host: Optional["Host"]  # where its commands run and its jobs' files are (None: not on a host of ours)
 
+    def unsupported(self, what: str) -> BackendUnsupported: ...     # the error for what it leaves out
+
     def script(self, spec: "JobSpec", template_dirs: Sequence[str] = ()) -> str: ...  # what --dry-run prints
 
     def not_applied(self, spec: "JobSpec") -> List[str]: ...        # the options it ignores, as flags
 
     def submit(self, spec: "JobSpec", template_dirs: Sequence[str] = (), check: bool = True,
                note: Callable[[str], None] = ...) -> "JobRecord": ...
+
+    def run(self, spec: "JobSpec", quiet: bool = False, echo: Callable[[str], None] = ...,
+            note: Callable[[str], None] = ..., prepare: Callable[[str], object] = ...,
+            drill_env: Sequence[Tuple[str, str]] = (), run_dir: Optional[str] = None,
+            job_id: Optional[str] = None) -> int: ...   # runs it here to its end: its exit code (the local backend)
 
     def info(self, job_id: str) -> "JobInfo": ...       # raises JobNotFound for an id it never had
 
@@ -82,6 +89,12 @@ class BackendBase:
     def not_applied(self, spec: "JobSpec") -> List[str]:
         return []
 
+    def run(self, spec: "JobSpec", quiet: bool = False, echo: Callable[[str], None] = print,
+            note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None,
+            drill_env: Sequence[Tuple[str, str]] = (), run_dir: Optional[str] = None,
+            job_id: Optional[str] = None) -> int:
+        raise self.unsupported("running a job here to its end (a queue runs it: submit)")
+
     def queue(self, job_ids: Sequence[str]) -> Dict[str, Tuple[str, str]]:
         raise self.unsupported("a sweep (one job array, its queue)")
 
@@ -100,15 +113,20 @@ class BackendBase:
         raise self.unsupported("asking a job's ranks for their stacks (clusterddp stacks)")
 
 
-def get(cluster: Union["Cluster", str]) -> Any:
+def get(cluster: Union["Cluster", str]) -> Backend:
     """The backend of ``cluster`` (a Cluster, or ``LOCAL``: this machine without Slurm), bound to it."""
     if isinstance(cluster, str):
         if cluster != LOCAL:
             raise ValueError(f"backends.get: a Cluster or {LOCAL!r}, not {cluster!r}")
         module, _, cls = REGISTRY[LOCAL].partition(":")
-        return getattr(importlib.import_module(module), cls)()
-    module, _, cls = REGISTRY[check_name(cluster.backend, f"cluster {cluster.name}")].partition(":")
-    return getattr(importlib.import_module(module), cls)(cluster)
+        backend: Backend = getattr(importlib.import_module(module), cls)()
+        return backend
+    # (a local run's own cluster, from its id: the local backend; a [clusters.NAME] table names a registered one)
+    name = LOCAL if cluster.backend == LOCAL and cluster.name == LOCAL else \
+        check_name(cluster.backend, f"cluster {cluster.name}")
+    module, _, cls = REGISTRY[name].partition(":")
+    backend = getattr(importlib.import_module(module), cls)(cluster)
+    return backend
 
 
 def host_for(cluster: "Cluster") -> "Host":

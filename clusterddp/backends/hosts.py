@@ -34,6 +34,7 @@ def clean_env() -> Dict[str, str]:
 class Host(Protocol):
     cluster: Cluster
     remote: bool
+    files_here: bool  # its jobs' files can be read here as they are written (else: copied here, or asked there)
 
     def run(self, argv: Sequence[str], cwd: Optional[str] = None,
             timeout: float = 60) -> subprocess.CompletedProcess: ...  # text output captured
@@ -62,6 +63,7 @@ class Here:
     """This machine: the job runs where you submit from; its outputs under --output-dir."""
 
     remote = False
+    files_here = True
 
     def __init__(self, cluster: Optional[Cluster] = None) -> None:
         self.cluster = cluster or Cluster()

@@ -12,8 +12,9 @@ from .. import contract, dirs
 from ..datafiles import read_json, write_atomic
 from ..errors import SpecError
 from ..job.clusters import HERE, Cluster, by_name, choose
+from ..job.ids import LOCAL, is_local_job_id
+from ..job.ids import check_any_job_id as check_job_id
 from ..job.ids import check_cluster_name as check_name
-from ..job.ids import check_job_id
 
 
 def state_dir() -> Path:
@@ -120,6 +121,10 @@ def for_job(job_id: str, option: Optional[str], environ: Optional[Mapping[str, s
     told when it is not this machine's Slurm); several -> refused, naming them; none -> the configured default.
     A job submitted to a remote cluster is never looked up in this machine's own Slurm (another job there may
     have the same id)."""
+    if is_local_job_id(job_id):  # a local run's (L7): this machine, whatever the default cluster
+        if option:
+            raise SpecError(f"{job_id} is a local run's id (clusterddp submit --local): --cluster does not apply")
+        return by_name(LOCAL)
     if option:
         return choose(option, environ=environ)
     found = clusters_of(job_id)
@@ -138,7 +143,7 @@ Located = Tuple[Optional[str], Path, Optional[JobRecord], Optional[Cluster]]
 
 def locate(job: str, option: Optional[str], command: str, note: Optional[Callable[[str], None]] = None) -> Located:
     """JOB as ``stacks``, ``top`` and ``report`` take it: a job id submitted from here (its record gives the run
-    directory) or the run directory of a --local run (no id, no record). Returns the job id, the run directory,
+    directory), a local run's id (L7) or its run directory (no id, no record). Returns the job id, the run directory,
     the record and the cluster (None for a run directory)."""
     try:
         job_id: Optional[str] = check_job_id(job)
@@ -146,10 +151,12 @@ def locate(job: str, option: Optional[str], command: str, note: Optional[Callabl
         job_id = None
     if job_id is None:
         if not Path(job).is_dir():
-            raise SpecError(f"{job!r} is neither a job id (digits) nor an existing run directory")
+            raise SpecError(f"{job!r} is neither a job id (1234, or a local run's L7) nor an existing run directory")
         return None, Path(job), None, None
     chosen = for_job(job_id, option, note=note)
     record = JobRecord.load(job_id, chosen.name)
+    if record is None and is_local_job_id(job_id):
+        raise SpecError(f"no local run {job_id} here (clusterddp status lists the recent ones)")
     if record is None:
         raise SpecError(f"job {job_id} was not submitted with clusterddp here, so its run directory is unknown; "
                         f"pass the run directory instead: clusterddp {command} RUN_DIR")

@@ -22,10 +22,10 @@ def _note(line: str) -> None:
 @CLUSTER_OPTION
 def status_command(job_ids: Sequence[str], cluster: Optional[str]) -> None:
     """State, elapsed time, nodes and exit code of JOBID... (default: the last 10 jobs submitted from here, on
-    every cluster; a CLUSTER column then says where each ran). A local run's directory (what submit --local
-    printed) works too: its attempts and goodput."""
+    every cluster, local runs included; a CLUSTER column then says where each ran). A local run's id (L7, what
+    submit --local printed) or its run directory works too: its attempts and goodput."""
     from ..backends.record import for_job, recent
-    from ..job.ids import check_job_id
+    from ..job.ids import check_any_job_id as check_job_id
     from ..observe.follow import local_status, status_rows
 
     if len(job_ids) == 1 and Path(job_ids[0]).is_dir():

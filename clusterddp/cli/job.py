@@ -42,20 +42,19 @@ def _summary(spec: JobSpec) -> str:
             f"({spec.launcher} launcher, {spec.dist_backend})")
 
 
-def _local_next(spec: JobSpec, run_dir: Path) -> list:
+def _local_next(spec: JobSpec, run_dir: Path, job_id: str) -> list:
     """Where a local run left its files, and what to run next: its observatory, then the same job on Slurm."""
     import shlex
 
     saved = sorted((p for pattern in ("*.pt", "*/*.pt", "*/*/*.pt") for p in run_dir.glob(pattern)),
                    key=lambda p: p.stat().st_mtime)
-    out = [f"run directory: {run_dir} (rank logs, steps, metrics)"]
+    out = [f"local job {job_id}: run directory {run_dir} (rank logs, steps, metrics)"]
     if saved:
         out.append(f"saved last:    {saved[-1]}")
-    run = shlex.quote(str(run_dir))
     gpus = spec.tasks_per_node  # the same ranks, a GPU each
     argv = " ".join(shlex.quote(a) for a in spec.args)
-    out.append(f"next: clusterddp status {run}   clusterddp top {run}  (each rank's steps)   "
-               f"clusterddp report {run}  (the run in one page)")
+    out.append(f"next: clusterddp status {job_id}   clusterddp top {job_id}  (each rank's steps)   "
+               f"clusterddp report {job_id}  (the run in one page)   clusterddp logs {job_id} --rank 0")
     out.append(f"      on Slurm: clusterddp submit --nodes {spec.nodes} --gpus {gpus} {'-m ' if spec.module else ''}"
                f"{shlex.quote(spec.script)}"
                + (f" -- {argv}" if argv else ""))
@@ -133,12 +132,20 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
                 click.echo(line, err=True)
             _print_script(backend.script(spec, template_dirs))
             return
+        from ..backends.local.jobs import allocate
+
         ran: list = []
+        job_id = allocate()
+
+        def prepare(run_dir: str) -> None:
+            ran.append(run_dir)
+            click.echo(f"clusterddp: local job {job_id} (clusterddp status|top|logs|cancel {job_id}), run directory "
+                       f"{run_dir}", err=True)
         code = backend.run(spec, quiet=quiet, echo=click.echo, note=lambda line: click.echo(line, err=True),
-                           prepare=ran.append)
+                           prepare=prepare, job_id=job_id)
         from ..observe.goodput import lines
 
-        for line in (lines(Path(ran[0])) + _local_next(spec, Path(ran[0]))) if ran else []:
+        for line in (lines(Path(ran[0])) + _local_next(spec, Path(ran[0]), job_id)) if ran else []:
             click.echo(f"clusterddp: {line}", err=True)
         sys.exit(code)
     if dry_run:

@@ -183,6 +183,8 @@ def by_name(name: str, environ: Optional[Mapping[str, str]] = None) -> Cluster:
 
     if name == HERE:
         return Cluster()
+    if name == LOCAL:  # this machine without Slurm: where local runs (L7) are filed
+        return Cluster(LOCAL, backend=LOCAL)
     check_name(name)
     known = defined(environ)
     if name not in known:

@@ -186,7 +186,7 @@ def job_faults(backend: Any, job_id: str, cluster: str, job: Any) -> Tuple[List[
     blamed: List[Tuple[Any, str]] = []
     if record is None:
         return lines, blamed
-    if job.done or cluster in ("", HERE):
+    if job.done or backend.host is not None and backend.host.files_here:  # (a remote job's: once it ended)
         run_dir = Path(backend.readable(record, reports_only=True).run_dir)
         found = read(run_dir)
         if len(found) > 1 or any(a.fault for a in found):

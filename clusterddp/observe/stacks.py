@@ -52,7 +52,9 @@ def _node_guess(rank: int, target: Target, hellos: Dict[int, Dict[str, Any]]) ->
 def _fallback(target: Target, directory: Path, timeout: float) -> str:
     """py-spy on every node for the ranks that gave no dump; '' or the reason it could not run."""
     argv = [sys.executable, "-m", FALLBACK_MODULE, str(target.run_dir.resolve()), str(directory.resolve())]
-    if target.job_id is None:
+    from ..job.ids import is_local_job_id
+
+    if target.job_id is None or is_local_job_id(target.job_id):
         # A local run: not the Slurm job this shell may sit in (the helper matches ranks by SLURM_JOB_ID there).
         env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "SLURMD_NODENAME")}
         try:

@@ -141,16 +141,40 @@ def dry_run(spec: JobSpec) -> str:
 
 def submit_local(spec: JobSpec, quiet: bool = False, echo: Callable[[str], None] = print,
                  note: Callable[[str], None] = print, prepare: Callable[[str], object] = lambda run_dir: None,
-                 drill_env: Sequence[Tuple[str, str]] = (), run_dir: Optional[str] = None) -> int:
+                 drill_env: Sequence[Tuple[str, str]] = (), run_dir: Optional[str] = None,
+                 job_id: Optional[str] = None) -> int:
     """The local equivalent of sbatch + wait: returns the job's exit code. (Callers say what it does not apply:
-    LocalBackend.not_applied.) ``run_dir``: run again in that one (the next restart), as a requeued job does."""
+    LocalBackend.not_applied.) ``run_dir``: run again in that one (the next restart), as a requeued job does.
+    ``job_id``: the run is filed under it (jobs.py), its own lines kept in RUN_DIR/runner.log."""
     from ...healing import attempts
 
-    new_dir, port, job_id, gpus = _where(spec)
+    new_dir, port, pid, gpus = _where(spec)
     restart = 0
     if run_dir is not None:
         own_dir(run_dir)
         restart = max((a.restart + 1 for a in attempts.read(Path(run_dir))), default=0)
     run_dir = run_dir or new_dir
     prepare(run_dir)  # (a sweep writes its trial's file there)
-    return run_attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note, drill_env, restart)
+    if job_id is None:
+        return run_attempts(spec, run_dir, port, pid, gpus, quiet, echo, note, drill_env, restart)
+    from . import jobs
+    from .run import own_run_dir
+
+    own_run_dir(Path(run_dir))
+    jobs.started(job_id, run_dir, spec)
+    log = open(Path(run_dir) / contract.LOCAL_LOG, "a", encoding="utf-8")
+
+    def logged(line: str) -> None:
+        note(line)
+        log.write(line + "\n")
+        log.flush()
+    code = contract.EXIT["RUNTIME"]
+    try:
+        code = run_attempts(spec, run_dir, port, pid, gpus, quiet, echo, logged, drill_env, restart)
+        return code
+    except KeyboardInterrupt:
+        code = contract.EXIT["INTERRUPTED"]
+        raise
+    finally:
+        log.close()
+        jobs.ended(run_dir, code)

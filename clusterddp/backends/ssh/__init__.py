@@ -19,6 +19,7 @@ class Ssh:
     snapshot of that copy, and the outputs go under the copy (ssh/copy.py, ssh/connection.py)."""
 
     remote = True
+    files_here = False
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
