@@ -20,7 +20,7 @@ from .. import contract
 from ..datafiles import NotOwned, own_run_dir, read_bounded, write_atomic
 from ..hostlist import expand, is_node_name
 from ..rollcall import printable, runtime_failure
-from . import attempts, faults, supervise
+from . import attempts, faults, identity, supervise
 from .supervise import Act, Action, Policy
 
 _MAX_HOSTS = 1 << 16
@@ -240,6 +240,8 @@ def _next(args: argparse.Namespace) -> int:
             print(refused, file=sys.stderr)
             print(f"end\n\n\n{contract.EXIT['RUNTIME']}")
             return 0
+        # A new job's identity for the trackers (runtime.run_id()): another job's with this path is replaced
+        identity.write(Path(args.run_dir), *identity.of_slurm(), args.restart)
         attempts.began(Path(args.run_dir), args.restart, _began(args.began), hosts)
         if args.restart > 0:  # the last restart's logs aside: this restart's evidence is its own (srun appends)
             _unrecorded_node_failure(Path(args.run_dir), args.restart - 1, history)

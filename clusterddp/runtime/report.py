@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from .. import contract
+from ..datafiles import read_json
 from ..errors import RuntimeEnvError
 from . import rundir, state
 
@@ -94,19 +96,37 @@ def close_boards() -> None:
     _BOARDS.clear()
 
 
+def _identity(path: str) -> Optional[List[str]]:
+    """The job's identity record in its run directory (contract.IDENTITY_FILE: cluster, job, token), when it is one:
+    a regular file reached without a link, small, well formed; else None (not trusted, nor any part of it)."""
+    record = read_json(rundir.at(os.path.join(path, contract.IDENTITY_FILE)), 4096)
+    if not isinstance(record, dict):
+        return None
+    fields = [record.get(k) for k in ("cluster", "job", "token")]
+    texts = [f for f in fields if isinstance(f, str) and len(f) <= 128]
+    if len(texts) != 3 or not re.fullmatch(r"[0-9a-f]{32}", texts[2]):
+        return None
+    return texts
+
+
 def run_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """This job's identity for experiment trackers: the same in every attempt of the job (retries on other nodes,
-    Slurm requeues: they share the run directory), another for another job or sweep trial. None outside a job."""
+    Slurm requeues: they share the run directory and its identity file), another for another job or sweep trial,
+    even one with the same run directory path (another cluster, a job id given again). None outside a job.
+    The run directory's name, then a hash: of the identity the job's start wrote (cluster, job id, a random token)
+    and the path; of the path alone where there is none (a batch script of an older clusterddp)."""
     import hashlib
-    import re
 
     environ = os.environ if environ is None else environ
     run_dir = environ.get(contract.RUN_DIR)
     if not run_dir:
         return None
     path = os.path.abspath(run_dir).rstrip("/")
+    # Letters, digits, - and _ only, 53 characters at most: safe as a W&B run id, an MLflow tag, a file name.
     name = re.sub(r"[^A-Za-z0-9_-]", "-", os.path.basename(path))[:40]
-    return f"{name}-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+    identity = _identity(path)
+    key = path if identity is None else json.dumps(identity + [path])
+    return f"{name}-{hashlib.sha256(key.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
 
 
 def export_run_id() -> None:
