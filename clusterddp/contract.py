@@ -190,7 +190,7 @@ ATTEMPTS_FILE = "attempts.tsv"
 # Each allocation the job held (one per requeue): "begin RESTART TIME HOSTS" from the supervisor's start, "end RESTART
 # TIME" from the batch shell's EXIT trap; the goodput ledger's whole (node-seconds Slurm allocated).
 ALLOCATIONS_FILE = "allocations.tsv"
-LOCAL_JOB_FILE = "local-job.json"  # a local run's runner: its id, pid and host, then its exit code (backends/local/jobs)
+LOCAL_JOB_FILE = "local-job.json"  # a local run's runner: id, pid and host, then its exit code (backends/local/jobs)
 LOCAL_LOG = "runner.log"           # a local run's own lines (its "batch log": clusterddp logs L7)
 ATTEMPT_FIELDS = ("restart", "attempt", "start", "end", "nodes", "exit", "fault", "fault_nodes", "why", "next",
                   "evidence")

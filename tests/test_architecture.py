@@ -189,6 +189,20 @@ def test_slurm_and_ssh_commands_run_in_one_place_each():
     assert _argv_heads(PACKAGE / "backends" / "slurm" / "commands.py") >= {"sbatch", "squeue", "scancel"}
 
 
+def test_only_the_backends_ask_whether_a_cluster_is_remote():
+    """Issue 56: callers ask the host what it can do (``host.files_here``), never test ``.remote`` themselves: where a
+    job's files are is the backend's knowledge (the cluster table defines the field; the backends read it)."""
+    found = []
+    for path in _modules().values():
+        rel = str(path.relative_to(PACKAGE))
+        if rel.startswith("backends/") or rel == "job/clusters.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "remote":
+                found.append(f"{rel}:{node.lineno}")
+    assert not found
+
+
 def test_no_module_imports_another_modules_private_name():
     found = []
     known = _modules()

@@ -147,7 +147,7 @@ def top_command(job: str, once: bool, as_json: bool, interval: float, cluster: O
     run_dir, backend, job_id, record = where(job, cluster, "top", note=lambda line: click.echo(line, err=True))
     if backend is not None and backend.host is None:
         raise backend.unsupported("showing a job's step telemetry (clusterddp top)")
-    if backend is not None and backend.host.remote:
+    if backend is not None and not backend.host.files_here:  # made where the files are
         def get() -> dict:
             return remote_snapshot(backend, record.python, run_dir)
     else:
@@ -189,7 +189,7 @@ def report_command(job: str, output: Optional[Path], cluster: Optional[str]) -> 
     from ..observe.top import where
 
     run_dir, backend, _, record = where(job, cluster, "report", note=lambda line: click.echo(line, err=True))
-    if backend is not None and backend.host is not None and backend.host.remote:
+    if backend is not None and backend.host is not None and not backend.host.files_here:
         run_dir = Path(backend.readable(record).run_dir)  # its files copied here
     path, text = write(run_dir, output)
     click.echo(text)

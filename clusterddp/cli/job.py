@@ -114,7 +114,7 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
     spec, template_dirs, cluster = build_spec(script, args, template_dirs, local=local, **opts)
     from .. import backends
 
-    if local and cluster.remote:
+    if local and not backends.host_for(cluster).files_here:
         raise SpecError(f"--local runs on this machine; --cluster {cluster.name} submits to a remote cluster: "
                         "choose one")
     backend = backends.get(LOCAL if local else cluster)  # --local is sugar for the local backend
@@ -150,7 +150,7 @@ def submit_command(script: str, args: Sequence[str], dry_run: bool, wait_: bool,
         sys.exit(code)
     if dry_run:
         _print_script(backend.script(spec, template_dirs))
-        where = f" (for cluster {cluster.name})" if cluster.remote else ""
+        where = f" (for cluster {cluster.name})" if backend.host is not None and not backend.host.files_here else ""
         click.echo(f"clusterddp: dry run, nothing submitted{where}: {_summary(spec)}", err=True)
         return
     record = backend.submit(spec, template_dirs, check=not no_check,

@@ -100,7 +100,9 @@ def sweep_run_command(script: str, args: Sequence[str], grids: Sequence[str], sw
     else:
         axes = parse_grids(grids) + (_sweep_file(sweep_file) if sweep_file else [])
         spec, template_dirs, cluster = build_spec(script, args, template_dirs, local=local, **opts)
-        if local and cluster.remote:
+        from .. import backends
+
+        if local and not backends.host_for(cluster).files_here:
             raise SpecError(f"--local runs here; --cluster {cluster.name} is a remote cluster: choose one")
         if dry_run:
             _dry_run(spec, axes, name, max_parallel, template_dirs, cluster)

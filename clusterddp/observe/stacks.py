@@ -169,7 +169,7 @@ def roll_call(job: str, cluster_option: Optional[str], timeout: float, fallback:
                               + (f" (its logs: clusterddp logs {job_id})" if info.done else ""))
     target = Target(Path(record.run_dir), record.nodes * record.procs_per_node, record.launcher,
                     record.procs_per_node, job_id, hostlist.expand(info.node_list) if info.node_list else ())
-    if backend.host.remote:  # its files are on the login node: asked there
+    if not backend.host.files_here:  # its files are on the login node: asked there
         return _remote(backend, record.python, target, timeout, fallback, note)
     call = collect(target, timeout, note=lambda line: note(f"clusterddp: {line}"), fallback=fallback)
     return call, report(call, target.run_dir)

@@ -241,7 +241,8 @@ def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord
     # The array script's size first (Slurm's max_script_size): nothing is made for a sweep sbatch would refuse.
     backends.get(cluster).script(spec.replace(output_dir=record.sweep_dir, sweep=SweepJob(p.name, tuple(todo)),
                                               array=SweepJob(p.name, tuple(todo)).array(max_parallel)), template_dirs)
-    if not cluster.remote:  # here: the job runs the snapshot's script, from the directory submitted from
+    files_here = backends.host_for(cluster).files_here
+    if files_here:  # here: the job runs the snapshot's script, from the directory submitted from
         code_dir = snapshot(cwd, p.names, Path(record.sweep_dir) / "code" / p.code)
         note(f"the sweep's trials run the code as it is now, from its snapshot {code_dir}")
         if not spec.module:
@@ -249,7 +250,7 @@ def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord
     spec = spec.replace(output_dir=record.sweep_dir, array=SweepJob(p.name, tuple(todo)).array(max_parallel),
                         sweep=SweepJob(p.name, tuple(todo)))
     rec = backends.get(cluster).submit(spec, template_dirs, check=check, note=note)
-    if cluster.remote:  # where the outputs went there (under the project's copy): absolute from now on
+    if not files_here:  # where the outputs went there (under the project's copy): absolute from now on
         record.sweep_dir = os.path.dirname(rec.run_dir)
     for t in todo:
         record.trials[t.key] = {"index": t.index, "params": [list(kv) for kv in t.params], "code": p.code}
@@ -261,11 +262,14 @@ def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord
 
 
 def new_record(p: Plan, cluster: Cluster, local: bool) -> SweepRecord:
+    from .. import backends
+
     where = LOCAL_RECORDS if local else cluster.name
     try:
         old = SweepRecord.load(p.name, where)
     except SpecError:
-        return SweepRecord(p.name, where, sweep_dir_for(p.spec, p.name, cluster.remote and not local),
+        elsewhere = not local and not backends.host_for(cluster).files_here  # its outputs under the copy there
+        return SweepRecord(p.name, where, sweep_dir_for(p.spec, p.name, elsewhere),
                            spec_fields(p.spec), submitted_from=str(Path.cwd()))
     if old.spec.get("output_dir") != p.spec.output_dir or old.submitted_from != str(Path.cwd()):
         raise SpecError(f"sweep {p.name!r} was submitted from {old.submitted_from} with --output-dir "

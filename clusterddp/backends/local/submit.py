@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -13,6 +14,7 @@ from ... import contract
 from ...contract import default_port
 from ...datafiles import own_dir
 from ...healing.faults import Fault
+from ...job.ids import LOCAL
 from ...job.spec import JobSpec
 from .plan import Plan, describe, make_plan, pick_port, visible_gpus
 from .run import run_plan
@@ -155,12 +157,16 @@ def submit_local(spec: JobSpec, quiet: bool = False, echo: Callable[[str], None]
         restart = max((a.restart + 1 for a in attempts.read(Path(run_dir))), default=0)
     run_dir = run_dir or new_dir
     prepare(run_dir)  # (a sweep writes its trial's file there)
-    if job_id is None:
-        return run_attempts(spec, run_dir, port, pid, gpus, quiet, echo, note, drill_env, restart)
-    from . import jobs
+    from ...healing import identity
     from .run import own_run_dir
 
     own_run_dir(Path(run_dir))
+    # (the trackers' run id: this run's own, kept when the drill runs it again there as a requeue)
+    identity.write(run_dir, f"{LOCAL}-{socket.gethostname()}", job_id or str(pid), restart)
+    if job_id is None:
+        return run_attempts(spec, run_dir, port, pid, gpus, quiet, echo, note, drill_env, restart)
+    from . import jobs
+
     jobs.started(job_id, run_dir, spec)
     log = open(Path(run_dir) / contract.LOCAL_LOG, "a", encoding="utf-8")
 
