@@ -86,8 +86,9 @@ def test_the_slow_rank_is_named_with_its_node_and_phase(tmp_path, phase):
     (found,) = telemetry.stragglers(ranks)
     assert (found.rank, found.node, found.phase, found.steps) == (2, "node2", phase, 40)
     line = telemetry.straggler_text(ranks, [found])
-    assert line.startswith("stragglers: rank 2 (node2) ") and f"({phase})" in line, line
+    assert line.startswith("stragglers: rank 2 (node2) costs the job ") and f"({phase})" in line, line
     assert "the other 3 ranks wait" in line and 40 < found.others_wait_pct < 60, line
+    assert found.slow_steps == 40 and "in 40 of them (persistently), by 30 ms at the median" in line, line
 
 
 def test_an_even_run_names_no_one_and_a_short_one_says_it_cannot_tell_yet(tmp_path):
@@ -113,6 +114,76 @@ def test_only_the_steps_every_rank_recorded_are_compared(tmp_path):
     write_run(tmp_path, files)
     (found,) = telemetry.stragglers(telemetry.read(tmp_path))
     assert (found.rank, found.steps) == (1, 25)
+
+
+def intermittent_job(slow: int, extra: float, every: int = 4, phase: str = "compute", wait: bool = True,
+                     n: int = 40, only: tuple = ()) -> list:
+    """4 ranks of ~22 ms steps; rank ``slow`` takes ``extra`` s longer in its ``phase`` in every ``every``-th step
+    (or in the steps ``only``), and the others wait for it there in the all-reduce (when ``wait``)."""
+    out = []
+    for rank in range(4):
+        rows = steps_of(n, 0.020, seed=rank)
+        for row in rows:
+            if (row[0] in only) if only else row[0] % every == 0:
+                if rank == slow:
+                    row[4 if phase == "compute" else 3] += extra
+                elif wait:
+                    row[5] += extra
+                row[2] += extra if rank == slow or wait else 0.0
+        out.append(rank_file(rank, rows))
+    return out
+
+
+def job_time(files: list) -> float:
+    """The window's time as the rule counts it: the sum over steps of the mean over ranks of the step's total."""
+    return sum(statistics.fmean(f["recent"][j][2] for f in files) for j in range(len(files[0]["recent"])))
+
+
+@pytest.mark.parametrize("phase", ["compute", "data"])
+def test_a_rank_slow_in_one_step_of_four_is_named_by_the_time_it_costs(tmp_path, phase):
+    """Issue 56: rank 3 slow by 0.3 s in 10 of 40 steps more than halves the job's speed; the old rule (slower in
+    75% of the steps) said "none"."""
+    files = intermittent_job(slow=3, extra=0.3, phase=phase)
+    write_run(tmp_path, files)
+    ranks = telemetry.read(tmp_path)
+    (found,) = telemetry.stragglers(ranks)
+    lost = 100 * 10 * 0.3 / job_time(files)
+    assert (found.rank, found.node, found.phase, found.slow_steps, found.steps) == (3, "node2", phase, 10, 40)
+    assert found.lost_pct == pytest.approx(lost, abs=0.5) and 70 < lost < 85
+    assert found.excess_s == pytest.approx(0.3, abs=0.002)
+    line = telemetry.straggler_text(ranks, [found])
+    what = {"compute": "its compute", "data": "its wait for data"}[phase]
+    assert line.startswith(f"stragglers: rank 3 (node2) costs the job {lost:.0f}% of its time over the last 40 "
+                           f"steps ({phase}): {what} ran over the others' median in 10 of them (intermittently), "
+                           f"by {round(found.excess_s * 1000)} ms at the median ("), line
+    assert "; the other 3 ranks wait " in line, line
+
+
+def test_a_rank_is_named_once_it_costs_the_job_a_tenth_of_its_time(tmp_path):
+    """Slow in 10 of 40 steps by 8 ms: 8% of the job's time, not named; by 12 ms: 12%, named."""
+    for extra, named in ((0.008, False), (0.012, True)):
+        files = intermittent_job(slow=1, extra=extra)
+        write_run(tmp_path / str(extra), files)
+        found = telemetry.stragglers(telemetry.read(tmp_path / str(extra)))
+        share = 10 * extra / job_time(files)
+        assert (share >= telemetry.LOST) == named and abs(share - telemetry.LOST) > 0.015, share
+        assert [(f.rank, f.lost_pct) for f in found] == ([(1, pytest.approx(100 * share, abs=0.5))] if named else [])
+
+
+def test_an_even_run_and_hiccups_name_no_one(tmp_path):
+    """One or two hiccups (a 2 s pause the others wait for: most of the window's time) are not a straggler; three
+    are."""
+    for only, named in (((), False), ((17,), False), ((5, 30), False), ((5, 17, 30), True)):
+        files = intermittent_job(slow=2, extra=2.0, only=only) if only else even_job()
+        write_run(tmp_path / str(len(only)), files)
+        ranks = telemetry.read(tmp_path / str(len(only)))
+        assert [(f.rank, f.slow_steps) for f in telemetry.stragglers(ranks)] == ([(2, 3)] if named else []), only
+    assert telemetry.straggler_text(ranks[:1], []) == "stragglers: none (one rank)"
+
+
+def test_an_intermittently_slower_rank_nobody_waits_for_is_no_straggler(tmp_path):
+    write_run(tmp_path, intermittent_job(slow=3, extra=0.3, wait=False))
+    assert telemetry.stragglers(telemetry.read(tmp_path)) == []
 
 
 @pytest.mark.parametrize("bad", [
@@ -154,10 +225,12 @@ def test_top_prints_the_table_and_the_straggler_and_json_for_tools(tmp_path):
     assert once.exit_code == 0, once.output
     lines = once.stdout.splitlines()
     assert lines[1].split()[:3] == ["NODE", "RANK", "STEPS"] and len(lines) == 2 + 4 + 1
-    assert lines[-1].startswith("stragglers: rank 3 (node2) computes"), lines[-1]
+    assert lines[-1].startswith("stragglers: rank 3 (node2) costs the job 6"), lines[-1]
+    assert "(compute): its compute ran over the others' median in 40 of them (persistently)" in lines[-1]
     as_json = json.loads(run.invoke(cli, ["top", "--json", str(tmp_path)]).stdout)
     assert [r["rank"] for r in as_json["ranks"]] == [0, 1, 2, 3]
     assert as_json["stragglers"][0]["rank"] == 3 and as_json["ranks"][3]["comm_pct"] < 10
+    assert as_json["stragglers"][0]["slow_steps"] == 40 and 55 < as_json["stragglers"][0]["lost_pct"] < 65
     assert 40 < as_json["ranks"][0]["comm_pct"] < 60  # the others wait for rank 3
 
 
@@ -166,7 +239,8 @@ def test_top_without_telemetry_says_why_in_one_line(tmp_path):
     assert result.exit_code == 1
     assert result.stdout.strip().startswith(f"no step telemetry in {tmp_path}: ") and "\n" not in result.stdout.strip()
     bad = cli_runner().invoke(cli, ["top", str(tmp_path / "nowhere")])
-    assert bad.exit_code == 2 and "neither a job id (digits) nor an existing run directory" in bad.stderr
+    assert bad.exit_code == 2 and "is neither a job id (1234, or a local run's L7) nor an existing run directory" \
+        in bad.stderr, bad.stderr
 
 
 def test_top_over_64_ranks(tmp_path):
@@ -255,6 +329,42 @@ def test_the_step_clock_counts_begun_steps_and_resumes(tmp_path):
     assert telemetry.positions(directory)[1][0] == 31
     (read,) = telemetry.read(tmp_path, 3)
     assert (read.rank, read.steps, read.base, read.restart) == (1, 1, 30, 3)
+
+
+def test_the_untimed_time_before_a_steps_first_forward_pass_is_data(monkeypatch):
+    """Issue 56: a plain DataLoader's fetch (between the step boundary and the forward pre-hook) was called compute.
+    Now it is data; what was timed in that gap (runtime.loader's fetch, a checkpoint save) is not counted twice, and
+    later forwards of the step (gradient accumulation, evaluation) add nothing. A fake clock: exact numbers."""
+    from clusterddp.runtime import telemetry as job_side
+    from clusterddp.runtime.state import STATE
+
+    now = [100.0]
+    monkeypatch.setattr(job_side, "_clock", lambda: now[0])
+    steps = Steps(rank=0, world_size=1, local_world_size=1, restart=0)
+    monkeypatch.setitem(STATE, "telemetry", steps)
+
+    def step(*parts: tuple) -> list:
+        for kind, seconds in parts:  # ("fetch", s): untimed; ("timed", s): runtime.loader's; ("forward", s)
+            if kind == "timed":
+                began = job_side.clock()
+                now[0] += seconds
+                job_side.took("data", began)
+            else:
+                if kind == "forward":
+                    job_side.began()  # what runtime.wrap's forward pre-hook calls
+                now[0] += seconds
+        steps.end()
+        return steps.recent[-1][2:5]  # total, data, compute
+
+    steps.end()  # should_stop() first: the clock starts here
+    assert step(("fetch", 0.5), ("forward", 0.2), ("forward", 0.2), ("fetch", 0.1)) == \
+        pytest.approx([1.0, 0.5, 0.5])  # an accumulation's second fetch and forward: compute
+    assert step(("fetch", 0.05), ("timed", 0.3), ("fetch", 0.05), ("forward", 0.2)) == \
+        pytest.approx([0.6, 0.4, 0.2])  # the loader's 0.3 s once, the 0.1 s around it too
+    with job_side.phase("ckpt"):
+        now[0] += 0.7  # a checkpoint saved after the boundary: checkpoint, not data
+    assert step(("forward", 0.2)) == pytest.approx([0.9, 0.0, 0.2])
+    assert step(("fetch", 0.3)) == pytest.approx([0.3, 0.0, 0.3])  # no forward pass: nothing to tell it by
 
 
 def test_gpu_numbers_show_where_cuda_was_used_and_are_numbers_only(tmp_path):

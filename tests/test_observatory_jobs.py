@@ -46,7 +46,8 @@ def test_a_slow_rank_is_named_and_telemetry_leaves_the_arithmetic_alone(tmp_path
     rows = {int(line.split()[1]): line.split() for line in lines[2:6]}
     assert [rows[r][0] for r in range(4)] == ["local0", "local0", "local1", "local1"]
     assert all(rows[r][2] == "20" for r in range(4)), rows
-    assert lines[-1].startswith("stragglers: rank 2 (local1) computes ") and "(compute)" in lines[-1], lines[-1]
+    assert lines[-1].startswith("stragglers: rank 2 (local1) costs the job ") and "(compute)" in lines[-1], lines[-1]
+    assert "ran over the others' median in 20 of them (persistently)" in lines[-1], lines[-1]
     assert "the other 3 ranks wait" in lines[-1]
     snap = json.loads(run_cli("top", "--json", str(on), cwd=tmp_path).stdout)
     waits = {r["rank"]: r["comm_pct"] for r in snap["ranks"]}
@@ -64,7 +65,7 @@ def test_a_slow_rank_is_named_and_telemetry_leaves_the_arithmetic_alone(tmp_path
 def test_a_slow_data_loader_is_named_and_an_even_run_names_no_one(tmp_path):
     slow = run(tmp_path, "data", "--slow-rank", "1", "--slow", "data", "--slow-s", "0.05")
     line = top_once(slow)[-1]
-    assert line.startswith("stragglers: rank 1 (local0) waits for its data ") and "(data)" in line, line
+    assert line.startswith("stragglers: rank 1 (local0) costs the job ") and "(data): its wait for data" in line, line
     even = run(tmp_path, "even")
     assert not (even / "tensorboard").exists()  # the script does not use TensorBoard: no event files, no cost
     assert top_once(even)[-1] == "stragglers: none over the last 20 steps"
@@ -144,7 +145,7 @@ def the_report_shows_every_plot_in_a_browser_without_network(run_dir: Path, tmp_
     """(Of the slow-rank job above: one job, many assertions.)"""
     proc = run_cli("report", str(run_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "stragglers: rank 2 (local1) computes " in proc.stdout and "last metrics: loss " in proc.stdout
+    assert "stragglers: rank 2 (local1) costs the job " in proc.stdout and "last metrics: loss " in proc.stdout
     assert "goodput " in proc.stdout and "attempt 1 (restart 0) on local0,local1" in proc.stdout, proc.stdout
     html_file = run_dir / "report.html"
     text = html_file.read_text()
@@ -184,10 +185,10 @@ def test_on_the_cluster_top_and_report_name_the_slow_rank_and_its_node(slurm_env
     lines = top_once_job(job_id, tmp_path)
     rows = sorted((line.split()[0], line.split()[1]) for line in lines[2:6])
     assert rows == [("node1", "0"), ("node1", "1"), ("node2", "2"), ("node2", "3")], lines
-    assert lines[-1].startswith("stragglers: rank 3 (node2) computes ") and "(compute)" in lines[-1], lines[-1]
+    assert lines[-1].startswith("stragglers: rank 3 (node2) costs the job ") and "(compute)" in lines[-1], lines[-1]
     report = run_cli("report", job_id, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
-    assert "stragglers: rank 3 (node2) computes " in report.stdout and "last metrics: loss " in report.stdout
+    assert "stragglers: rank 3 (node2) costs the job " in report.stdout and "last metrics: loss " in report.stdout
     assert (tmp_path / "clusterddp-runs" / f"paced-{job_id}" / "report.html").is_file()
 
 

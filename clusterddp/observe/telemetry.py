@@ -18,9 +18,14 @@ from .. import contract
 from ..datafiles import parse_json, read_bounded
 
 WINDOW = 40            # steps the numbers and the straggler verdict look at
-SLOWER = 0.20          # a phase this much above the others' median, ...
-PERSISTENT = 0.75      # ... in this share of the window's steps, ...
-MIN_EXCESS_S = 0.002   # ... and by at least this much (clock noise on tiny steps is not a straggler)
+SLOWER = 0.20          # a rank's step is slow when its phase is this much above the others' median ...
+MIN_EXCESS_S = 0.002   # ... and by at least this much (clock noise on tiny steps is not slowness)
+# A straggler costs the job at least LOST of its time (the sum of its excess in its slow steps: in DDP every rank
+# waits that long for it). 10%: a cost worth acting on (a node drained, a loader fixed), and well above what
+# ordinary jitter adds up to for one rank of an even run (at most 2% in even 4-rank jobs on 2 busy shared cores).
+LOST = 0.10
+MIN_SLOW_STEPS = 3     # ... in at least this many steps: one hiccup (a GC pause, a page fault) is no straggler
+PERSISTENT = 0.75      # slow in this share of the steps: said to be persistently slow, else intermittently
 _MAX_FILE = 1 << 20
 _ROWS = 64            # recent steps read per rank: the window and room for files written a moment apart
 _RESTART_DIR = re.compile(r"restart-([0-9]{1,6})")
@@ -182,17 +187,23 @@ class Straggler:
     rank: int
     node: str
     phase: str            # compute | data
-    slower_pct: float     # its phase time above the others' median
-    others_wait_pct: float
+    slower_pct: float     # its phase time above the others' median in its slow steps (the median of them)
+    others_wait_pct: float  # the other ranks' waiting (all-reduce, stop agreement): % of their time in the window
     steps: int            # the window it was judged over
+    lost_pct: float = 0.0   # the job's time lost to it: % of the window's time
+    slow_steps: int = 0     # the steps it was slow in
+    excess_s: float = 0.0   # by how much, at the median of its slow steps
 
     def line(self, world_size: int) -> str:
-        what = {"compute": "computes", "data": "waits for its data"}[self.phase]
-        how = f"{self.slower_pct:.0f}% longer than" if self.slower_pct < 200 else \
-            f"{1 + self.slower_pct / 100:.0f} times as long as"
-        return (f"rank {self.rank} ({self.node}) {what} {how} the median for the last {self.steps} steps "
-                f"({self.phase}); the other {world_size - 1} ranks wait {self.others_wait_pct:.0f}% of each step "
-                "for it")
+        what = {"compute": "its compute", "data": "its wait for data"}[self.phase]
+        how = f"{self.slower_pct:.0f}% longer" if self.slower_pct < 200 else \
+            f"{1 + self.slower_pct / 100:.0f} times as long"
+        spread = "persistently" if self.slow_steps >= PERSISTENT * self.steps else "intermittently"
+        by = f"{self.excess_s * 1000:.0f} ms" if self.excess_s < 1 else f"{self.excess_s:.2f} s"
+        return (f"rank {self.rank} ({self.node}) costs the job {self.lost_pct:.0f}% of its time over the last "
+                f"{self.steps} steps ({self.phase}): {what} ran over the others' median in {self.slow_steps} of "
+                f"them ({spread}), by {by} at the median ({how}); the other {world_size - 1} ranks wait "
+                f"{self.others_wait_pct:.0f}% of their time")
 
 
 def _median_without(ordered: Sequence[float], value: float) -> float:
@@ -205,11 +216,26 @@ def _median_without(ordered: Sequence[float], value: float) -> float:
     return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
 
 
+def _slow(column: Sequence[Sequence[float]], ordered: Sequence[Sequence[float]],
+          i: int) -> List[Tuple[int, float, float]]:
+    """Rank ``i``'s slow steps in one phase ([step][rank] values, each step's sorted): (step, its excess over the
+    others' median, its ratio to it)."""
+    out = []
+    for j, values in enumerate(column):
+        value = values[i]
+        median = _median_without(ordered[j], value)
+        if value > median * (1 + SLOWER) and value - median >= MIN_EXCESS_S:
+            out.append((j, value - median, value / median if median > 0 else math.inf))
+    return out
+
+
 def stragglers(ranks: Sequence[RankSteps], window: int = WINDOW) -> List[Straggler]:
-    """The ranks that hold the others back: over the steps every rank recorded (the last ``window``), a rank whose
-    compute or data time is above the others' median by SLOWER in PERSISTENT of the steps, while the others
-    wait for it in the all-reduce at least half of its excess. In DDP everyone's step takes as long as the slowest
-    rank's: the straggler is the one that waits least."""
+    """The ranks that hold the others back, by the time they cost: over the steps every rank recorded (the last
+    ``window``), a rank whose compute or data time ran above the others' median (by SLOWER and MIN_EXCESS_S) in at
+    least MIN_SLOW_STEPS steps, by LOST of the job's time in all (each step's time: the mean over the ranks), while
+    the others wait for it in those steps (all-reduce, stop agreement) at least half of that. In DDP everyone's step
+    takes as long as the slowest rank's: the straggler is the one that waits least; slower, but with no one waiting
+    for it, it holds no one back."""
     if len(ranks) < 2:
         return []
     by_rank = [{int(row[0]): row for row in r.recent} for r in ranks]
@@ -218,31 +244,27 @@ def stragglers(ranks: Sequence[RankSteps], window: int = WINDOW) -> List[Straggl
         return []
     idx = contract.TELEMETRY_ROW.index
     rows = [[steps[s] for s in common] for steps in by_rank]  # [rank][step] -> row
-    wait_sum = [sum(row[idx("comm")] for row in mine) for mine in rows]
+    n, wait_sum = len(ranks), [sum(row[idx("comm")] for row in mine) for mine in rows]
     total_sum = [sum(row[idx("total")] for row in mine) for mine in rows]
+    job_time = sum(total_sum) / n  # the sum over steps of the mean over ranks
     found = []
     for phase in ("compute", "data"):
         column = [[mine[j][idx(phase)] for mine in rows] for j in range(len(common))]  # [step][rank]
         ordered = [sorted(values) for values in column]
         for i, r in enumerate(ranks):
-            slow_steps, excess, ratios = 0, [], []
-            for j in range(len(common)):
-                value = column[j][i]
-                median = _median_without(ordered[j], value)
-                if value > median * (1 + SLOWER) and value - median >= MIN_EXCESS_S:
-                    slow_steps += 1
-                excess.append(value - median)
-                ratios.append(value / median if median > 0 else math.inf)
-            if slow_steps < PERSISTENT * len(common):
+            slow = _slow(column, ordered, i)
+            lost = sum(excess for _, excess, _ in slow)
+            if len(slow) < MIN_SLOW_STEPS or job_time <= 0 or lost < LOST * job_time:
                 continue
-            waits = sum(wait_sum) - wait_sum[i]
-            totals = sum(total_sum) - total_sum[i]
-            if waits / ((len(ranks) - 1) * len(common)) < 0.5 * statistics.median(excess):
+            waited = sum(sum(rows[k][j][idx("comm")] for k in range(n) if k != i) for j, _, _ in slow) / (n - 1)
+            if waited < 0.5 * lost:
                 continue  # the others do not wait for it: slower, but holding no one back
-            ratio = statistics.median(ratios)
-            slower = 100 * (ratio - 1) if math.isfinite(ratio) else 999.0
-            share = 100 * waits / totals if totals > 0 else 0.0
-            found.append(Straggler(r.rank, r.node, phase, round(slower, 1), round(share, 1), len(common)))
+            ratio = statistics.median(ratio for _, _, ratio in slow)
+            others = sum(total_sum) - total_sum[i]
+            found.append(Straggler(
+                r.rank, r.node, phase, round(100 * (ratio - 1), 1) if math.isfinite(ratio) else 999.0,
+                round(100 * (sum(wait_sum) - wait_sum[i]) / others, 1) if others > 0 else 0.0, len(common),
+                round(100 * lost / job_time, 1), len(slow), round(statistics.median(e for _, e, _ in slow), 6)))
     return sorted(found, key=lambda f: (f.rank, f.phase))
 
 

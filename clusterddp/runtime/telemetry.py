@@ -1,7 +1,8 @@
 """Step telemetry: where each step's time goes on this rank, for ``clusterddp top`` and ``report``.
 
 A step ends at each ``should_stop()`` (or ``runtime.step()``). Within it the runtime times what it can see: waiting
-for data (its loader), the gradient all-reduce the rank waits for after its backward (a DDP communication hook that
+for data (its loader's fetch, and whatever was not timed between the step's start and its first forward pass: any
+iterable's fetch), the gradient all-reduce the rank waits for after its backward (a DDP communication hook that
 wraps the default one, so the arithmetic is DDP's own), the optimizer step (torch's global optimizer hooks), the
 stop agreement and checkpoint saves; compute is the rest. In DDP a slow rank shows up in the others' waiting: the
 straggler waits least. Work per step: a few clock reads and one row in a bounded list; the control thread writes
@@ -61,6 +62,7 @@ class Steps:
         self.start: Optional[float] = None   # when the step in progress began (None: no work seen yet)
         self.first: Optional[float] = None   # wall time the first step began
         self.open = False                    # work seen since the last boundary
+        self.fed = False                     # the step's first forward pass was seen
         self.count = 0                       # steps ended in this attempt
         self.base = 0                        # steps done before it (the checkpoint it resumed from)
         self.based: Optional[bool] = None    # resumed from a checkpoint that knew its step count (None: no resume)
@@ -78,6 +80,17 @@ class Steps:
                 self.start, self.first = _clock(), time.time()
             self._mark(self.base + self.count + 1, time.time())  # a step counts as run once it began
 
+    def forward(self) -> None:
+        """A forward pass. The step's first: what was not timed since the step began (its boundary) was spent getting
+        its batch, whatever iterable gave it, so it counts as data (runtime.loader's own data time, a checkpoint
+        save, are timed already: not twice). Gradient accumulation's and evaluation's later forwards: nothing."""
+        if not self.fed:
+            self.fed = True
+            if self.start is not None:
+                with self.lock:
+                    self.acc["data"] += max(0.0, _clock() - self.start - sum(self.acc.values()))
+        self.begin()
+
     def add(self, phase: str, seconds: float) -> None:
         with self.lock:
             self.acc[phase] += seconds
@@ -94,6 +107,7 @@ class Steps:
         """A step boundary."""
         now = _clock()
         self._settle_cuda()
+        self.fed = False
         if not self.open and self.count == 0:  # should_stop() before any work: the clock starts here
             self.start = now
             return
@@ -230,10 +244,10 @@ def flush_now(last: List[float]) -> None:
 
 
 def began() -> None:
-    """Work of a step was seen (a forward pass)."""
+    """A forward pass (the DDP model's forward pre-hook): work of a step, and where its data arrived."""
     steps = current()
     if steps is not None:
-        steps.begin()
+        steps.forward()
 
 
 def step() -> None:
