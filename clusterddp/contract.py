@@ -33,6 +33,7 @@ DRILL_HOLD = "hold-after-first-checkpoint"  # a file in DRILL_DIR: every rank wa
 # The kinds of scenario `clusterddp drill` runs ("kill" is kill-nodeN on several emulated nodes); here, not in
 # drill.py, so that the CLI offers them as choices without importing the drill at every start-up.
 DRILL_SCENARIOS = ("stop", "kill")
+DRILL_SERIAL = "CLUSTERDDP_DRILL_SERIAL"  # 1: the drill runs its scenarios one after another (default: side by side)
 #: Exported by the batch script (templates/base.sh.j2) and by the local backend.
 EXPORTED: Tuple[str, ...] = (LAUNCHER, NNODES, GPUS_PER_NODE, PROCS_PER_NODE, WORLD_SIZE, RUN_DIR, RESTARTS,
                             HANG_TIMEOUT)

@@ -17,12 +17,14 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import contract
-from ..backends.local.tree import end_run, ranks_of_node
+from ..backends.local.tree import end_run, ranks_of_node  # (and plan.visible_gpus, on use)
 from ..datafiles import parse_json
 from ..errors import ClusterDDPError
 from ..job.spec import JobSpec
@@ -107,6 +109,7 @@ class Drill:
         if not spec.module:
             spec = spec.replace(script=str(Path(spec.script).resolve()))
         self.spec, self.base, self.timeout_s, self.note = spec, base, timeout_s, note
+        self.abort = threading.Event()  # a scenario beside this one failed, or Ctrl-C: end the runs still going
 
     def run(self, scenario: str, part: str, spec: JobSpec, stop_at: Optional[int] = None,
             kill_node: Optional[int] = None) -> Run:
@@ -135,6 +138,9 @@ class Drill:
             killed = kill_node is None
             try:
                 while proc.poll() is None:
+                    if self.abort.is_set():
+                        end_run(proc)
+                        raise DrillError(f"the {scenario} run ({part}) was ended: the drill stopped")
                     if time.monotonic() > deadline:
                         end_run(proc)
                         raise DrillError(f"the {scenario} run ({part}) did not end within {self.timeout_s:.0f} s "
@@ -183,13 +189,36 @@ class Drill:
         return ref, steps
 
     def scenarios(self, ref: Run, steps: int, only: Sequence[str] = SCENARIOS) -> List[Verdict]:
-        """The verdict of each scenario of the kinds in ``only`` (SCENARIOS), in that order."""
-        out = []
+        """Each scenario's verdict (kinds in ``only``), in order; side by side where there is room (a dir each)."""
+        tasks: List[Callable[[], Verdict]] = []
         if "stop" in only:
-            out.append(self._stop(ref, steps))
+            tasks.append(lambda: self._stop(ref, steps))
         if "kill" in only:
-            out.extend(self._kills(ref))
-        return out
+            nodes = list(range(self.spec.nodes - 1, -1, -1))[:2] if self.spec.nodes > 1 else [None]
+            tasks += [lambda node=node: self._kill(ref, node) for node in nodes]  # type: ignore[misc]
+        if not self.side_by_side(len(tasks)):
+            return [task() for task in tasks]
+        pool = ThreadPoolExecutor(len(tasks), thread_name_prefix="drill")
+        futures = [pool.submit(task) for task in tasks]  # (a failure or Ctrl-C below: the others' runs end too)
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            self.abort.set()
+            raise
+        finally:
+            pool.shutdown(wait=True)
+
+    def side_by_side(self, n: int) -> bool:
+        """Whether ``n`` scenarios may run at once: CPU ranks (they share the cores; the drill compares values,
+        never times), or GPUs enough for every run's ranks (else one after another: runs never share a GPU)."""
+        if n < 2 or os.environ.get(contract.DRILL_SERIAL, "") not in ("", "0"):
+            return False
+        if not self.spec.gpus_per_node:
+            return True
+        from ..backends.local.plan import visible_gpus
+
+        gpus = len(visible_gpus())
+        return gpus < self.spec.world_size or gpus >= n * self.spec.world_size  # (too few: every run on the CPU)
 
     def _stop(self, ref: Run, steps: int) -> Verdict:
         first_save = next(e["n"] for e in ref.events[0] if e["e"] == "save")
@@ -202,24 +231,19 @@ class Drill:
         what = f"stopped at step {stop_at} (the time-limit signal) and run again"
         return _failed("stop", what, b) or compare("stop", what, ref, [a, b], stop_at)
 
-    def _kills(self, ref: Run) -> List[Verdict]:
-        out = []
-        nodes = range(self.spec.nodes - 1, -1, -1) if self.spec.nodes > 1 else [None]
-        for node in list(nodes)[:2]:
-            name = f"kill-node{node}" if node is not None else "kill"
-            if node is not None:
-                spec = self.spec.replace(spare_nodes=max(1, self.spec.spare_nodes), retries=max(1, self.spec.retries))
-                run = self.run(name, "a", spec, kill_node=node)
-                runs = [run]
-            else:  # one node: every rank killed, then the command run again
-                spec = self.spec.replace(retries=0)
-                runs = [self.run(name, "a", spec, kill_node=0), self.run(name, "b", spec)]
-            kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
-            what = (f"emulated node {node}'s ranks SIGKILLed a step after the first checkpoint, retried on a spare"
-                    if node is not None else "every rank SIGKILLed a step after the first checkpoint, run again")
-            verdict = _failed(name, what, runs[-1]) or compare(name, what, ref, runs, kill)
-            out.append(verdict._replace(why=verdict.why + resumes(runs)) if verdict.identical else verdict)
-        return out
+    def _kill(self, ref: Run, node: Optional[int]) -> Verdict:
+        name = f"kill-node{node}" if node is not None else "kill"
+        if node is not None:
+            spec = self.spec.replace(spare_nodes=max(1, self.spec.spare_nodes), retries=max(1, self.spec.retries))
+            runs = [self.run(name, "a", spec, kill_node=node)]
+        else:  # one node: every rank killed, then the command run again
+            spec = self.spec.replace(retries=0)
+            runs = [self.run(name, "a", spec, kill_node=0), self.run(name, "b", spec)]
+        kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
+        what = (f"emulated node {node}'s ranks SIGKILLed a step after the first checkpoint, retried on a spare"
+                if node is not None else "every rank SIGKILLed a step after the first checkpoint, run again")
+        verdict = _failed(name, what, runs[-1]) or compare(name, what, ref, runs, kill)
+        return verdict._replace(why=verdict.why + resumes(runs)) if verdict.identical else verdict
 
 
 def resumes(runs: Sequence[Run]) -> str:
