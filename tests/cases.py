@@ -8,10 +8,12 @@ import subprocess
 from pathlib import Path
 
 from clusterddp import JobSpec
-from clusterddp.sweeps.grid import SweepJob, parse_grids, trials
+from clusterddp.sweeps.grid import job_array, parse_grids, trials
 
 # A sweep's array (values a shell would misread among them), its keys from a fixed stand-in for the code's hash.
-_SWEEP = SweepJob("lr-search", tuple(trials(parse_grids(["lr=0.1,1e-3", "tag=it's,$(id) x"]), {"code": "0" * 16})))
+_SWEEP_ARGS = ("--lr", "{lr}", "--name=run-{tag}-{lr}")
+_SWEEP = job_array("lr-search", trials(parse_grids(["lr=0.1,1e-3", "tag=it's,$(id) x"]), {"code": "0" * 16}),
+                   _SWEEP_ARGS)
 
 HERE = Path(__file__).parent
 STANDINS = HERE / "standins"
@@ -38,8 +40,8 @@ CASES = {
     "apptainer_srun": JobSpec("train.py", nodes=2, gpus_per_node=2, launcher="srun", apptainer="/images/my torch.sif"),
     "spares": JobSpec("train.py", nodes=2, spare_nodes=1, retries=3, gpus_per_node=2, launcher="srun", time="4:00:00",
                       expedite=True),
-    "sweep": JobSpec("train.py", args=("--lr", "{lr}", "--name=run-{tag}-{lr}"), nodes=2, gpus_per_node=4,
-                     output_dir="clusterddp-runs/sweep-lr-search", sweep=_SWEEP, array=_SWEEP.array(2)),
+    "sweep": JobSpec("train.py", args=_SWEEP_ARGS, nodes=2, gpus_per_node=4,
+                     output_dir="clusterddp-runs/sweep-lr-search", sweep=_SWEEP, array=_SWEEP.indices(2)),
     "hostile": JobSpec("my script.py", args=HOSTILE_ARGS, nodes=2, gpus_per_node=2,
                        job_name='x" --partition=evil # \\ $(id) `id` ;', output_dir="runs dir/100%",
                        partition="a b", env=(("WEIRD", "$(id) `id` 'q' \"dq\" \\ \n end"),),

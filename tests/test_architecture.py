@@ -96,6 +96,43 @@ def test_the_package_has_no_import_circle():
     assert not found, f"import circles: {found}; edges inside them: {detail}"
 
 
+# Issue 56: the login side's wings, floor by floor from the bottom; a wing imports only wings on floors below its
+# own (and the shared leaves at the top of the package). The job is data at the bottom: sweeps hand it and the
+# renderer a job/array.JobArray, and observe reads a run's metrics itself (observe/metrics.py), so no arrow runs up.
+FLOORS = [{"job"}, {"healing"}, {"backends"}, {"observe"}, {"sweeps", "migrate", "drill", "doctor"}, {"api"},
+          {"cli"}, {"__main__"}]
+# Arrows up that are allowed, each with its reason.
+UP_ALLOWED = {("clusterddp.job.clusters", "clusterddp.backends.registry"):
+              "a [clusters.NAME] table's backend name is checked against the registry, a leaf of names"}
+
+
+def wing_arrows_up(graph: Dict[str, Set[str]]) -> List[str]:
+    """Every import from a wing to one on its own floor or above (less UP_ALLOWED), as "module -> module"."""
+    floor = {wing: n for n, wings in enumerate(FLOORS) for wing in wings}
+
+    def wing(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else ""
+
+    return [f"{m} -> {t}" for m, targets in sorted(graph.items()) for t in sorted(targets)
+            if wing(m) in floor and wing(t) in floor and wing(m) != wing(t)
+            and floor[wing(t)] >= floor[wing(m)] and (m, t) not in UP_ALLOWED]
+
+
+def test_the_wings_import_downwards_only():
+    assert not wing_arrows_up(import_graph())
+
+
+def test_an_arrow_up_is_found():
+    graph = {"clusterddp.job.spec": {"clusterddp.sweeps.grid", "clusterddp.contract"},
+             "clusterddp.observe.report": {"clusterddp.sweeps.status", "clusterddp.healing.attempts"},
+             "clusterddp.sweeps.status": {"clusterddp.observe.metrics"}, "clusterddp.drill": {"clusterddp.migrate"},
+             "clusterddp.job.clusters": {"clusterddp.backends.registry"}}
+    assert wing_arrows_up(graph) == ["clusterddp.drill -> clusterddp.migrate",
+                                     "clusterddp.job.spec -> clusterddp.sweeps.grid",
+                                     "clusterddp.observe.report -> clusterddp.sweeps.status"]
+
+
 def test_the_circle_finder_finds_a_circle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert circles(graph) == [["a", "b", "c"]]

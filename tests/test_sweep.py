@@ -47,8 +47,18 @@ def test_a_filled_value_is_never_read_again():
 
 def test_the_array_is_compressed_and_throttled():
     trials = [sweep.Trial(i, (), str(i)) for i in (0, 1, 2, 3, 7, 9, 10)]
-    assert sweep.SweepJob("s", tuple(trials)).array(2) == "0-3,7,9-10%2"
-    assert sweep.SweepJob("s", tuple(trials[:1])).array(None) == "0"
+    assert sweep.job_array("s", trials, ()).indices(2) == "0-3,7,9-10%2"
+    assert sweep.job_array("s", trials[:1], ()).indices(None) == "0"
+
+
+def test_the_job_gets_its_array_as_data():
+    """Issue 56: the job and its renderer take a sweep's trials as job/array's JobArray: each trial's variables,
+    its filled-in arguments and its trial.json, built once by the sweep."""
+    t = sweep.trials(sweep.parse_grids(["lr=0.1,0.01"]), {"code": "x"})[1]
+    (task,) = sweep.job_array("s", [t], ["--lr={lr}", "{x}"]).trials
+    assert (task.index, task.exports, task.args) == (1, (("CLUSTERDDP_PARAM_LR", "0.01"),), ("--lr=0.01", "{x}"))
+    assert json.loads(task.record) == {"sweep": "s", "index": 1, "key": t.key, "params": {"lr": "0.01"}}
+    assert task.env() == list(task.exports)
 
 
 @pytest.mark.parametrize("grids, message", [
@@ -105,8 +115,9 @@ def test_the_case_arm_gives_each_trial_its_values_byte_for_byte(tmp_path, launch
     back unchanged, in the arguments and in CLUSTERDDP_PARAM_*."""
     axes = [sweep.Axis(("v",), tuple((h,) for h in HOSTILE if h)), sweep.Axis(("w",), (("x",), ("",)))]
     trials = tuple(sweep.trials(axes, {}))
-    spec = JobSpec(script="train.py", args=("--v={v}", "{w}", "lit'{v}"), launcher=launcher, nodes=2,
-                   sweep=sweep.SweepJob("s", trials), array=sweep.SweepJob("s", trials).array(3))
+    args = ("--v={v}", "{w}", "lit'{v}")
+    tasks = sweep.job_array("s", trials, args)
+    spec = JobSpec(script="train.py", args=args, launcher=launcher, nodes=2, sweep=tasks, array=tasks.indices(3))
     text = render.render(spec)
     assert "#SBATCH --array=0-17%3" in text
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)

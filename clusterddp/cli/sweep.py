@@ -118,15 +118,15 @@ def sweep_run_command(script: str, args: Sequence[str], grids: Sequence[str], sw
 def _dry_run(spec: Any, axes: Any, name: Optional[str], max_parallel: Optional[int], template_dirs: Any,
              cluster: Any) -> None:
     from .. import backends
-    from ..sweeps.grid import SweepJob
+    from ..sweeps.grid import job_array
     from ..sweeps.run import plan, sweep_dir_for
 
     p = plan(spec, axes, name, Path.cwd())
-    job = SweepJob(p.name, p.trials)
-    spec = spec.replace(array=job.array(max_parallel), sweep=job, output_dir=sweep_dir_for(spec, p.name, True))
+    tasks = job_array(p.name, p.trials, spec.args)
+    spec = spec.replace(array=tasks.indices(max_parallel), sweep=tasks, output_dir=sweep_dir_for(spec, p.name, True))
     click.echo(backends.get(cluster).script(spec, template_dirs), nl=False)
     click.echo(f"clusterddp: dry run, nothing submitted: sweep {p.name}, {len(p.trials)} trial(s) as one array "
-               f"({job.array(max_parallel)}); the job runs a snapshot of the code made at submit time", err=True)
+               f"({spec.array}); the job runs a snapshot of the code made at submit time", err=True)
 
 
 @sweep_group.command("status")

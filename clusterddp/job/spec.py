@@ -14,8 +14,8 @@ from .parse import parse_env, parse_time, slug
 from .quoting import path_word, sbatch_quote
 from .validate import GPU_REQUESTS, LAUNCHERS, MAX_RETRIES  # noqa: F401 (their home is validate.py)
 
-if TYPE_CHECKING:
-    from ..sweeps.grid import SweepJob
+if TYPE_CHECKING:  # (a job without an array never defines its dataclasses: start-up time)
+    from .array import JobArray
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class JobSpec:
     hang_timeout: str = "15"
     flight_recorder: bool = True
     peer_heal: bool = True  # issue 55: a lost node's job resumes from the survivors' memory (runtime/peerheal.py)
-    sweep: Optional["SweepJob"] = None  # the trials, one per array task (set by sweeps/run.py)
+    sweep: Optional["JobArray"] = None  # a sweep's trials, one per array task (sweeps/grid.py's job_array)
 
     def __post_init__(self) -> None:
         # Normalise sequences (lists from callers) into tuples so the spec stays hashable and frozen.

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import contract
 from ..errors import ClusterDDPError
 from ..healing import attempts as attempts_file
-from . import goodput, telemetry
+from . import goodput, metrics, telemetry
 
 REPORT_FILE = "report.html"
 _KEEP = 1 << 12
@@ -53,8 +53,6 @@ class Story:
 def gather(run_dir: Path) -> Story:
     """Everything the report shows: every attempt's telemetry (set aside with a retried attempt's logs, or in the
     run directory), the ledger, the metrics."""
-    from ..sweeps.status import metrics
-
     story = Story(Path(run_dir), attempts=sorted(attempts_file.read(run_dir), key=lambda a: (a.restart, a.attempt)))
     seen = set()
     for a in story.attempts:
@@ -71,7 +69,7 @@ def gather(run_dir: Path) -> Story:
             if not any(label == have for have, _ in story.steps):
                 story.steps.append((label, ranks))
     story.ledger = goodput.ledger(run_dir)
-    story.metrics = metrics(Path(run_dir))
+    story.metrics = metrics.read(Path(run_dir))
     if story.steps:
         ranks = story.steps[-1][1]
         story.stragglers = telemetry.straggler_text(ranks, telemetry.stragglers(ranks))

@@ -19,7 +19,7 @@ from ..healing import attempts
 from ..job.clusters import Cluster
 from ..job.ids import HERE, LOCAL
 from ..job.spec import JobSpec
-from .grid import Axis, SweepJob, Trial, count
+from .grid import Axis, Trial, count, job_array
 from .run import (
     LOCAL_RECORDS,
     Note,
@@ -204,7 +204,7 @@ def _start_trial(p: Plan, spec: JobSpec, record: SweepRecord, t: Trial, which: s
                             env=env, stdin=subprocess.PIPE, stdout=out, stderr=out, start_new_session=apart)
     assert proc.stdin is not None
     proc.stdin.write(json.dumps({"fields": spec_fields(trial_spec), "sweep": p.name, "index": t.index,
-                                 "params": t.params, "key": t.key}).encode())
+                                 "params": t.params, "key": t.key, "args": spec.args}).encode())
     proc.stdin.close()
     return proc, out
 
@@ -216,7 +216,8 @@ def _child() -> None:
     data = json.load(sys.stdin)
     t = Trial(int(data["index"]), tuple((str(k), str(v)) for k, v in data["params"]), str(data["key"]))
     name = str(data["sweep"])
-    spec = JobSpec(**data["fields"]).replace(sweep=SweepJob(name, (t,)))
+    # The task's arguments from the sweep's own ARGS: the fields' are filled in already (a value is never refilled).
+    spec = JobSpec(**data["fields"]).replace(sweep=job_array(name, (t,), [str(a) for a in data["args"]]))
     start, made = int(time.time()), []
 
     def prepare(run_dir: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import contract
 from ..errors import SpecError
+from ..job.array import ArrayTrial, JobArray
 from ..job.quoting import shown
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -52,23 +53,11 @@ class Trial:
         return {"sweep": sweep, "index": self.index, "key": self.key, "params": dict(self.params)}
 
 
-@dataclass(frozen=True)
-class SweepJob:
-    """The sweep part of a JobSpec: the array's tasks are these trials (``JobSpec.sweep``)."""
-
-    name: str
-    trials: Tuple[Trial, ...]
-
-    def array(self, max_parallel: Optional[int]) -> str:
-        """sbatch's --array: the trials' indices, %N at most N at once."""
-        runs: List[List[int]] = []
-        for i in sorted(t.index for t in self.trials):
-            if runs and i == runs[-1][1] + 1:
-                runs[-1][1] = i
-            else:
-                runs.append([i, i])
-        text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-        return text + (f"%{max_parallel}" if max_parallel else "")
+def job_array(sweep: str, trials: Sequence[Trial], args: Sequence[str]) -> JobArray:
+    """The job array of ``trials`` as the job and its batch script take it: each trial's variables, the script's
+    ARGS with its values filled in, and its trial.json; built here, so that job/ never imports a sweep."""
+    return JobArray(tuple(ArrayTrial(t.index, tuple(t.env()), tuple(t.args(args)),
+                                     json.dumps(t.record(sweep), sort_keys=True)) for t in trials))
 
 
 def check_sweep_name(name: str) -> str:

@@ -23,7 +23,7 @@ from ..job.clusters import Cluster
 from ..job.code import code_files, code_hash, leaves
 from ..job.quoting import shown
 from ..job.spec import JobSpec
-from .grid import Axis, SweepJob, Trial, check_placeholders, check_sweep_name, trials
+from .grid import Axis, Trial, check_placeholders, check_sweep_name, job_array, trials
 
 LOCAL_RECORDS = ".local"             # the record directory of sweeps run with --local
 Note = Callable[[str], None]
@@ -237,18 +237,16 @@ def submit(p: Plan, cluster: Cluster, todo: Sequence[Trial], record: SweepRecord
     """One job array of ``todo`` (their original indices as task ids); returns its job id."""
     from .. import backends
 
-    spec = p.spec
+    tasks = job_array(p.name, todo, p.spec.args)
+    spec = p.spec.replace(output_dir=record.sweep_dir, sweep=tasks, array=tasks.indices(max_parallel))
     # The array script's size first (Slurm's max_script_size): nothing is made for a sweep sbatch would refuse.
-    backends.get(cluster).script(spec.replace(output_dir=record.sweep_dir, sweep=SweepJob(p.name, tuple(todo)),
-                                              array=SweepJob(p.name, tuple(todo)).array(max_parallel)), template_dirs)
+    backends.get(cluster).script(spec, template_dirs)
     files_here = backends.host_for(cluster).files_here
     if files_here:  # here: the job runs the snapshot's script, from the directory submitted from
         code_dir = snapshot(cwd, p.names, Path(record.sweep_dir) / "code" / p.code)
         note(f"the sweep's trials run the code as it is now, from its snapshot {code_dir}")
         if not spec.module:
             spec = spec.replace(script=str(code_dir / spec.script))
-    spec = spec.replace(output_dir=record.sweep_dir, array=SweepJob(p.name, tuple(todo)).array(max_parallel),
-                        sweep=SweepJob(p.name, tuple(todo)))
     rec = backends.get(cluster).submit(spec, template_dirs, check=check, note=note)
     if not files_here:  # where the outputs went there (under the project's copy): absolute from now on
         record.sweep_dir = os.path.dirname(rec.run_dir)

@@ -13,10 +13,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import contract
 from ..backends.jobinfo import QUEUED_STATES, JobState
-from ..datafiles import parse_json, read_bounded, read_json
+from ..datafiles import read_json
 from ..healing import attempts
 from ..job.ids import HERE
-from ..observe import goodput
+from ..observe import goodput, metrics
 from ..rollcall import printable
 from .run import LOCAL_RECORDS, SweepRecord
 
@@ -24,7 +24,6 @@ from .run import LOCAL_RECORDS, SweepRecord
 MAXIMIZED = ("acc", "accuracy", "top1", "top5", "auc", "f1", "precision", "recall", "score", "reward", "iou", "map",
              "bleu")
 QUEUED = QUEUED_STATES
-_MAX_METRIC_LINES = 100_000
 
 
 @dataclass
@@ -74,47 +73,6 @@ def _local_dir(record: SweepRecord) -> Path:
                                           (contract.TRIAL_FILE, contract.ATTEMPTS_FILE, contract.METRICS_FILE))
 
 
-def metrics(run_dir: Path, problems: Optional[List[str]] = None) -> List[Tuple[Optional[int], Dict[str, float]]]:
-    """(step, metrics) per line of metrics.jsonl; a line that is not one such object is skipped, and said once per
-    file in ``problems`` (how many lines, the first one's number and why)."""
-    raw = read_bounded(run_dir / contract.METRICS_FILE, 64 << 20)
-    out = []
-    bad: List[Tuple[int, str]] = []
-    for number, line in enumerate((raw or b"").decode("utf-8", "replace").split("\n")[:_MAX_METRIC_LINES], 1):
-        if not line.strip():
-            continue
-        try:
-            item = parse_json(line)
-        except ValueError as exc:
-            bad.append((number, str(exc)[:80]))
-            continue
-        values = item.get("metrics") if isinstance(item, dict) else None
-        if not isinstance(values, dict):
-            bad.append((number, "not an object with metrics"))
-            continue
-        clean = {}
-        for k, v in values.items():
-            if isinstance(k, str) and k.isidentifier() and len(k) <= 64:
-                value = float(v) if isinstance(v, (int, float, str)) and _numeric(v) else None
-                if value is not None:
-                    clean[k] = value
-        step = item.get("step")
-        out.append((step if isinstance(step, int) and not isinstance(step, bool) else None, clean))
-    if bad and problems is not None:
-        first, why = bad[0]
-        problems.append(f"{run_dir.name}/{contract.METRICS_FILE}: {len(bad)} line(s) not read (line {first}: "
-                        f"{printable(why)})")
-    return out
-
-
-def _numeric(v: Any) -> bool:
-    try:
-        float(v)
-        return True
-    except (ValueError, OverflowError):  # (an int of 400 digits is JSON, and no float)
-        return False
-
-
 def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence[str] = (),
            problems: Optional[List[str]] = None) -> List[TrialState]:
     """Every trial of the record, in grid order: its state, its latest run, its metrics. A file that cannot be
@@ -148,7 +106,7 @@ def states(record: SweepRecord, maximize: Sequence[str] = (), minimize: Sequence
                     f": {last.fault}: {last.why}" if last.fault else f" ({last.why})" if last.why else "")
             else:
                 st.state, st.why = JobState.FAILED, "ended without a result (cancelled, or killed before its end)"
-            for _, values in metrics(latest[1], problems):
+            for _, values in metrics.read(latest[1], problems):
                 for name, v in values.items():
                     st.last[name] = v
                     if math.isnan(v):

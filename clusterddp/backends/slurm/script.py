@@ -9,7 +9,6 @@ importlib.resources (wheel, editable install) with a fallback to the source tree
 from __future__ import annotations
 
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -146,14 +145,12 @@ def _words(values: Sequence[str]) -> str:
 
 def _trials(spec: JobSpec) -> List[Dict[str, Any]]:
     """A sweep's case arms: per trial its exports, its arguments and its trial.json, each a shell word."""
-    sweep: Any = spec.sweep
-    if sweep is None:
+    if spec.sweep is None:
         return []
     q = shell_quote
     return [{"index": t.index,
-             "exports": " ".join(f"{n}={q(v)}" for n, v in [(contract.TRIAL, str(t.index)), *t.env()]),
-             "args": _words(t.args(spec.args)),
-             "record": q(json.dumps(t.record(sweep.name), sort_keys=True))} for t in sweep.trials]
+             "exports": " ".join(f"{n}={q(v)}" for n, v in [(contract.TRIAL, str(t.index)), *t.exports]),
+             "args": _words(t.args), "record": q(t.record)} for t in spec.sweep.trials]
 
 
 def supervisor_options(spec: JobSpec) -> List[str]:
