@@ -33,10 +33,11 @@ $(VENV)/bin/python:
 endif
 
 # clusterddp[torch]: torch (pinned here only when missing: an installed CUDA build is kept) and numpy, which torch's
-# wheels do not declare but import at start-up.
+# wheels do not declare but import at start-up; [report]: matplotlib, for the plots of `clusterddp report`, which the
+# demo's last lines suggest.
 install: $(if $(VENV),$(VENV)/bin/python)
-	@if $(PYTHON) -c "import torch" 2>/dev/null; then $(PIP) install -q -e ".[torch]"; \
-	else $(PIP) install -q "$(TORCH)" -e ".[torch]"; fi
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then $(PIP) install -q -e ".[torch,report]"; \
+	else $(PIP) install -q "$(TORCH)" -e ".[torch,report]"; fi
 
 install-test: install
 	$(PIP) install -q -e ".[torch,test]"

@@ -6,6 +6,7 @@ its own data."""
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shutil
 from pathlib import Path
@@ -371,24 +372,25 @@ def test_the_readme_screen_runs_from_a_dataparallel_script(tmp_path):
     """Issue 43: the README's screen, line by line, on a DataParallel script named train.py (ours): migrate --check
     (it trains, each rank its own data), the local run, the drill (which asks for checkpoints first, as the README
     says), the dry run. The Slurm lines run here with --dry-run (no GPU cluster; the CPU test cluster runs submit
-    --wait, status, top and report in test_self_healing and test_observatory_jobs); top and report read the local
-    run's directory. Then migrate --diff --check on a script with a sampler of its own."""
+    --wait, status, top and report in test_self_healing and test_observatory_jobs); status, top and report take the
+    local run's id (issue 56). Then migrate --diff --check on a script with a sampler of its own."""
     for name, to in (("dp_train.py", "train.py"), ("dp_accumulate.py", "dp_accumulate.py")):
         shutil.copy(OURS / name, tmp_path / to)
     screen = readme_screen()
     assert [line.split()[1] for line in screen] == ["migrate", "submit", "drill", "submit", "submit", "status", "top",
                                                     "report"], screen
-    said = {}
+    said, local_id = {}, ""
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))  # (this test's own job records)
     for line in screen:
         words = line.split()[1:]
         if words[0] == "submit" and "--local" not in words and "--dry-run" not in words:
             words.insert(1, "--dry-run")
-        if "JOBID" in words:
-            if words[0] == "status":
-                continue  # a Slurm job's (no --local run has a job record)
-            words[words.index("JOBID")] = str(next((tmp_path / "clusterddp-runs").glob("train_ddp-local-*")))
-        said[line] = run_cli(*words, cwd=tmp_path, timeout=300)
-    check, local, drill, dry, wait, top, report = (said[line] for line in screen if line in said)
+        if "JOBID" in words:  # the local run's id, as submit --local printed it
+            words[words.index("JOBID")] = local_id
+        said[line] = run_cli(*words, cwd=tmp_path, timeout=300, env=env)
+        if "--local" in words:
+            local_id = re.search(r"clusterddp: local job (L[0-9]+) ", said[line].stderr).group(1)
+    check, local, drill, dry, wait, status, top, report = (said[line] for line in screen)
     err = check.stderr
     assert check.returncode == 0, err
     assert "clusterddp: check: trained: 4 ranks on 2 emulated nodes, 6 optimizer steps each, exit 0" in err, err
@@ -402,6 +404,7 @@ def test_the_readme_screen_runs_from_a_dataparallel_script(tmp_path):
         assert proc.returncode == 0 and "#SBATCH --nodes=2" in proc.stdout, proc.stderr
         assert "train_ddp.py" in proc.stdout
     assert "--epochs 10" in wait.stdout and "--wait" not in wait.stdout
+    assert status.returncode == 0 and re.search(rf"\blocal +{local_id} +COMPLETED\b", status.stdout), status.stdout
     assert top.returncode == 0 and top.stdout.splitlines()[-1].startswith("stragglers: "), top.stdout + top.stderr
     assert report.returncode == 0 and "report written to" in report.stdout + report.stderr, report.stderr
     other = run_cli("migrate", "dp_accumulate.py", "--diff", "--check", cwd=tmp_path)

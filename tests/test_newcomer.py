@@ -70,6 +70,16 @@ def test_the_readme_demo_in_a_fresh_environment(tmp_path):
     assert after[0].startswith("Next: the same job on a Slurm cluster"), lines[final:]
     assert "clusterddp submit --dry-run" in proc.stdout and "clusterddp explain" in proc.stdout
     assert ". .venv/bin/activate" in proc.stdout
+    # Issue 56: the demo's run is a job by the id it printed, with the fresh venv's own clusterddp.
+    job = re.search(r"clusterddp: local job (L[0-9]+) ", proc.stderr).group(1)
+    assert f"next: clusterddp status {job}   clusterddp top {job}" in proc.stderr
+    for argv in (["status", job], ["top", job], ["report", job], ["logs", job, "--rank", "0"]):
+        after = subprocess.run([str(tree / ".venv" / "bin" / "clusterddp"), *argv], cwd=tree,
+                               env=bare_environment(tmp_path), capture_output=True, text=True, timeout=120)
+        assert after.returncode == 0, (argv, after.stdout + after.stderr)
+        assert "Traceback" not in after.stdout + after.stderr
+    assert "COMPLETED" in subprocess.run([str(tree / ".venv" / "bin" / "clusterddp"), "status", job], cwd=tree,
+                                         env=bare_environment(tmp_path), capture_output=True, text=True).stdout
 
 
 def test_the_lowest_versions_are_the_declared_bounds():

@@ -191,8 +191,7 @@ class Drill:
     def scenarios(self, ref: Run, steps: int, only: Sequence[str] = SCENARIOS) -> List[Verdict]:
         """Each scenario's verdict (kinds in ``only``), in order; side by side where there is room (a dir each)."""
         tasks: List[Callable[[], Verdict]] = []
-        if "stop" in only:
-            tasks.append(lambda: self._stop(ref, steps))
+        tasks += [lambda: self._stop(ref, steps)] if "stop" in only else []
         if "kill" in only:
             nodes = list(range(self.spec.nodes - 1, -1, -1))[:2] if self.spec.nodes > 1 else [None]
             tasks += [lambda node=node: self._kill(ref, node) for node in nodes]  # type: ignore[misc]
