@@ -367,6 +367,46 @@ def test_the_untimed_time_before_a_steps_first_forward_pass_is_data(monkeypatch)
     assert step(("fetch", 0.3)) == pytest.approx([0.3, 0.0, 0.3])  # no forward pass: nothing to tell it by
 
 
+def test_micro_batches_fold_into_the_optimizer_step_they_belong_to(monkeypatch):
+    """Issue 56: gradient accumulation that calls should_stop() per micro-batch counted micro-batches as steps. Where
+    the runtime sees the optimizer, a boundary with no optimizer step since the last is a micro-batch's: it folds
+    into its step, from the attempt's first step on (the boundaries before the first optimizer step merged back), each
+    micro-batch's untimed fetch data. A loop without an optimizer, or one stepping at every boundary, is unchanged."""
+    from clusterddp.runtime import telemetry as job_side
+    from clusterddp.runtime.state import STATE
+
+    now = [100.0]
+    monkeypatch.setattr(job_side, "_clock", lambda: now[0])
+
+    def run(micro: int, optimizer_steps: int, optimizer: bool = True) -> Steps:
+        steps = Steps(rank=0, world_size=1, local_world_size=1, restart=0)
+        monkeypatch.setitem(STATE, "telemetry", steps)
+        steps.end()  # should_stop() first: the clock starts here
+        for _ in range(optimizer_steps):
+            for m in range(micro):
+                now[0] += 0.1          # the fetch (a plain iterable: untimed)
+                job_side.began()       # the forward pre-hook
+                now[0] += 0.3          # forward + backward
+                if optimizer and m == micro - 1:
+                    steps.begin()
+                    now[0] += 0.05
+                    steps.add("opt", 0.05)
+                    steps.optimized()  # torch's optimizer post-hook
+                steps.end()            # should_stop() per micro-batch
+        return steps
+
+    folded = run(micro=4, optimizer_steps=3)
+    assert folded.count == 3 and [row[0] for row in folded.recent] == [1, 2, 3]
+    for row in folded.recent:  # total, data, compute, comm, opt: four micro-batches and one optimizer step
+        assert row[2:7] == pytest.approx([1.65, 0.4, 1.2, 0.0, 0.05])
+    assert folded.sums["total"] == pytest.approx(3 * 1.65) and folded.sums["data"] == pytest.approx(1.2)
+    assert folded.position() == 3
+    plain = run(micro=1, optimizer_steps=5)
+    assert plain.count == 5 and all(row[2:5] == pytest.approx([0.45, 0.1, 0.3]) for row in plain.recent)
+    none = run(micro=4, optimizer_steps=2, optimizer=False)  # no optimizer seen: every boundary a step
+    assert none.count == 8 and all(row[2:5] == pytest.approx([0.4, 0.1, 0.3]) for row in none.recent)
+
+
 def test_gpu_numbers_show_where_cuda_was_used_and_are_numbers_only(tmp_path):
     files = even_job(n=12)
     files[0]["gpu"] = {"util": 87, "mem_mb": 30 * 1024, "total_mb": 141 * 1024}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -150,8 +151,14 @@ def the_report_shows_every_plot_in_a_browser_without_network(run_dir: Path, tmp_
     html_file = run_dir / "report.html"
     text = html_file.read_text()
     assert "http" not in text.replace("charset", "")  # nothing fetched from anywhere: no link, no script
-    titles = ["Step time per rank", "Where each rank's time goes", "Attempts", "Goodput", "Metrics (runtime.report)"]
+    titles = ["Compute per rank", "Where each rank's time goes", "Attempts", "Goodput", "Metrics (runtime.report)"]
     assert rendered_plots(html_file, tmp_path) == titles
+    # the first plot shows the slow rank (compute per step; step times are all alike under DDP)
+    from clusterddp.observe.report import compute_series, gather
+
+    story = gather(run_dir)
+    medians = {label: statistics.median(ms for _, ms in points) for label, points in compute_series(story, 0.0)}
+    assert max(medians, key=medians.get) == "rank 2 (local1)", medians
     broken = tmp_path / "broken.html"  # the check can fail: a plot the browser cannot draw is not found
     head = "alt='Goodput' src='data:image/png;base64,"
     broken.write_text(text.replace(head, head + "AAAA"))

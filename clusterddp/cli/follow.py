@@ -175,8 +175,8 @@ def top_command(job: str, once: bool, as_json: bool, interval: float, cluster: O
 @CLUSTER_OPTION
 def report_command(job: str, output: Optional[Path], cluster: Optional[str]) -> None:
     """A job's story: one self-contained HTML file (plots embedded: it opens with no network) and a summary here.
-    Step time per rank over the whole job, where each rank's time goes, the attempts with their faults, the
-    goodput ledger, and the metrics the script recorded with runtime.report (loss curves).
+    Compute per rank over the whole job (where a slow rank shows), where each rank's time goes, the attempts with
+    their faults, the goodput ledger, and the metrics the script recorded with runtime.report (loss curves).
 
     JOB is a job id, or the run directory of a --local run. The plots need matplotlib
     (pip install 'clusterddp[report]').

@@ -115,7 +115,7 @@ def figures(story: Story) -> List[Tuple[str, str]]:
     t0 = min([a.start for a in story.attempts] + [r.recent[0][1] for _, ranks in story.steps for r in ranks
                                                    if r.recent] or [0])
     out: List[Tuple[str, str]] = []
-    for title, draw in (("Step time per rank", _step_times), ("Where each rank's time goes", _phases),
+    for title, draw in (("Compute per rank", _compute), ("Where each rank's time goes", _phases),
                         ("Attempts", _attempts), ("Goodput", _goodput), ("Metrics (runtime.report)", _metrics)):
         fig = draw(plt, story, t0)
         if fig is not None:
@@ -124,17 +124,23 @@ def figures(story: Story) -> List[Tuple[str, str]]:
     return out
 
 
-def _step_times(plt: Any, story: Story, t0: float) -> Any:
+def compute_series(story: Story, t0: float) -> List[Tuple[str, List[Tuple[float, float]]]]:
+    """Per rank of each attempt: (seconds since t0, compute ms) per recorded step. Compute, not step time: under DDP
+    every rank's step lasts as long as the slowest's, so only compute (or data) shows which rank is slow."""
+    i = contract.TELEMETRY_ROW.index("compute")
+    return [(f"rank {r.rank} ({r.node})" if label == story.steps[-1][0] else "",
+             [(row[1] - t0, row[i] * 1000) for row in r.recent]) for label, ranks in story.steps for r in ranks]
+
+
+def _compute(plt: Any, story: Story, t0: float) -> Any:
     if not story.steps:
         return None
     fig, ax = plt.subplots(figsize=(10, 3.6))
-    last, few = story.steps[-1][0], len(story.steps[-1][1]) <= 16
-    for label, ranks in story.steps:
-        for r in ranks:
-            ax.plot([row[1] - t0 for row in r.recent], [row[2] * 1000 for row in r.recent], lw=1,
-                    label=f"rank {r.rank} ({r.node})" if label == last and few else None)
+    few = len(story.steps[-1][1]) <= 16
+    for label, points in compute_series(story, t0):
+        ax.plot([t for t, _ in points], [ms for _, ms in points], lw=1, label=label if label and few else None)
     ax.set_xlabel("seconds since the job's first attempt began")
-    ax.set_ylabel("step time (ms)")
+    ax.set_ylabel("compute per step (ms)")
     if few:
         ax.legend(fontsize=7, ncol=4)
     return fig
@@ -149,7 +155,7 @@ def _phases(plt: Any, story: Story, t0: float) -> Any:
     for phase in contract.TELEMETRY_PHASES:
         share = [100 * r.sums[phase] / r.sums["total"] if r.sums["total"] > 0 else 0 for r in ranks]
         ax.barh([f"rank {r.rank} ({r.node})" for r in ranks], share, left=left, color=_COLOURS[phase],
-                label={"comm": "waiting (all-reduce)"}.get(phase, phase))
+                label=phase)
         left = [a + b for a, b in zip(left, share)]
     ax.set_xlabel(f"% of the step ({story.steps[-1][0]})")
     ax.legend(fontsize=7, ncol=5, loc="lower right")

@@ -54,8 +54,8 @@ def text(snap: Dict[str, Any]) -> str:
         return snap["missing"]
     ranks = snap["ranks"]
     head = (f"{snap['run_dir']}: attempt of restart {snap['restart']}, {len(ranks)} ranks on "
-            f"{len(snap['nodes'])} node(s); wait = in the gradient all-reduce and stop agreement")
-    cols = ["NODE", "RANK", "STEPS", "STEPS/S", "P50", "P95", "DATA%", "COMPUTE%", "WAIT%", "OPT%", "CKPT%", "AGE"]
+            f"{len(snap['nodes'])} node(s); comm = waiting in the gradient all-reduce and the stop agreement")
+    cols = ["NODE", "RANK", "STEPS", "STEPS/S", "P50", "P95", "DATA%", "COMPUTE%", "COMM%", "OPT%", "CKPT%", "AGE"]
     rows = [[r["node"], str(r["rank"]), str(r["steps"]),
              f"{r['steps_per_s']:.2f}" if r["steps_per_s"] is not None else "-",
              _ms(r["step_p50_s"]), _ms(r["step_p95_s"]), f"{r['data_pct']:.1f}", f"{r['compute_pct']:.1f}",

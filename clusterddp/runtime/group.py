@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from .. import contract
 from ..errors import RuntimeEnvError
-from . import drill, report, rundir, telemetry
+from . import commtime, drill, report, rundir, telemetry
 from .ckptfile import atomic
 from .control import heartbeat
 from .env import DistEnv
@@ -245,7 +245,7 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
     wrapped = DDP(model, **ddp_kwargs)
     STATE["wrapped"].add(wrapped)
     wrapped.register_forward_pre_hook(_beat_hook)  # every forward pass is progress for the hang watchdog
-    telemetry.attach(wrapped)
+    commtime.attach(wrapped)
     if ddp_kwargs.get("find_unused_parameters") or ddp_kwargs.get("static_graph"):
         return wrapped
     if any(_sparse_gradient(m) for m in wrapped.module.modules()):

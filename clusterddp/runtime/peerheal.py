@@ -261,8 +261,14 @@ class Keeper:
                 "time": time.time(), "telemetry_steps": self.done["telemetry_steps"], "rng": self.held(),
                 "parameters_digest": digest({**{k: v for k, v in shared.items() if k != "model"},
                                              "parameters": parameters(self.model)}),
-                "buffers": len(shared["model"]) > len(parameters(self.model)), "digest": digest(shared),
+                "buffers": buffered(self.model, shared["model"]), "digest": digest(shared),
                 "shared": shared}
+
+
+def buffered(model: Any, state: Mapping[str, Any]) -> bool:
+    """The model's state holds more than its parameters (BatchNorm statistics): a tied weight, listed once by
+    named_parameters() and twice by state_dict(), is no buffer."""
+    return bool(set(state) - {name for name, _ in unwrap(model).named_parameters(remove_duplicate=False)})
 
 
 def parameters(model: Any) -> Dict[str, Any]:

@@ -1,6 +1,8 @@
 """Step telemetry: where each step's time goes on this rank, for ``clusterddp top`` and ``report``.
 
-A step ends at each ``should_stop()`` (or ``runtime.step()``). Within it the runtime times what it can see: waiting
+A step ends at each ``should_stop()`` (or ``runtime.step()``) after an optimizer step: where the runtime sees the
+optimizer (torch's), a boundary with no optimizer step since the last one is a micro-batch's (gradient
+accumulation), folded into the step it belongs to. Within it the runtime times what it can see: waiting
 for data (its loader's fetch, and whatever was not timed between the step's start and its first forward pass: any
 iterable's fetch), the gradient all-reduce the rank waits for after its backward (a DDP communication hook that
 wraps the default one, so the arithmetic is DDP's own), the optimizer step (torch's global optimizer hooks), the
@@ -18,11 +20,10 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Deque, Dict, Iterator, List, Mapping, Optional
 
 from .. import contract
 from ..datafiles import write_atomic
-from ..errors import RuntimeEnvError
 from . import gpu
 from .state import STATE
 
@@ -62,7 +63,11 @@ class Steps:
         self.start: Optional[float] = None   # when the step in progress began (None: no work seen yet)
         self.first: Optional[float] = None   # wall time the first step began
         self.open = False                    # work seen since the last boundary
-        self.fed = False                     # the step's first forward pass was seen
+        self.fed = False                     # the first forward pass since the last boundary was seen
+        self.since = (0.0, 0.0)              # the last boundary (a folded one too): clock, time timed by then
+        self.stepped = 0                     # optimizer steps since the last boundary
+        self.folding = False                 # an optimizer step was seen: a boundary without one is a micro-batch's
+        self.loose = 0                       # steps ended before the first optimizer step (merged at it)
         self.count = 0                       # steps ended in this attempt
         self.base = 0                        # steps done before it (the checkpoint it resumed from)
         self.based: Optional[bool] = None    # resumed from a checkpoint that knew its step count (None: no resume)
@@ -88,8 +93,27 @@ class Steps:
             self.fed = True
             if self.start is not None:
                 with self.lock:
-                    self.acc["data"] += max(0.0, _clock() - self.start - sum(self.acc.values()))
+                    at, timed = self.since if self.since[0] else (self.start, 0.0)
+                    self.acc["data"] += max(0.0, _clock() - at - (sum(self.acc.values()) - timed))
         self.begin()
+
+    def optimized(self) -> None:
+        """An optimizer step ended. The first of the attempt: the boundaries before it were micro-batches of this
+        step (gradient accumulation), so the steps they ended are merged back into it."""
+        self.stepped += 1
+        if not self.folding:
+            self.folding = True
+            with self.lock:
+                merged = [self.recent.pop() for _ in range(min(self.loose, len(self.recent)))]
+                for row in merged:
+                    for name, value in zip(contract.TELEMETRY_ROW[2:], row[2:]):
+                        self.sums[name] -= value
+                    for name in self.acc:
+                        self.acc[name] += row[contract.TELEMETRY_ROW.index(name)]
+                if merged and self.start is not None:
+                    self.start -= sum(row[2] for row in merged)
+                self.count -= len(merged)
+                self.loose = 0
 
     def add(self, phase: str, seconds: float) -> None:
         with self.lock:
@@ -111,6 +135,12 @@ class Steps:
         if not self.open and self.count == 0:  # should_stop() before any work: the clock starts here
             self.start = now
             return
+        if self.folding and not self.stepped and self.open:  # a micro-batch's boundary: the step goes on
+            with self.lock:
+                self.since = (now, sum(self.acc.values()))
+            return
+        self.loose += 0 if self.folding else 1
+        self.stepped, self.since = 0, (0.0, 0.0)
         start = now if self.start is None else self.start
         total = max(0.0, now - start)
         with self.lock:
@@ -207,6 +237,7 @@ def start(rank: int, world_size: int, local_world_size: int, restart: int, run_d
     def after(optimizer: Any, args: Any, kwargs: Any) -> None:
         if began:
             steps.add("opt", _clock() - began.pop())
+        steps.optimized()
 
     steps.hooks = [optim.register_optimizer_step_pre_hook(before), optim.register_optimizer_step_post_hook(after)]
 
@@ -283,65 +314,3 @@ def took(name: str, began: float) -> None:
 
 def clock() -> float:
     return _clock()
-
-
-def timed(inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """A DDP comm hook that runs ``inner`` unchanged and times the wait from the last bucket's launch (the rank's
-    backward is done then) to its result: how long this rank waited for the others."""
-    import torch
-
-    def hook(state: Any, bucket: Any) -> Any:
-        fut = inner(state, bucket)
-        steps = current()
-        if steps is None or not bucket.is_last():
-            return fut
-        if bucket.buffer().is_cuda:  # a CUDA future completes at enqueue: events on the stream tell the real wait
-            begun = torch.cuda.Event(enable_timing=True)
-            begun.record()
-
-            def ended(f: Any) -> Any:
-                done = torch.cuda.Event(enable_timing=True)
-                done.record()
-                steps.pending.append((begun, done))
-                return f.value()
-            return fut.then(ended)
-        began = _clock()
-
-        def done(f: Any) -> Any:
-            steps.add("comm", _clock() - began)
-            return f.value()
-        return fut.then(done)
-
-    hook.__name__ = hook.__qualname__ = f"clusterddp_timed_{getattr(inner, '__name__', 'hook')}"
-    hook.__annotations__ = {}  # DDP checks them, and they are strings here (from __future__ import annotations)
-    return hook
-
-
-def attach(ddp: Any) -> None:
-    """Time ``ddp``'s gradient all-reduce: DDP's default hook (or one the script registers before its first forward
-    pass) wrapped by ``timed``, registered at the first forward pass (DDP takes one comm hook, once)."""
-    if current() is None:
-        return
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    original = ddp.register_comm_hook
-    taken = [False]
-
-    def register_comm_hook(state: object, hook: Callable[..., Any]) -> None:
-        if taken[0]:
-            raise RuntimeEnvError("register_comm_hook after the model's first forward pass: clusterddp's step "
-                                  "telemetry registered its timed all-reduce then (DDP takes one hook); register "
-                                  "yours before the first forward pass (it is then timed), or set "
-                                  f"{contract.TELEMETRY}=0")
-        ddp._check_comm_hook(hook)
-        taken[0] = True
-        original(state, timed(hook))
-
-    def first_forward(module: Any, args: Any) -> None:
-        if not taken[0]:
-            taken[0] = True
-            original(ddp.process_group, timed(allreduce_hook))
-        handle.remove()
-
-    ddp.register_comm_hook = register_comm_hook
-    handle = ddp.register_forward_pre_hook(first_forward)

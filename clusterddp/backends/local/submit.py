@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import signal
 import socket
 import time
@@ -122,7 +123,9 @@ def _attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequenc
         kept = attempts.set_aside(Path(run_dir), restart, attempt)
         note(f"clusterddp: the failed attempt's logs: {kept}/")
         chosen, bad, attempt = picked, action.bad, attempt + 1
-        port = pick_port(port + 1)
+        # A port anywhere in the span, not the next one: runs started together (the drill's scenarios side by side)
+        # have ports a few apart, and the next one may be another run's, free only for the moment it is looked at.
+        port = pick_port(contract.default_port(secrets.randbelow(1 << 30)))
 
 
 def _where(spec: JobSpec) -> Tuple[str, int, int, List[str]]:
