@@ -4,13 +4,17 @@ one construct at a time; and a script whose decisions really differ by rank, mig
 from __future__ import annotations
 
 import ast
+import json
+import math
 import re
+import threading
+import types
 from pathlib import Path
 from typing import Set
 
 import pytest
 
-from clusterddp.migrate import migrate_source
+from clusterddp.migrate import migrate_source, stopping
 from clusterddp.migrate.rules import report
 
 from .conftest import SCRIPTS, run_cli
@@ -216,3 +220,321 @@ def test_a_best_model_decision_is_made_on_the_ranks_average(body, averaged):
     if averaged:
         assert not any("rank 0 saves when its own values" in what for _, what in m.findings), m.findings
         assert any("the decision is now every rank's" in what for _, what in m.changes)
+
+
+# Issue 54: early stopping. On the ranks' own shares a validation loss differs by rank, and so would the epoch at
+# which each rank breaks out (the others would wait in the next epoch's backward forever). Where every rank reaches
+# the test and what it tests is one number, it is averaged where it is computed: every rank stops together.
+ES_HEAD = ("import torch\nimport torch.nn as nn\nmodel = nn.DataParallel(net)\nbest_loss = float('inf')\n"
+           "bad_epochs = 0\n")
+ES_TRAIN = ("for epoch in range(args.epochs):\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
+            "        loss.backward()\n    val_loss = evaluate(model, loader)\n")
+ES_PYTORCHTOOLS = '''class EarlyStopping:
+    """pytorchtools' (Bjarte Sunde), as scripts copy it."""
+    def __init__(self, patience=7, verbose=False, delta=0, path="checkpoint.pt", trace_func=print):
+        self.patience, self.verbose, self.counter, self.best_score = patience, verbose, 0, None
+        self.early_stop, self.val_loss_min, self.delta, self.path = False, np.Inf, delta, path
+        self.trace_func = trace_func
+
+    def __call__(self, val_loss, model):
+        score = -val_loss
+        if self.best_score is None:
+            self.best_score = score
+            self.save_checkpoint(val_loss, model)
+        elif score < self.best_score + self.delta:
+            self.counter += 1
+            self.trace_func(f"EarlyStopping counter: {self.counter} out of {self.patience}")
+            if self.counter >= self.patience:
+                self.early_stop = True
+        else:
+            self.best_score = score
+            self.save_checkpoint(val_loss, model)
+            self.counter = 0
+
+    def save_checkpoint(self, val_loss, model):
+        torch.save(model.state_dict(), self.path)
+        self.val_loss_min = val_loss
+'''
+ES_HELPER = ("early_stopping = EarlyStopping(patience=args.patience)\n" + ES_TRAIN +
+             "    early_stopping(val_loss, model)\n    if early_stopping.early_stop:\n        print('stop')\n"
+             "        break\nstopped.append(epoch)\n")
+AVERAGED = "    val_loss = runtime.all_reduce_mean(val_loss)\n"
+#: name -> (the script, the lines the rewrite must give, what its change says, what it lists or None)
+EARLY_STOPPING = {
+    "counter in the else": (ES_HEAD + ES_TRAIN + (
+        "    if val_loss < best_loss:\n        best_loss = val_loss\n        bad_epochs = 0\n"
+        "        torch.save(model.state_dict(), 'best.pt')\n    else:\n        bad_epochs += 1\n"
+        "        if bad_epochs >= args.patience:\n            print('early stopping')\n            break\n"
+        "stopped.append(epoch)\n"), AVERAGED + "    if val_loss < best_loss:\n",
+        "early stopping decided on the ranks' average val_loss: every rank stops at the same epoch", None),
+    "min_delta, its own test": (ES_HEAD + "wait = 0\n" + ES_TRAIN + (
+        "    if val_loss > best_loss - args.min_delta:\n        wait += 1\n    else:\n        best_loss = val_loss\n"
+        "        wait = 0\n    if wait >= args.patience:\n        break\nstopped.append(epoch)\n"),
+        AVERAGED + "    if val_loss > best_loss - args.min_delta:\n", "every rank stops at the same epoch", None),
+    "a flag the loop tests": (ES_HEAD + "stop, epoch, no_improve = False, -1, 0\nscheduler = Plateau(opt)\n" + (
+        ES_TRAIN.replace("for epoch in range(args.epochs):\n", "while not stop:\n    epoch += 1\n")) + (
+        "    scheduler.step(val_loss)\n    if val_loss < best_loss:\n        best_loss = val_loss\n"
+        "        no_improve = 0\n    else:\n        no_improve += 1\n    if no_improve > args.patience:\n"
+        "        stop = True\nstopped.append(epoch)\n"),
+        # once it is computed: the scheduler's step (ReduceLROnPlateau) gets the average too
+        "    val_loss = evaluate(model, loader)\n" + AVERAGED + "    scheduler.step(val_loss)\n",
+        "once it is computed (for `if val_loss < best_loss:`", None),
+    "in a function, a return": ("import torch.nn as nn\n\n\ndef train(model):\n    best_loss, bad_epochs = 1e9, 0\n" + (
+        "".join("    " + line + "\n" for line in ES_TRAIN.splitlines())) + (
+        "        if val_loss < best_loss:\n            best_loss, bad_epochs = val_loss, 0\n"
+        "        elif bad_epochs == args.patience:\n            return epoch\n        else:\n"
+        "            bad_epochs += 1\n    return epoch\n\n\nstopped.append(train(nn.DataParallel(net)))\n"),
+        "        val_loss = runtime.all_reduce_mean(val_loss)\n        if val_loss < best_loss:\n",
+        "every rank stops at the same epoch", None),
+    # on each rank's own training loss, step by step: averaged once it is computed, over the optimizer's step
+    "the training loss, a flag for the epochs": (ES_HEAD + "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n" + (
+        "done = False\nfor epoch in range(args.epochs):\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
+        "        loss.backward()\n        here = loss.item()\n        opt.step()\n        if here < args.target:\n"
+        "            done = True\n            break\n    if done:\n        break\nstopped.append(epoch)\n"),
+        "        here = loss.item()\n        here = runtime.all_reduce_mean(here)\n        opt.step()\n"
+        "        runtime.step()\n", "every rank stops at the same step", None),
+    "pytorchtools' EarlyStopping, in the script": (
+        "import numpy as np\nimport torch\nimport torch.nn as nn\n\n\n" + ES_PYTORCHTOOLS +
+        "\n\nmodel = nn.DataParallel(net)\n" + ES_HELPER, AVERAGED + "    early_stopping(val_loss, model)\n",
+        "(EarlyStopping, in this script, decides from the values it is given): every rank stops at the same epoch",
+        None),
+    "an EarlyStopping imported": (
+        "import torch.nn as nn\nfrom pytorchtools import EarlyStopping\nmodel = nn.DataParallel(net)\n" + ES_HELPER,
+        AVERAGED + "    early_stopping(val_loss, model)\n", "early_stopping is given the ranks' average val_loss",
+        "EarlyStopping is not in this script; it is given the ranks' average val_loss, so every rank stops at the "
+        "same epoch if EarlyStopping decides from the values it is given alone"),
+    "on a dict of metrics: not recognised": (ES_HEAD + ES_TRAIN.replace("val_loss = ", "metrics = ") + (
+        "    if metrics['loss'] < best_loss:\n        best_loss = metrics['loss']\n        bad_epochs = 0\n"
+        "    else:\n        bad_epochs += 1\n        if bad_epochs >= args.patience:\n            break\n"
+        "stopped.append(epoch)\n"), "    if metrics['loss'] < best_loss:\n", None,
+        "each rank may stop at a different epoch, and the ones that go on wait forever in DDP's backward (a hang)"),
+    # only the counter could be averaged (the loss is in a dict): a counter is never what is averaged
+    "a counter of a dict's loss: not recognised": (ES_HEAD + "wait = 0\n" + ES_TRAIN.replace("val_loss = ", "m = ") + (
+        "    if m['loss'] > best_loss - args.min_delta:\n        wait += 1\n    else:\n        best_loss = m['loss']\n"
+        "        wait = 0\n    if wait >= args.patience:\n        break\n"), "    if wait >= args.patience:\n", None,
+        "each rank may stop at a different epoch"),
+    "under another per-rank test: not recognised": (ES_HEAD + ES_TRAIN + (
+        "    if math.isfinite(val_loss):\n        if val_loss < best_loss:\n            best_loss = val_loss\n"
+        "        else:\n            break\nstopped.append(epoch)\n"), "    if math.isfinite(val_loss):\n", None,
+        "each rank may stop at a different epoch"),
+}
+
+
+@pytest.mark.parametrize("name", EARLY_STOPPING)
+def test_early_stopping_is_decided_on_the_ranks_average(name):
+    source, lines, change, listed = EARLY_STOPPING[name]
+    m = migrate_source(source, "es.py")
+    assert lines in m.text, m.text
+    assert collectives_under_rank_tests(m.text) == []
+    said = [f"{line}: {what}" for line, what in m.changes if "all_reduce_mean" in what]
+    if change is None:  # not recognised: nothing averaged, the loop listed with what to do
+        assert "all_reduce_mean" not in m.text and not said, m.text
+    else:
+        assert len(said) == 1 and change in said[0], (said, m.changes)
+        # the change is listed on the line the average goes before
+        given = lines.splitlines()
+        before = next(given[i + 1] for i, line in enumerate(given) if "= runtime.all_reduce_mean(" in line)
+        assert int(said[0].split(":")[0]) == source.splitlines().index(before) + 1
+    found = [what for _, what in m.findings if "stop" in what or "leave or skip" in what]
+    assert (len(found) == 1 and listed in found[0]) if listed else not found, m.findings
+
+
+def test_the_rank_zero_saves_of_a_decision_on_the_average_say_so():
+    """The best model's save under the early-stopping test stays rank 0's own (wait=False), said to be on the
+    average; the save in pytorchtools' class too."""
+    for name in ("counter in the else", "pytorchtools' EarlyStopping, in the script"):
+        m = migrate_source(EARLY_STOPPING[name][0], "es.py")
+        saves = [what for _, what in m.changes if what.startswith("torch.save")]
+        assert saves and all("being every rank's, on the average" in what for what in saves), saves
+        assert "wait=False)" in m.text and not any("rank 0 saves when its own" in w for _, w in m.findings)
+
+
+class _Job:
+    """``world`` threads standing in for ranks, to run a migrated script's control flow: runtime.all_reduce_mean,
+    each backward (DDP's all-reduce), a waiting save and shutdown() meet at one barrier, and every rank must be at
+    the same collective (else, as in a real job, the ranks wait for each other forever: "hung")."""
+
+    def __init__(self, world: int = 4) -> None:
+        self.world, self.slots = world, [("", 0.0)] * world
+        self.barrier = threading.Barrier(world, timeout=5)
+
+    def meet(self, rank: int, kind: str, value: float = 0.0) -> float:
+        self.slots[rank] = (kind, float(value))
+        self.barrier.wait()
+        kinds, mean = {k for k, _ in self.slots}, sum(v for _, v in self.slots) / self.world
+        self.barrier.wait()
+        if len(kinds) > 1:
+            raise RuntimeError(f"hung: the ranks wait at different collectives {sorted(kinds)}")
+        return mean
+
+    def rank_globals(self, rank: int, losses: list, stopped: list) -> dict:
+        job, own, steps = self, iter(losses), iter(losses)
+
+        class Loss:
+            def backward(self):
+                job.meet(rank, "backward")
+
+            def item(self):
+                return next(steps)
+
+        class Model:
+            def __call__(self, x):
+                return x
+
+            def state_dict(self):
+                return {}
+
+            def parameters(self):
+                return []
+
+        optimizer = types.SimpleNamespace(step=lambda: None, zero_grad=lambda: None)
+
+        runtime = types.SimpleNamespace(
+            init=lambda *a, **k: None, shutdown=lambda: job.meet(rank, "shutdown"), wrap=lambda m: m, step=int,
+            print0=lambda *a, **k: None, all_reduce_mean=lambda v: job.meet(rank, "mean", v),
+            save_on_main=lambda obj, path, wait=True: job.meet(rank, "save") if wait else None)
+        imported = {"np": types.SimpleNamespace(Inf=float("inf")), "torch": types.SimpleNamespace(save=lambda *a: None)}
+        exec(ES_PYTORCHTOOLS, imported)  # (from pytorchtools import EarlyStopping: as it is, not migrated)
+        return {"runtime": runtime, "net": Model(), "loader": [(0, 0)], "crit": lambda out, y: Loss(),
+                "evaluate": lambda model, loader: next(own), "stopped": stopped, "print": lambda *a, **k: None,
+                "args": types.SimpleNamespace(epochs=len(losses), patience=2, min_delta=0.0, target=2.7),
+                "torch": types.SimpleNamespace(optim=types.SimpleNamespace(SGD=lambda *a, **k: optimizer)),
+                "math": math,
+                "np": imported["np"], "EarlyStopping": imported["EarlyStopping"], "opt": None,
+                "Plateau": lambda opt: types.SimpleNamespace(step=lambda v: None)}
+
+    def run(self, text: str, losses: list) -> tuple:
+        """(the epoch each rank stopped at, the errors); each rank reads its own validation losses."""
+        code = compile("\n".join(line for line in text.splitlines() if not line.startswith(("import ", "from "))),
+                       "migrated.py", "exec")
+        stopped: list = [[] for _ in range(self.world)]
+        errors: list = []
+
+        def rank(r: int) -> None:
+            try:
+                exec(code, self.rank_globals(r, losses[r], stopped[r]))
+            except Exception as exc:  # (a broken barrier: a rank that waited for one that failed)
+                errors.append(f"rank {r}: {exc or 'hung'}")
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return [s[0] if s else None for s in stopped], errors
+
+
+#: each rank's own validation loss by epoch: better until epoch r + 1, then worse; alone, rank r would stop at
+#: epoch r + 3 (patience 2), so the four would leave the loop at four different epochs (and on the training loss,
+#: one batch an epoch, below 2.7: ranks 2 and 3 at epoch 3, the others never; their average at epoch 4)
+OWN_LOSSES = [[5.0 - e if e <= r + 1 else 4.0 - r + 0.1 * (e - r - 1) for e in range(12)] for r in range(4)]
+
+
+@pytest.mark.parametrize("name", [n for n, case in EARLY_STOPPING.items() if case[2] is not None])
+def test_migrated_early_stopping_stops_every_rank_at_the_same_epoch(name, monkeypatch):
+    """The migrated scripts run as 4 ranks (threads, the collectives real barriers): the job ends and every rank
+    stopped at the same epoch, before the last (an early stop). Migrated without the rule (the loop only listed),
+    the same run hangs: the rule is what makes it end."""
+    text = migrate_source(EARLY_STOPPING[name][0], "es.py").text
+    stopped, errors = _Job().run(text, OWN_LOSSES)
+    assert not errors and len(set(stopped)) == 1 and stopped[0] < len(OWN_LOSSES[0]) - 1, (stopped, errors)
+    monkeypatch.setattr(stopping, "_choose", lambda *args: None)
+    stopped, errors = _Job().run(migrate_source(EARLY_STOPPING[name][0], "es.py").text, OWN_LOSSES)
+    assert errors and "hung" in " ".join(errors), (stopped, errors)
+
+
+EARLY_STOPPING_SCRIPT = '''"""Early stopping on a loss each rank computes on its own share once migrated (issue 54).
+A constant to learn, sample i's target 1 + i % 4: unshuffled, rank r's share is the samples i % 4 == r, so each
+rank's own loss is least at its own target, the job's at their mean (2.5). On its own loss rank 0 would stop at
+epoch 2, rank 1 at 5, the others never: the job would hang at rank 0's third epoch."""
+import argparse
+import json
+import os
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=12)
+parser.add_argument("--out", default="out")
+args = parser.parse_args()
+OWN = []  # each epoch's loss on this process's own data, as computed (before any average)
+
+
+def validate(net, loader):
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for xb, yb in loader:
+            total += nn.functional.mse_loss(net(xb).squeeze(-1), yb).item()
+            n += 1
+    OWN.append(total / n)
+    return total / n
+
+
+def main():
+    x, y = torch.zeros(256, 1), 1.0 + (torch.arange(256) % 4).float()
+    net = nn.Linear(1, 1)
+    nn.init.zeros_(net.bias)
+    model = nn.DataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    train_loader = DataLoader(TensorDataset(x, y), batch_size=4)
+    best_loss, bad_epochs = float("inf"), 0
+    for epoch in range(args.epochs):
+        for xb, yb in train_loader:
+            loss = nn.functional.mse_loss(model(xb).squeeze(-1), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        val_loss = validate(model, train_loader)
+        print(f"epoch {epoch} val_loss {val_loss:.4f}")
+        if val_loss < best_loss - 0.01:
+            best_loss = val_loss
+            bad_epochs = 0
+        else:
+            bad_epochs += 1
+            if bad_epochs >= 1:
+                print(f"early stopping at epoch {epoch}")
+                break
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"rank-{os.getpid()}.json"), "w") as f:
+        json.dump({"stopped": epoch, "own": OWN}, f)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def _own_stop(losses: list) -> int:
+    """The epoch a rank would stop at on its own losses (the script's rule: 0.01 better, patience 1)."""
+    best = float("inf")
+    for epoch, value in enumerate(losses):
+        if not value < best - 0.01:
+            return epoch
+        best = value
+    return len(losses) - 1
+
+
+def test_the_early_stopping_script_is_rewritten_to_stop_on_the_average():
+    m = migrate_source(EARLY_STOPPING_SCRIPT, "es.py")
+    assert "        val_loss = validate(model, train_loader)\n" + AVERAGED.replace("    ", "        ", 1) in m.text
+    assert collectives_under_rank_tests(m.text) == []
+
+
+@pytest.mark.ranks
+def test_early_stopping_on_the_ranks_own_losses_stops_every_rank_at_the_same_epoch(tmp_path):
+    """The known right answer, as 4 real ranks on 2 emulated nodes: the ranks' own validation losses differ so that
+    on their own they would stop at different epochs (computed here from what each rank saw: a hang as written);
+    migrated, every rank stops at the same epoch, before the last, and the job ends."""
+    (tmp_path / "es.py").write_text(EARLY_STOPPING_SCRIPT)
+    proc = run_cli("migrate", "es.py", "--check", "--check-hang", "30", "--", "--out", str(tmp_path / "out"),
+                   cwd=tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"check: .*trained", proc.stderr), proc.stderr
+    ranks = [json.loads(p.read_text()) for p in sorted((tmp_path / "out").glob("rank-*.json"))]
+    assert len(ranks) == 4, ranks
+    own = [_own_stop(r["own"]) for r in ranks]
+    assert len(set(own)) > 1, own  # on their own values, the ranks would have stopped apart
+    assert len({r["stopped"] for r in ranks}) == 1 and ranks[0]["stopped"] < 11, (ranks, own)

@@ -3,12 +3,12 @@ a best-model decision that can be made the same on every rank. Imports libcst (l
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import libcst as cst
 
 from .syntax import code_of, dotted
-from .uniform import Flow
+from .uniform import Flow, varies
 
 _GPU_COUNT = re.compile(r"device_count\(|\bn_?gpus?\b|\bnum_gpus?\b|\bgpu_count\b|\bgpus\b|device_ids|gpu_ids")
 
@@ -61,7 +61,7 @@ def best_decision(node: cst.If, flow: Flow) -> Optional[str]:
             not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or \
             not isinstance(test.comparisons[0].operator, (cst.LessThan, cst.GreaterThan, cst.LessThanEqual,
                                                          cst.GreaterThanEqual)) or \
-            not isinstance(test.left, cst.Name) or test.left.value not in flow.names:
+            not isinstance(test.left, cst.Name) or not varies(test.left, flow):  # (averaged already: shared)
         return None
     score, best = test.left.value, code_of(test.comparisons[0].comparator)
     body = node.body.body if isinstance(node.body, cst.IndentedBlock) else []
@@ -70,17 +70,3 @@ def best_decision(node: cst.If, flow: Flow) -> Optional[str]:
                 any(code_of(t.target) == best for t in small.targets)
                 for st in body if isinstance(st, cst.SimpleStatementLine) for small in st.body)
     return score if plain and keeps else None
-
-
-def best_decisions(module: Any, flow: Flow) -> Dict[int, str]:
-    """id(if) -> the score, for every if of ``module`` that is a best-model decision (best_decision)."""
-    found: Dict[int, str] = {}
-
-    class _Ifs(cst.CSTVisitor):
-        def visit_If(self, node: cst.If) -> None:
-            score = best_decision(node, flow)
-            if score is not None:
-                found[id(node)] = score
-
-    module.visit(_Ifs())
-    return found

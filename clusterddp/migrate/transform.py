@@ -3,12 +3,13 @@ module level: ``rules.migrate_source`` loads this module only once LibCST is kno
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, List, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .patterns import TIGHT, Retest, best_decisions, cuda_literal, makedirs_unless_exists
+from .patterns import TIGHT, Retest, cuda_literal, makedirs_unless_exists
+from .stopping import Plan, loop_findings, plan
 from .survey import Survey, line_of
 from .syntax import IMPORT, METRIC, code_of, dotted, is_loader, keyword, positional, training_loader
 from .uniform import Flow, analyse
@@ -39,9 +40,9 @@ class ToDDP(cst.CSTTransformer):
         self.retested: Set[int] = set()  # lines of the ifs whose test is now the world size
         self.later: Lines = []  # findings the rewrite makes
         self.loops: List[str] = []  # around the node: each loop's counter (for i in range(...)), else ""
-        # id(if) -> the score averaged before it (a best-model decision), found before the walk (a helper the block
-        # calls may come first in the file)
-        self.uniformed: Dict[int, str] = {}
+        # the averages that make a decision every rank's (early stopping, best model: stopping.plan), found before
+        # the walk (a helper the block calls may come first in the file)
+        self.plan = Plan()
 
     def _did(self, node: Any, what: str) -> None:
         self.changes.append((_line(self, node), what))
@@ -98,11 +99,12 @@ class ToDDP(cst.CSTTransformer):
         if name == "torch.save" and len(updated.args) == 2 and all(a.keyword is None for a in updated.args):
             if apart is not None:  # only some ranks get here: waiting for the others would wait forever
                 # (under a decision made on the ranks' average every rank is here; not waiting stays safe)
+                decided = self.plan.decided.get(id(apart))
                 self._did(original, "torch.save -> runtime.save_on_main(..., wait=False) (rank 0 writes, atomically, "
-                          + (f"the decision at line {_line(self, apart)} being every rank's, on the average)"
-                             if id(apart) in self.uniformed else
+                          + (f"the decision at line {_line(self, decided)} being every rank's, on the average)"
+                             if decided is not None else
                              f"when its own values lead it here: line {_line(self, apart)})"))
-                if id(apart) not in self.uniformed:
+                if decided is None:
                     self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
                                        f"{_line(self, apart)}); for a decision of all ranks, average the value it "
                                        "tests first (runtime.all_reduce_mean) so that every rank takes the same "
@@ -116,9 +118,12 @@ class ToDDP(cst.CSTTransformer):
         if name == "print":
             averaged: Any = updated.visit(_Average()) if apart is None else updated
             what = " (loss / accuracy averaged over the ranks)" if code_of(averaged) != code_of(updated) else ""
+            decided = self.plan.decided.get(id(apart))
             if apart is not None and code_of(updated.visit(_Average())) != code_of(updated):
                 what = (" (not averaged: whether a rank gets here depends on its own values, line "
-                        f"{_line(self, apart)}; an average would wait for the others forever)")
+                        f"{_line(self, apart)}; an average would wait for the others forever)") if decided is None \
+                    else f" (not averaged, rank 0's own: kept so, though line {_line(self, decided)} now decides on " \
+                    "the ranks' average)"
             self._did(original, f"print -> runtime.print0 (rank 0 prints){what}")
             return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
         return updated
@@ -197,16 +202,22 @@ class ToDDP(cst.CSTTransformer):
             return cst.FlattenSentinel([updated, cst.parse_statement("runtime.step()\n")])
         return updated
 
+    def on_leave(self, original_node: Any, updated_node: Any) -> Any:
+        """After any statement's own rewrite: ``score = runtime.all_reduce_mean(score)`` before it where a decision
+        that each rank would take on its own share's score (``if score < best: best = score``, early stopping) is to
+        be made on the average: every rank takes the same branch, as the one process did on the whole set."""
+        done = super().on_leave(original_node, updated_node)
+        averages = self.plan.averages.get(id(original_node), [])
+        if not averages:
+            return done
+        made = [cst.parse_statement(f"{score} = runtime.all_reduce_mean({score})\n") for score, _ in averages]
+        for _, what in averages:
+            self._did(original_node, what)
+        nodes: List[Any] = list(done.nodes) if isinstance(done, cst.FlattenSentinel) else [done]
+        made[0] = made[0].with_changes(leading_lines=nodes[0].leading_lines)
+        return cst.FlattenSentinel([*made, nodes[0].with_changes(leading_lines=[]), *nodes[1:]])
+
     def leave_If(self, original: cst.If, updated: cst.If) -> Any:
-        if id(original) in self.uniformed:
-            # "if score < best: best = score; save": each rank scored its own share; on their average every
-            # rank takes the same branch (as the one process did on the whole set)
-            score = self.uniformed[id(original)]
-            self._did(original, f"{score} = runtime.all_reduce_mean({score}) before `if {code_of(original.test)}:` "
-                                "(each rank scored its own share: the decision is now every rank's, on the average)")
-            return cst.FlattenSentinel([cst.parse_statement(f"{score} = runtime.all_reduce_mean({score})\n")
-                                        .with_changes(leading_lines=updated.leading_lines),
-                                        updated.with_changes(leading_lines=[])])
         made = makedirs_unless_exists(original)
         if made is not None and not self.measure:
             # every rank tests, then makes: all but the first die of FileExistsError
@@ -292,33 +303,9 @@ def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) 
     wrapper.visit(survey)
     flow = analyse(wrapper.module)
     transformer = ToDDP(survey, flow, keep_global_batch, measure)
-    transformer.uniformed = {} if measure else best_decisions(wrapper.module, flow)
+    transformer.plan = Plan() if measure else plan(wrapper, flow)
     new = wrapper.visit(transformer)
     findings = {(line, what) for line, what in survey.findings if line not in transformer.retested}
-    findings |= set(transformer.later) | set(_diverging(wrapper, flow))
+    findings |= set(transformer.later) | set(transformer.plan.findings) | \
+        set(loop_findings(wrapper, flow, transformer.plan.fixed))
     return new.code, transformer.changes, sorted(findings)
-
-
-_SHARE = ("DDP's backward waits for every rank, so the job would hang; test a value every rank shares, e.g. "
-          "runtime.all_reduce_mean(x), so that all take the same branch")
-
-
-def _diverging(wrapper: MetadataWrapper, flow: Flow) -> Lines:
-    """The loops whose steps ranks may leave or skip apart, where a step all-reduces (a backward); backward passes
-    that only some ranks run."""
-    where = wrapper.resolve(PositionProvider)
-    out = []
-    exits = {id(why) for _, why in flow.diverging}
-    for node, at in where.items():
-        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-                and node.func.attr.value == "backward"):
-            continue
-        test = flow.per_rank(node)
-        if test is not None and id(test) not in exits:
-            out.append((at.start.line, f"a backward that only some ranks run (the test at line "
-                        f"{where[test].start.line} uses values of the rank's own): {_SHARE}"))
-    for loop, why in flow.diverging:
-        if ".backward(" in code_of(loop.body) and isinstance(why, (cst.If, cst.While)):
-            out.append((where[why].start.line, "the ranks may leave or skip this loop's steps apart (the test uses "
-                        f"values of the rank's own): {_SHARE}"))
-    return out

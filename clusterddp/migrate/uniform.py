@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from .exits import exits_if as _exits_if
 from .syntax import dotted
 
 #: Calls whose result is the same on every rank when their arguments are.
@@ -27,7 +28,8 @@ MAKERS = ("DataLoader", "argparse.ArgumentParser", "ArgumentParser", "runtime.lo
 UNIFORM_METHODS = {"parse_args", "add_argument", "format", "get_last_lr", "join", "replace", "lower", "upper",
                    "startswith", "endswith", "split", "strip"}
 UNIFORM_RUNTIME = {"runtime.all_reduce_mean", "runtime.world_size", "runtime.device"}
-EXITS = (cst.Break, cst.Continue, cst.Return)
+#: methods that put a value into their object (``history.append(val_loss)``: the list is the rank's own then)
+MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "appendleft"}
 
 
 class Flow:
@@ -42,6 +44,9 @@ class Flow:
         self.controlled: Dict[int, Any] = {}       # id(call) -> the statement whose per-rank test controls it
         self.diverging: List[Tuple[Any, Any]] = []  # (loop, the exit's statement): ranks leave or skip apart
         self.if_control: Dict[int, Any] = {}       # id(if) -> what controls it (None: every rank reaches it)
+        # a what-if of the rewrite (stopping.py): reads of a value averaged before them; names taken as the same
+        self.shared: Set[int] = set()              # id(Name) read after runtime.all_reduce_mean
+        self.uniform: Set[str] = set()             # names never per rank (a helper fed averaged values)
 
     def per_rank(self, call: Any) -> Optional[Any]:
         """The statement whose test differs by rank and controls ``call``; None where every rank runs it."""
@@ -51,7 +56,7 @@ class Flow:
 def varies(node: Any, flow: "Flow") -> bool:
     """Whether the expression ``node`` may differ between ranks."""
     if isinstance(node, cst.Name):
-        return node.value in flow.names
+        return node.value in flow.names and id(node) not in flow.shared
     if isinstance(node, cst.Call):
         name = dotted(node.func)
         if name in UNIFORM_RUNTIME or name.endswith(MAKERS):
@@ -105,19 +110,33 @@ def _targets(node: Any) -> Iterable[str]:
     elif isinstance(node, (cst.Tuple, cst.List)):
         for element in node.elements:
             yield from _targets(element.value)
-    elif isinstance(node, cst.StarredElement):
+    elif isinstance(node, (cst.StarredElement, cst.Subscript)):  # (history[epoch] = val_loss: the list)
         yield from _targets(node.value)
 
 
 class _Names(cst.CSTVisitor):
-    """One pass: every name assigned from a value that varies (or a loop's data) joins ``names``."""
+    """One pass: every name assigned from a value that varies (or a loop's data) joins ``names``, and so does every
+    name assigned under a test that varies (``else: bad_epochs += 1``: a counter of the rank's own)."""
 
     def __init__(self, flow: Flow) -> None:
         self.flow = flow
+        self.tests: List[bool] = []  # the tests around the node: whether each varies
 
     def _add(self, target: Any, value_varies: bool) -> None:
-        if value_varies:
-            self.flow.names.update(_targets(target))
+        if value_varies or any(self.tests):
+            self.flow.names.update(t for t in _targets(target) if t not in self.flow.uniform)
+
+    def visit_If(self, node: cst.If) -> None:
+        self.tests.append(varies(node.test, self.flow))
+
+    def visit_While(self, node: cst.While) -> None:
+        self.tests.append(varies(node.test, self.flow))
+
+    def leave_If(self, original_node: cst.If) -> None:
+        self.tests.pop()
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self.tests.pop()
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for t in node.targets:
@@ -141,8 +160,12 @@ class _Names(cst.CSTVisitor):
         self._add(node.target, True)
 
     def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        self.tests.append(True)  # only the ranks that raised get here
         if node.name is not None:
             self._add(node.name.name, True)
+
+    def leave_ExceptHandler(self, original_node: cst.ExceptHandler) -> None:
+        self.tests.pop()
 
     def visit_For(self, node: cst.For) -> None:
         it = node.iter
@@ -157,7 +180,11 @@ class _Names(cst.CSTVisitor):
         self._add(node.target, not counting or varies(it, self.flow))
 
     def visit_Call(self, node: cst.Call) -> None:
-        """A function's parameter is per rank where a call passes it a per-rank value."""
+        """A function's parameter is per rank where a call passes it a per-rank value; an object is where a
+        mutator puts one in it."""
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in MUTATORS and isinstance(func.value, cst.Name):
+            self._add(func.value, any(varies(a.value, self.flow) for a in node.args))
         params = self.flow.params.get(dotted(node.func).split(".")[-1])
         if params is None:
             return
@@ -170,37 +197,6 @@ class _Names(cst.CSTVisitor):
 def _is_loaderish(node: Any) -> bool:
     """A loader, or anything iterated batch by batch (same count on every rank)."""
     return isinstance(node, (cst.Name, cst.Attribute))
-
-
-def _exits(body: Any, loop_level: bool) -> Optional[Any]:
-    """The first break/continue (when ``loop_level``) or return in ``body``, not inside an inner loop/def."""
-    for statement in getattr(body, "body", ()):
-        if isinstance(statement, cst.SimpleStatementLine):
-            for small in statement.body:
-                if isinstance(small, cst.Return) or (loop_level and isinstance(small, (cst.Break, cst.Continue))):
-                    return statement
-        elif isinstance(statement, (cst.For, cst.While)):
-            found = _exits(statement.body, False)
-            if found is not None:
-                return found
-        elif isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            continue
-        else:
-            for child in statement.children:
-                if isinstance(child, (cst.BaseSuite, cst.If, cst.Else, cst.ExceptHandler, cst.Finally)):
-                    found = _exits(child if isinstance(child, cst.BaseSuite) else child.body, loop_level) \
-                        if not isinstance(child, cst.If) else _exits_if(child, loop_level)
-                    if found is not None:
-                        return found
-    return None
-
-
-def _exits_if(node: Any, loop_level: bool) -> Optional[Any]:
-    found = _exits(node.body, loop_level)
-    if found is None and node.orelse is not None:
-        found = _exits_if(node.orelse, loop_level) if isinstance(node.orelse, cst.If) \
-            else _exits(node.orelse.body, loop_level)
-    return found
 
 
 def _diverging(statements: Iterable[Any], names: "Flow") -> Optional[Any]:
@@ -310,9 +306,11 @@ class _Defs(cst.CSTVisitor):
                                                       p.name.value != "self"])
 
 
-def analyse(module: Any) -> Flow:
-    """The Flow of ``module`` (the very nodes the rewrite will visit)."""
+def analyse(module: Any, shared: Iterable[int] = (), uniform: Iterable[str] = ()) -> Flow:
+    """The Flow of ``module`` (the very nodes the rewrite will visit); ``shared``, ``uniform``: as if those reads
+    had been averaged first and those names were the same on every rank (Flow.shared, Flow.uniform)."""
     flow = Flow()
+    flow.shared, flow.uniform = set(shared), set(uniform)
     module.visit(_Defs(flow))
     for _ in range(20):  # to a fixed point: names feed names, calls feed parameters
         before = len(flow.names)
