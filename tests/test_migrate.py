@@ -355,8 +355,9 @@ def compared(said: str, dp_batch: int, ddp_batch: int) -> None:
     assert (dp_step, ddp_step) == (dp_batch, ddp_batch)  # DataParallel's batch is global; each rank takes its own
     assert dp == pytest.approx(dp_step / dp_ms * 1000, rel=0.01)
     assert ddp == pytest.approx(ddp_step / ddp_ms * 1000, rel=0.01)
-    # (the ratio of the printed, rounded rates: their rounding moves it by up to ~0.1% of its size, plus its own)
-    assert ratio == pytest.approx(ddp / dp, rel=0.002, abs=0.006)
+    # (the ratio of the printed rates, each rounded to 0.1 samples/s: that moves it by up to 0.05/dp + 0.05/ddp of its
+    # size, 0.3% for a 16 samples/s DataParallel run (CI #1 of 2026-12-05 met 0.2%), plus the ratio's own rounding)
+    assert ratio == pytest.approx(ddp / dp, rel=0.05 / dp + 0.05 / ddp + 0.001, abs=0.006)
 
 
 def readme_screen() -> list:
