@@ -107,6 +107,13 @@ def slurm_cluster(slurm_release):
             subprocess.run([str(CLUSTER_SH), "down"], check=False, env=release)
 
 
+@pytest.fixture(autouse=True)
+def private_state(tmp_path_factory, monkeypatch):
+    """Every test's clusterddp state (job records, local runs' ids, quarantine) in a directory of its own, never the
+    user's ~/.local/state: tests neither read what a user (or another test) filed nor leave records there."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 @pytest.fixture
 def slurm_env(slurm_cluster, monkeypatch, tmp_path):
     """SLURM_CONF set for this test, and a private clusterddp state directory."""

@@ -168,9 +168,10 @@ def test_new_skeleton_runs_on_two_ranks(tmp_path):
     assert [m["step"] for m in losses] == [1, 2] and all(m["metrics"]["loss"] > 0 for m in losses), losses
     # the run ends saying where its files are and what to run next, and those commands work on it
     here = run.relative_to(tmp_path)  # as the user gave it: relative to where they ran it
-    assert f"clusterddp: run directory: {here} " in proc.stderr, proc.stderr
+    job = re.search(r"clusterddp: local job (L[0-9]+): run directory ", proc.stderr).group(1)  # issue 56: its id
+    assert f"clusterddp: local job {job}: run directory {here} " in proc.stderr, proc.stderr
     assert f"clusterddp: saved last:    {here / 'model.pt'}" in proc.stderr
-    assert f"next: clusterddp status {here} " in proc.stderr and f"clusterddp report {here} " in proc.stderr
+    assert f"next: clusterddp status {job} " in proc.stderr and f"clusterddp report {job} " in proc.stderr
     assert "on Slurm: clusterddp submit --nodes 1 --gpus 2 train.py -- --epochs 2" in proc.stderr
     status = run_cli("status", str(here), cwd=tmp_path)
     assert status.returncode == 0 and re.search(rf"{here}\s+COMPLETED\s+\S+\s+1\s+local0\s+0", status.stdout), \
