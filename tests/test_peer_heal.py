@@ -162,6 +162,14 @@ def test_two_neighbouring_nodes_lost_fall_back_to_the_checkpoint_saying_why(tmp_
     shown = run_cli("status", str(run_dir), cwd=tmp_path).stdout
     assert re.search(rf"\nattempt 2 \(restart 0\) on local0,\S+, .*; started from the checkpoint of step {resumed} "
                      r"\(peer heal not used: no survivor holds the random states of rank\(s\) 2,3 ", shown), shown
+    assert _peer_checked(tmp_path) == {True}  # its saves count optimizer steps: a resume from them keeps at once
+
+
+def _peer_checked(where: Path) -> set:
+    """What the run's checkpoints say of their step count (checked at the save: a resume from them keeps at once)."""
+    import torch
+
+    return {torch.load(p, map_location="cpu", weights_only=True).get("peer_checked") for p in where.rglob("ckpt-*.pt")}
 
 
 @pytest.mark.ranks
@@ -176,6 +184,7 @@ def test_a_save_that_keeps_extra_values_turns_peer_heal_off_and_a_lost_node_resu
     assert out.count("clusterddp: peer heal is off for this run: save() keeps extra= or per_rank= values, which only "
                      "a save records; a lost node resumes from the last checkpoint") == 2, out  # at each attempt's
     assert "peer heal: rank" not in out and "peer heal: resuming" not in out, out
+    assert _peer_checked(tmp_path) == {False}
     resumed = int(re.search(r"RESUME from step (\d+)", out).group(1))
     assert resumed % 4 == 0, out
     _same_as(tmp_path, reference, 4, resumed)

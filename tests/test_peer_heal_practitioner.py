@@ -293,11 +293,11 @@ def keeping(job, monkeypatch):
     """Old rank 2 (on n2) of a 2x2 job, or rank 0 (on n1: the one that speaks), keeping from a fresh start."""
     monkeypatch.setattr(peerheal, "Link", Link)
 
-    def start(model=None, step=None, how="fresh", optimizer=torch.optim.SGD, rank=2):
+    def start(model=None, step=None, how="fresh", optimizer=torch.optim.SGD, rank=2, checked=False):
         be(monkeypatch, rank, 4, 2, f"n{1 + rank // 2}")
         model = model or torch.nn.Linear(2, 1)
         opt = optimizer(model.parameters(), lr=0.1)
-        peerload.started("run-k", model, opt, None, step, how)
+        peerload.started("run-k", model, opt, None, step, how, checked=checked)
         return model, opt, STATE["peer"]
     return start
 
@@ -365,13 +365,20 @@ def test_fp16_training_with_a_skipped_step_counts_iterations_not_optimizer_steps
     assert keeper.on_exception(LOST) is None
 
 
-def test_after_a_checkpoint_resume_nothing_is_kept_until_that_attempt_s_first_save(keeping):
-    """(docs: "until the attempt's first save ... also after a resume from a checkpoint". A case found by this file:
-    the docs said "the run's first save", while the step count is checked at each attempt's first save.)"""
-    model, opt, keeper = keeping(step=8, how="checkpoint")  # the run saved ckpt-8 in an earlier attempt
+def test_a_resume_from_a_checked_checkpoint_keeps_at_once_and_from_an_unchecked_one_after_the_next_save(keeping):
+    """(A case found by this file: after any resume from a checkpoint nothing was kept until that attempt's first
+    save, so a second node lost within a checkpoint interval of a requeue went back to the checkpoint. A checkpoint
+    saved with the step count checked now says so, and a resume from it keeps at once.)"""
+    model, opt, keeper = keeping(step=8, how="checkpoint", checked=True)  # ckpt-8 saved with the count checked
+    assert keeper.trusted and peerheal.checked()  # (and a save now records it again)
+    train(model, opt, 2)
+    kept = keeper.on_exception(LOST)
+    assert kept is not None and torch.load(kept, weights_only=True)["shared"]["step"] == 10
+    model, opt, keeper = keeping(step=8, how="checkpoint")  # one of an older clusterddp, or saved unchecked
     train(model, opt, 2)
     assert keeper.on_exception(LOST) is None
     peerheal.saved(10, {}, None)
+    assert peerheal.checked()  # (what the next checkpoint's payload records)
     train(model, opt, 1)
     assert keeper.on_exception(LOST) is not None
 

@@ -144,7 +144,7 @@ class Checkpointer:
         payload = {"step": int(step), "run": who.run, "trial": who.trial, "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "loader": loader.state_dict() if loader is not None else None,
-                   "rng": states, "world_size": world_size(), "extra": extra,
+                   "rng": states, "world_size": world_size(), "extra": extra, "peer_checked": peerheal.checked(),
                    "per_rank": gather_json(per_rank) if per_rank is not None else None}
         steps = telemetry.current()
         if steps is not None:  # steps done, counted across resumes: a resumed run's redone steps are known
@@ -316,7 +316,8 @@ class Checkpointer:
         drill.record({"e": "load", "step": payload["step"], "path": os.path.abspath(path),
                       "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
                       "held": sorted(k for k in given if payload.get(k) is not None)})
-        peerload.started(self.run, model, optimizer, loader, payload["step"], "checkpoint")
+        peerload.started(self.run, model, optimizer, loader, payload["step"], "checkpoint",
+                         checked=payload.get("peer_checked") is True)
         return payload
 
     def _restore(self, payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:

@@ -293,6 +293,13 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
         STATE["peer"].trusted = True
 
 
+def checked() -> bool:
+    """The step count was checked at a save of this attempt (a checkpoint saved now says so: a resume from it keeps
+    at once)."""
+    keeper = STATE.get("peer")
+    return keeper is not None and keeper.trusted is True
+
+
 def saved(step: int, extra: Mapping[str, Any], per_rank: Any) -> None:
     keeper = STATE.get("peer")
     if keeper is not None:

@@ -197,9 +197,11 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
 
 
 def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: Optional[int], how: str,
-            nodes: Optional[List[str]] = None) -> None:
+            nodes: Optional[List[str]] = None, checked: bool = False) -> None:
     """Where this attempt started (``how``: peer, checkpoint or fresh): rank 0 records it in the run directory
-    (contract.RECOVERY_FILE: status and report show it per attempt); then the keeping starts."""
+    (contract.RECOVERY_FILE: status and report show it per attempt); then the keeping starts, at once where the
+    checkpoint it started from was saved with the step count checked (``checked``), else from this attempt's first
+    save."""
     run_dir = os.environ.get(contract.RUN_DIR)
     why = STATE.pop("peer_why", None)
     if run_dir and rank() == 0:
@@ -211,4 +213,4 @@ def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: O
                 fh.write(json.dumps(line) + "\n")
         except OSError:
             pass  # a help for status; the run goes on
-    peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer")
+    peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer" or checked)
