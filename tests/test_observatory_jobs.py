@@ -47,9 +47,16 @@ def test_a_slow_rank_is_named_and_telemetry_leaves_the_arithmetic_alone(tmp_path
     rows = {int(line.split()[1]): line.split() for line in lines[2:6]}
     assert [rows[r][0] for r in range(4)] == ["local0", "local0", "local1", "local1"]
     assert all(rows[r][2] == "20" for r in range(4)), rows
-    assert lines[-1].startswith("stragglers: rank 2 (local1) costs the job ") and "(compute)" in lines[-1], lines[-1]
-    assert "ran over the others' median in 20 of them (persistently)" in lines[-1], lines[-1]
-    assert "the other 3 ranks wait" in lines[-1]
+    named = {int(m.group(1)): m.group(0) for m in re.finditer(r"rank (\d+) \(\S+\) costs the job [^;]*; the other 3 "
+                                                             r"ranks wait \d+% of their time", lines[-1])}
+    assert lines[-1].startswith("stragglers: ") and 2 in named, lines[-1]
+    assert named[2].startswith("rank 2 (local1) costs the job ") and "(compute)" in named[2], lines[-1]
+    slow = re.search(r"ran over the others' median in (\d+) of them \(persistently\)", named[2])
+    assert slow and int(slow.group(1)) >= 15, lines[-1]  # (every step sleeps: 19 of 20 seen on a loaded machine)
+    # Rank 0 alone may be named beside it, intermittently: in the steps it reports, it writes the metrics and their
+    # TensorBoard events (tensorboard="1": its first write imports TensorBoard) while the others wait (CI #3 of
+    # 2026-12-05: "rank 0 ... costs the job 20% ... in 4 of them (intermittently)", true of that run).
+    assert all(r == 0 and "(intermittently)" in text for r, text in named.items() if r != 2), lines[-1]
     snap = json.loads(run_cli("top", "--json", str(on), cwd=tmp_path).stdout)
     waits = {r["rank"]: r["comm_pct"] for r in snap["ranks"]}
     # the straggler waits least (by how much depends on the machine's load: on 2 busy cores it too waits for CPU)
