@@ -21,17 +21,9 @@ from ...errors import ClusterDDPError, JobNotFound
 from ...job.ids import LOCAL, local_job_id
 from ..jobinfo import JobInfo, JobState
 from ..record import JobRecord, state_dir
+from .run import start_time
 
 _MAX_IDS = 1 << 20
-
-
-def _start_time(pid: int) -> Optional[str]:
-    """The process's start time (field 22 of /proc/PID/stat): tells a pid's reuse apart; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
 
 
 def allocate() -> str:
@@ -57,7 +49,7 @@ def started(job_id: str, run_dir: str, spec: Any) -> JobRecord:
     record.save()
     pid = os.getpid()
     write_atomic(Path(run_dir) / contract.LOCAL_JOB_FILE, json.dumps(
-        {"job": job_id, "pid": pid, "started": _start_time(pid), "host": socket.gethostname(), "began": time.time(),
+        {"job": job_id, "pid": pid, "started": start_time(pid), "host": socket.gethostname(), "began": time.time(),
          "nodes": spec.nodes}))
     return record
 
@@ -97,7 +89,7 @@ def alive(state: Dict[str, Any]) -> bool:
     """The runner is still the process that wrote ``state``, on this host."""
     pid = state.get("pid")
     return state.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 0 \
-        and _start_time(pid) is not None and _start_time(pid) == state.get("started")
+        and state.get("started") is not None and start_time(pid) == state.get("started")
 
 
 def info(job_id: str) -> JobInfo:

@@ -120,7 +120,7 @@ class _Runner:
         for p in self.popens:
             _signal_group(p.pid, signal.SIGKILL)  # also children that outlived their parent
         for pid, started in below:
-            if _start_time(pid) == started:  # still that process, not a new one with a reused pid
+            if start_time(pid) == started:  # still that process, not a new one with a reused pid
                 _kill(pid)
         for p in self.popens:
             p.wait()
@@ -130,7 +130,7 @@ class _Runner:
             t.join(timeout=5)
 
 
-def _start_time(pid: int) -> Optional[str]:
+def start_time(pid: int) -> Optional[str]:
     """The process's start time (field 22 of /proc/PID/stat), None once it is gone: tells a pid's reuse apart."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -157,7 +157,7 @@ def _descendants(roots: List[int]) -> List[Tuple[int, str]]:
     todo = list(roots)
     while todo:
         for child in children.get(todo.pop(), []):
-            started = _start_time(child)
+            started = start_time(child)
             if started is not None:
                 found.append((child, started))
                 todo.append(child)
