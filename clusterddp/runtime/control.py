@@ -24,7 +24,7 @@ from ..datafiles import write_atomic
 from ..errors import RuntimeEnvError
 from ..hostlist import HostlistError, expand
 from ..rollcall import read_dumps, read_hellos, write_dump
-from . import rundir, telemetry
+from . import report, rundir, telemetry
 from .env import DistEnv
 from .state import STATE
 
@@ -208,6 +208,7 @@ class Control:
             try:
                 self._answer_request()
                 telemetry.flush_now(written)
+                report.drain()
                 now = time.monotonic()
                 if self.store is None:
                     if now - self.started > self.rendezvous_timeout:

@@ -167,6 +167,7 @@ def shutdown() -> None:
     if "control" in STATE:
         STATE["control"].stop()
     telemetry.stop()  # (after the control thread, which writes the files too)
+    report.close_boards()  # (TensorBoard's metrics the control thread had not written yet: telemetry off too)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     STATE.clear()

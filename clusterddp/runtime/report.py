@@ -8,12 +8,13 @@ line cut short by a kill is skipped by the reader. Outside a clusterddp job (no 
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
 import re
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import contract
 from ..datafiles import read_json
@@ -54,16 +55,38 @@ def report(step: Optional[int] = None, **metrics: Any) -> bool:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
-    board = tensorboard("metrics")
-    if board is not None:
-        for name, value in values.items():
-            if math.isfinite(value):
-                board.add_scalar(name, value, step)
-        board.flush()
+    scalars = [(name, value) for name, value in values.items() if math.isfinite(value)]
+    control = state.STATE.get("control")
+    if control is not None and control.thread.is_alive():
+        # The control thread writes them (within a second): TensorBoard's writer (its import the first time, then
+        # its event files) costs rank 0 time in the steps it reports, which the other ranks wait out in their
+        # all-reduce (it made rank 0 look like a straggler).
+        if not _PENDING and not _BOARDS:  # (the first: a script that never calls shutdown() still writes them)
+            import atexit
+
+            atexit.register(drain)
+        _PENDING.append((step, scalars))
+    else:
+        _board_metrics(step, scalars)
     return True
 
 
 _BOARDS: Dict[str, Any] = {}
+_PENDING: "collections.deque[Tuple[Optional[int], List[Tuple[str, float]]]]" = collections.deque()
+
+
+def _board_metrics(step: Optional[int], scalars: List[Tuple[str, float]]) -> None:
+    board = tensorboard("metrics")
+    if board is not None:
+        for name, value in scalars:
+            board.add_scalar(name, value, step)
+        board.flush()
+
+
+def drain() -> None:
+    """The metrics runtime.report() left for TensorBoard (the control thread; shutdown), oldest first."""
+    while _PENDING:
+        _board_metrics(*_PENDING.popleft())
 
 
 def tensorboard(name: str) -> Any:
@@ -90,6 +113,7 @@ def tensorboard(name: str) -> Any:
 
 
 def close_boards() -> None:
+    drain()
     for board in _BOARDS.values():
         if board is not None:
             board.close()
