@@ -111,23 +111,33 @@ def _feed(h: Any, obj: Any) -> None:
 
 
 def pack_rng() -> bytes:
-    """This rank's random states (ckptstate.rng_state's content) as bytes, in ~15 us: a small JSON head, then the
-    torch, CUDA, Python and NumPy words."""
+    """This rank's random states (ckptstate.rng_state's content) as bytes: a small JSON head, then the torch, CUDA,
+    Python and NumPy words, in ~45 us (the same bytes object where nothing changed since the last call): it runs at
+    every optimizer step."""
     import random
 
     import torch
 
     version, internal, gauss = random.getstate()
-    blobs = [_raw(torch.get_rng_state()), array.array("I", internal).tobytes()]
     dev = rank_device()
-    blobs.append(_raw(torch.cuda.get_rng_state(dev)) if dev is not None else b"")
+    blobs = [_raw(torch.get_rng_state()), array.array("I", internal).tobytes(),
+             _raw(torch.cuda.get_rng_state(dev)) if dev is not None else b""]
     numpy, head_numpy = numpy_module(), None
     if numpy is not None:
+        # (get_state: ~30 us of the ~45. The twister's own memory is read in ~1 us, but it does not show what
+        # set_state does to the cached Gaussian, so it cannot tell that nothing changed.)
         name, keys, pos, has_gauss, cached = numpy.random.get_state()
         blobs.append(numpy.asarray(keys, dtype=numpy.uint32).tobytes())
         head_numpy = [name, int(pos), int(has_gauss), float(cached)]
+    key = (version, gauss, head_numpy, blobs)
+    if key == _LAST.get("key"):
+        return _LAST["packed"]
     head = json.dumps({"v": version, "g": gauss, "n": head_numpy, "l": [len(b) for b in blobs]}).encode()
-    return len(head).to_bytes(4, "little") + head + b"".join(blobs)
+    _LAST["key"], _LAST["packed"] = key, len(head).to_bytes(4, "little") + head + b"".join(blobs)
+    return _LAST["packed"]
+
+
+_LAST: Dict[str, Any] = {}  # pack_rng's last reading, by part
 
 
 def unpack_rng(data: bytes) -> Dict[str, Any]:

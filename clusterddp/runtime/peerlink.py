@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 
 _FRAME = struct.Struct("<IQ")  # payload length, step
 _LIMIT = 1 << 16
+_SAME = 0xFFFFFFFF  # a frame's length that says: the same payload as the last
 
 
 def _own_address(master: str) -> str:
@@ -53,6 +54,8 @@ class Link:
         listener.close()
         self.pending = b""
         self.frames: Dict[int, bytes] = {}  # the source's random states by step (the last two)
+        self.sent: Optional[bytes] = None   # the last payload sent, and received
+        self.last: Optional[bytes] = None
         self.closed = False
 
     @staticmethod
@@ -76,7 +79,13 @@ class Link:
             conn.close()  # not our source: unread
 
     def send(self, step: int, payload: bytes) -> None:
+        """The payload of ``step``; one the same as the last sent goes as a header alone (random states that no
+        draw changed: most steps of a script without dropout)."""
+        if payload == self.sent:
+            self.out.sendall(_FRAME.pack(_SAME, step))
+            return
         self.out.sendall(_FRAME.pack(len(payload), step) + payload)
+        self.sent = payload
 
     def drain(self, wait_for: Optional[int] = None, seconds: float = 0.0) -> None:
         """Read what arrived (without waiting, or until the frame of step ``wait_for`` is in, the source has
@@ -104,13 +113,16 @@ class Link:
     def _frames(self) -> None:
         while len(self.pending) >= _FRAME.size:
             size, step = _FRAME.unpack_from(self.pending)
-            if size > _LIMIT:
+            if size == _SAME and self.last is not None:
+                payload, size = self.last, 0
+            elif size > _LIMIT:
                 self.closed = True  # not our frames: nothing more is read
                 return
-            if len(self.pending) < _FRAME.size + size:
+            elif len(self.pending) < _FRAME.size + size:
                 return
-            self.frames = {step: self.pending[_FRAME.size:_FRAME.size + size],
-                           **{k: v for k, v in self.frames.items() if k == step - 1}}
+            else:
+                payload = self.last = self.pending[_FRAME.size:_FRAME.size + size]
+            self.frames = {step: payload, **{k: v for k, v in self.frames.items() if k == step - 1}}
             self.pending = self.pending[_FRAME.size + size:]
 
     def close(self) -> None:

@@ -1,0 +1,128 @@
+"""Peer heal's per-step work (issue 55, bench item 17): the random states packed at every optimizer step are read
+faster where nothing changed, and a payload the same as the last goes over the wire as a header alone. Checked
+against the full reading a checkpoint makes (ckptstate.rng_state: numpy.random.get_state, random.getstate), after
+any sequence of draws, and against what arrives at the other end of a real connection."""
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusterddp.runtime import ckptstate, peerheal
+from clusterddp.runtime.peerlink import Link
+
+# Draws that change (or leave) the states in every way a script can: NumPy's Gaussian cache filled and taken (a
+# Gaussian from the cache draws no word of the twister), a reseed to where it was, a set_state that caches one.
+OPS = {
+    "nothing": lambda: None,
+    "numpy uniform": lambda: numpy.random.rand(3),
+    "numpy one gaussian": lambda: numpy.random.standard_normal(),
+    "numpy gaussians": lambda: numpy.random.randn(3),
+    "numpy reseed": lambda: numpy.random.seed(7),
+    "numpy cached gaussian set": lambda: numpy.random.set_state(numpy.random.get_state()[:3] + (1, 0.25)),
+    "python": lambda: random.random(),
+    "python reseed": lambda: random.seed(7),
+    "python gauss": lambda: random.gauss(0, 1),
+    "torch": lambda: torch.rand(2),
+}
+
+
+@pytest.fixture(autouse=True)
+def states_kept():
+    saved = (random.getstate(), numpy.random.get_state(), torch.get_rng_state())
+    yield
+    random.setstate(saved[0])
+    numpy.random.set_state(saved[1])
+    torch.set_rng_state(saved[2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(sorted(OPS)), min_size=1, max_size=12))
+def test_the_packed_states_are_the_full_reading_after_any_draws(ops):
+    for op in ["nothing", *ops]:
+        OPS[op]()
+        assert peerheal.unpack_rng(peerheal.pack_rng()) == ckptstate.rng_state(), op
+
+
+def test_the_gaussian_numpy_cached_is_seen_taken():
+    """The one change the twister's memory does not show: its cached Gaussian taken."""
+    numpy.random.seed(3)
+    numpy.random.standard_normal()  # two words drawn, one Gaussian cached
+    cached = peerheal.unpack_rng(peerheal.pack_rng())["numpy"]
+    numpy.random.standard_normal()  # the cached one: no word drawn
+    taken = peerheal.unpack_rng(peerheal.pack_rng())["numpy"]
+    assert cached[1:3] == taken[1:3] and (cached[3], taken[3]) == (1, 0), (cached[2:], taken[2:])
+    assert taken == ckptstate.rng_state()["numpy"]
+
+
+def test_unchanged_states_are_the_same_bytes():
+    first = peerheal.pack_rng()
+    assert peerheal.pack_rng() is first
+    torch.rand(1)
+    assert peerheal.pack_rng() != first
+
+
+def links():
+    """Two ranks' links over a real store and real TCP on this machine: rank 0 sends to rank 1, and back."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    made = {}
+
+    def make(rank):  # (a client each: one client's wait holds its connection)
+        client = TCPStore("127.0.0.1", store.port, 1, False)
+        made[rank] = Link(client, "test", rank, 1 - rank, 1 - rank, "127.0.0.1", timeout=30)
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(made) == {0, 1}, made
+    return made[0], made[1]
+
+
+def test_a_payload_sent_again_travels_as_a_header_and_arrives_whole():
+    sender, receiver = links()
+    wire = []
+    real = sender.out
+
+    class Counting:
+        def sendall(self, data):
+            wire.append(len(data))
+            real.sendall(data)
+
+    sender.out = Counting()
+    a, b = b"a" * 10000, b"b" * 9000
+    for step, payload in enumerate([a, a, b, b, a], start=1):
+        sender.send(step, payload)
+        receiver.drain(wait_for=step, seconds=5)
+        assert receiver.frames[step] == payload, step
+    assert wire == [12 + 10000, 12, 12 + 9000, 12, 12 + 10000], wire
+    assert set(receiver.frames) == {4, 5}  # the last two kept
+    sender.out = real
+    sender.close()
+    receiver.drain(seconds=1)
+    assert receiver.closed
+    receiver.close()
+
+
+def test_a_repeat_before_any_payload_is_not_ours_and_nothing_more_is_read():
+    sender, receiver = links()
+    sender.out.sendall(peerlink_frame(0xFFFFFFFF, 1))
+    receiver.drain(wait_for=1, seconds=1)
+    assert receiver.closed and receiver.frames == {}
+    sender.close()
+    receiver.close()
+
+
+def peerlink_frame(size: int, step: int) -> bytes:
+    import struct
+
+    return struct.pack("<IQ", size, step)
+
