@@ -3,7 +3,7 @@ states (~12 KB) to its buddy on the next node and receives one. bench/peer_step.
 (the local backend), peer heal on and off alternating, RUNS times each, at two model sizes: a tiny MLP (steps of a
 few ms: the worst case) and a wider one. The ratio is of medians measured in the same run. On a machine with fewer
 cores than ranks the difference of step times also holds the other ranks' extra work (they share the cores), so the
-keeper's own hooks are timed inside the job as well (hooks registered before and after its own)."""
+keeper's own hooks are timed inside the job as well (CPU time, by hooks registered before and after its own)."""
 from __future__ import annotations
 
 import json
@@ -45,7 +45,7 @@ def rows(work: Path) -> List[Tuple[str, str, str, str]]:
         out.append(("17", f"step time with peer heal on / off, no fault: MLP of width {width}, 4 ranks on 2 emulated "
                           f"nodes (gloo, CPU), median step of {STEPS}, median of {RUNS} runs each",
                     f"{on * 1e3:.2f} ms / {off * 1e3:.2f} ms = {on / off:.3f}x", "<= 1.01x"))
-        out.append(("17", f"peer heal's own work in a step (its optimizer hooks, timed inside the job), width {width}: "
+        out.append(("17", f"peer heal's own work in a step (its optimizer hooks' CPU time, timed inside the job), width {width}: "
                           "median / the step with it off",
                     f"{own * 1e6:.0f} us / {off * 1e3:.2f} ms = {1 + own / off:.4f}x", "<= 1.01x"))
     return out

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from typing import Any, Dict, Optional
 
 _FRAME = struct.Struct("<IQ")  # payload length, step
 _LIMIT = 1 << 16
+_READ = 1 << 16
 _SAME = 0xFFFFFFFF  # a frame's length that says: the same payload as the last
 
 
@@ -90,12 +92,10 @@ class Link:
     def drain(self, wait_for: Optional[int] = None, seconds: float = 0.0) -> None:
         """Read what arrived (without waiting, or until the frame of step ``wait_for`` is in, the source has
         closed, or ``seconds`` passed)."""
-        import time
-
         deadline = time.monotonic() + seconds
         while not self.closed:
             try:
-                chunk = self.inc.recv(1 << 16)
+                chunk = self.inc.recv(_READ)
             except BlockingIOError:
                 if wait_for is None or wait_for in self.frames or time.monotonic() > deadline:
                     return
@@ -109,6 +109,8 @@ class Link:
                 return
             self.pending += chunk
             self._frames()
+            if wait_for is None and len(chunk) < _READ:  # all there was (the rest, if any, is read next step):
+                return                                     # one syscall a step, no exception raised
 
     def _frames(self) -> None:
         while len(self.pending) >= _FRAME.size:
