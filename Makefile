@@ -34,10 +34,10 @@ endif
 
 # clusterddp[torch]: torch (pinned here only when missing: an installed CUDA build is kept) and numpy, which torch's
 # wheels do not declare but import at start-up; [report]: matplotlib, for the plots of `clusterddp report`, which the
-# demo's last lines suggest.
+# demo's last lines suggest; [migrate]: libcst, for `clusterddp migrate`, the README's next block.
 install: $(if $(VENV),$(VENV)/bin/python)
-	@if $(PYTHON) -c "import torch" 2>/dev/null; then $(PIP) install -q -e ".[torch,report]"; \
-	else $(PIP) install -q "$(TORCH)" -e ".[torch,report]"; fi
+	@if $(PYTHON) -c "import torch" 2>/dev/null; then $(PIP) install -q -e ".[torch,report,migrate]"; \
+	else $(PIP) install -q "$(TORCH)" -e ".[torch,report,migrate]"; fi
 
 install-test: install
 	$(PIP) install -q -e ".[torch,test]"

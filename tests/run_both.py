@@ -44,7 +44,7 @@ exec "$@"
 
 
 #: The files of the first of the two runs without a cluster (about half of that time: tests/DURATIONS.md).
-SPLIT = ("tests/test_drill.py", "tests/test_hangs.py", "tests/test_requeue.py", "tests/test_observatory_jobs.py",
+SPLIT = ("tests/test_drill.py", "tests/test_hangs.py", "tests/test_newcomer.py", "tests/test_observatory_jobs.py",
          "tests/test_migrate.py")
 
 
@@ -72,7 +72,7 @@ def runs(tmp: Path) -> List[Tuple[str, List[str]]]:
     # The tests without a cluster in two runs (the longest files apart), so that none of the runs is much longer than
     # the others: they mostly wait (on watchdogs, on ranks starting), and a lone long run leaves a core idle.
     local = [sys.executable, "-m", "pytest", "-m", "not slurm"]
-    out = [("the tests without a cluster: the drill, the hangs, the requeues, the observatory, migrate",
+    out = [("the tests without a cluster: the drill, the hangs, the first hour, the observatory, migrate",
             [*local, *SPLIT, "--basetemp", str(tmp / "base-a")]),
            ("the tests without a cluster: the rest", [*local, *(f"--ignore={f}" for f in SPLIT),
                                                      "--basetemp", str(tmp / "base-b")])]

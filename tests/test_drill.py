@@ -122,9 +122,9 @@ def test_only_takes_the_scenario_kinds_and_names_them_when_wrong(tmp_path):
     assert "'preempt' is not one of 'stop', 'kill'" in result.output, result.output
 
 
-@ranks
-def test_the_example_passes_the_drill_as_the_readme_says(tmp_path):
-    """The README's drill line for the example, as written: its checkpoints where the README's contract puts them,
+def the_example_passes_the_drill_as_the_readme_says(work: Path, clusterddp: list, env: dict) -> None:
+    """The README's drill line for the example, as written (``work`` holds examples/train_ddp.py; ``clusterddp``: the
+    command, a fresh venv's in test_newcomer.py): its checkpoints where the README's contract puts them,
     under $CLUSTERDDP_RUN_DIR (issue 41: each scenario keeps one run directory across its runs, as a requeued or
     retried job does); the drill's default shape, 2 emulated nodes x 2 ranks (issue 56: a node can be lost), and
     checkpoints mid-epoch. At 4 ranks the example's running loss, saved as rank 0's extra=, made every resumed rank
@@ -132,10 +132,8 @@ def test_the_example_passes_the_drill_as_the_readme_says(tmp_path):
     resumes with its own (this test fails with the example's extra= version)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     line = re.search(r"clusterddp drill examples/train_ddp\.py[^)\n]*", readme).group(0)
-    (tmp_path / "examples").mkdir()
-    shutil.copy(ROOT / "examples" / "train_ddp.py", tmp_path / "examples")
-    proc = subprocess.run([sys.executable, "-m", "clusterddp", *shlex.split(line)[1:]],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([*clusterddp, *shlex.split(line)[1:]], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 0, line + "\n" + proc.stdout + proc.stderr
     assert "train_ddp.py, 2 node(s) x 2 rank(s)" in proc.stderr + proc.stdout
     assert "PASS  kill-node1" in proc.stdout and "PASS  kill-node0" in proc.stdout, proc.stdout

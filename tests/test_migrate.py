@@ -6,7 +6,6 @@ its own data."""
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import shutil
 from pathlib import Path
@@ -368,27 +367,27 @@ def readme_screen() -> list:
             if line.strip().startswith("clusterddp ")]
 
 
-@pytest.mark.ranks
-def test_the_readme_screen_runs_from_a_dataparallel_script(tmp_path):
+def the_readme_screen(tmp_path: Path, clusterddp: list, env: dict) -> None:
     """Issue 43: the README's screen, line by line, on a DataParallel script named train.py (ours): migrate --check
     (it trains, each rank its own data), the local run, the drill (which asks for checkpoints first, as the README
     says), the dry run. The Slurm lines run here with --dry-run (no GPU cluster; the CPU test cluster runs submit
     --wait, status, top and report in test_self_healing and test_observatory_jobs); status, top and report take the
-    local run's id (issue 56). Then migrate --diff --check on a script with a sampler of its own."""
-    for name, to in (("dp_train.py", "train.py"), ("dp_accumulate.py", "dp_accumulate.py")):
-        shutil.copy(OURS / name, tmp_path / to)
+    local run's id (issue 56). ``clusterddp``: the command (issue 56: a fresh venv's, test_newcomer.py)."""
+    import subprocess
+
+    shutil.copy(OURS / "dp_train.py", tmp_path / "train.py")
     screen = readme_screen()
     assert [line.split()[1] for line in screen] == ["migrate", "submit", "drill", "submit", "submit", "status", "top",
                                                     "report"], screen
     said, local_id = {}, ""
-    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))  # (this test's own job records)
     for line in screen:
         words = line.split()[1:]
         if words[0] == "submit" and "--local" not in words and "--dry-run" not in words:
             words.insert(1, "--dry-run")
         if "JOBID" in words:  # the local run's id, as submit --local printed it
             words[words.index("JOBID")] = local_id
-        said[line] = run_cli(*words, cwd=tmp_path, timeout=300, env=env)
+        said[line] = subprocess.run([*clusterddp, *words], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                    timeout=300)
         if "--local" in words:
             local_id = re.search(r"clusterddp: local job (L[0-9]+) ", said[line].stderr).group(1)
     check, local, drill, dry, wait, status, top, report = (said[line] for line in screen)
@@ -408,6 +407,14 @@ def test_the_readme_screen_runs_from_a_dataparallel_script(tmp_path):
     assert status.returncode == 0 and re.search(rf"\blocal +{local_id} +COMPLETED\b", status.stdout), status.stdout
     assert top.returncode == 0 and top.stdout.splitlines()[-1].startswith("stragglers: "), top.stdout + top.stderr
     assert report.returncode == 0 and "report written to" in report.stdout + report.stderr, report.stderr
+    assert all("Traceback" not in proc.stdout + proc.stderr for proc in said.values())
+
+
+@pytest.mark.ranks
+def test_diff_and_check_on_a_script_with_a_sampler_of_its_own(tmp_path):
+    """migrate --diff --check: it trains (its own sampler: the data is not runtime.loader's, said so), and leaves
+    no file behind: neither the rewrite (--diff only shows it) nor the check's copy."""
+    shutil.copy(OURS / "dp_accumulate.py", tmp_path / "dp_accumulate.py")
     other = run_cli("migrate", "dp_accumulate.py", "--diff", "--check", cwd=tmp_path)
     assert other.returncode == 0, other.stderr  # trained; its own sampler: the data is not runtime.loader's
     assert "check: data: no runtime.loader was used" in other.stderr, other.stderr

@@ -51,7 +51,8 @@ def readme_first_command() -> str:
 @pytest.mark.slow
 def test_the_readme_demo_in_a_fresh_environment(tmp_path):
     """`make demo` with nothing but the bare interpreter: it installs what it needs (numpy included: no warning
-    from torch, no failing object collective) and ends with the final loss and what to do next."""
+    from torch, no failing object collective) and ends with the final loss and what to do next; then the README's
+    DataParallel block and the example's drill run with that venv's clusterddp."""
     command = readme_first_command()
     assert command == "make demo"
     tree = copy_of_this_tree(tmp_path / "clone")
@@ -80,6 +81,17 @@ def test_the_readme_demo_in_a_fresh_environment(tmp_path):
         assert "Traceback" not in after.stdout + after.stderr
     assert "COMPLETED" in subprocess.run([str(tree / ".venv" / "bin" / "clusterddp"), "status", job], cwd=tree,
                                          env=bare_environment(tmp_path), capture_output=True, text=True).stdout
+    # Issue 56: then the README's next block, "From a DataParallel script", line by line, and its drill line for the
+    # example, in the same fresh venv, activated as the demo's last line says (make demo installed what they need:
+    # libcst for migrate).
+    from .test_drill import the_example_passes_the_drill_as_the_readme_says
+    from .test_migrate import the_readme_screen
+
+    active = dict(bare_environment(tmp_path), VIRTUAL_ENV=str(tree / ".venv"))
+    active["PATH"] = os.pathsep.join([str(tree / ".venv" / "bin"), active["PATH"]])
+    (tmp_path / "screen").mkdir()
+    the_readme_screen(tmp_path / "screen", ["clusterddp"], active)
+    the_example_passes_the_drill_as_the_readme_says(tree, ["clusterddp"], active)
 
 
 def test_the_lowest_versions_are_the_declared_bounds():
