@@ -45,8 +45,8 @@ def rows(work: Path) -> List[Tuple[str, str, str, str]]:
         out.append(("17", f"step time with peer heal on / off, no fault: MLP of width {width}, 4 ranks on 2 emulated "
                           f"nodes (gloo, CPU), median step of {STEPS}, median of {RUNS} runs each",
                     f"{on * 1e3:.2f} ms / {off * 1e3:.2f} ms = {on / off:.3f}x", "<= 1.01x"))
-        out.append(("17", f"peer heal's own work in a step (its optimizer hooks' CPU time, timed inside the job), width {width}: "
-                          "median / the step with it off",
+        out.append(("17", "peer heal's own work in a step (its optimizer hooks' CPU time, timed inside the job), "
+                          f"width {width}: median / the step with it off",
                     f"{own * 1e6:.0f} us / {off * 1e3:.2f} ms = {1 + own / off:.4f}x", "<= 1.01x"))
     return out
 
