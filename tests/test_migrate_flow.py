@@ -538,3 +538,46 @@ def test_early_stopping_on_the_ranks_own_losses_stops_every_rank_at_the_same_epo
     own = [_own_stop(r["own"]) for r in ranks]
     assert len(set(own)) > 1, own  # on their own values, the ranks would have stopped apart
     assert len({r["stopped"] for r in ranks}) == 1 and ranks[0]["stopped"] < 11, (ranks, own)
+
+
+# Issue 54's two shapes that the public scripts here lack (code from public repositories stays out of this one:
+# these are ours, written as practitioners write them): a shuffled validation loader given to an evaluate()
+# function, the best model kept by copying the epoch's checkpoint; mixed precision with gradient accumulation.
+SHAPES = {
+    "dp_shuffled_val_best.py": [],
+    # steps every 4 batches: the check's 3 batches an epoch would take none (its verdict says so: tested below)
+    "dp_amp_accumulate.py": ["--check-steps", "8"],
+}
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_the_shapes_of_ours_migrated_train_as_four_ranks_for_four_epochs(tmp_path, name):
+    import shutil
+
+    shutil.copy(SCRIPTS / "migrate" / name, tmp_path)
+    proc = run_cli("migrate", name, "--check", *SHAPES[name], "--", "--epochs", "4", cwd=tmp_path, timeout=300)
+    err = proc.stderr
+    assert proc.returncode == 0, err
+    assert re.search(r"check: trained: 4 ranks on 2 emulated nodes, \d+ optimizer steps each, exit 0", err), err
+    assert "check: weights: every rank ended with the same parameters (DDP kept them in step)" in err, err
+    assert re.search(r"check: data \(loader 1\): each rank saw its own samples \(4 ranks x \d+ .* none shared\)", err)
+    losses = [float(v) for v in re.findall(r"\[rank 0\] epoch \d+ loss ([0-9.]+)", err)]
+    assert len(losses) == 4 and min(losses[1:]) < losses[0], losses
+    if "best" in name:
+        # evaluate(model, val_loader): its loop has no backward, so the shuffled loader evaluates, whole on each
+        # rank (a quarter of the set per rank before: the accuracy of 128 samples in steps of 1/32)
+        assert "34: to check: a DataLoader with shuffle=True, looped over only where no backward runs" in err, err
+        accuracies = [float(v) for v in re.findall(r"\[rank 0\] epoch \d+ loss [0-9.]+ val acc ([0-9.]+)", err)]
+        assert len(accuracies) == 4 and any(round(a * 128) % 4 for a in accuracies), accuracies
+        assert "54: to check: every rank runs shutil.copyfile: " in err
+        assert {p.name for p in (tmp_path / "runs").iterdir()} == {"checkpoint.pt", "model_best.pt"}
+    else:
+        assert "to check: gradient accumulation without model.no_sync()" in err, err
+        assert "16 optimizer steps each" not in err  # 8 batches an epoch, a step every 4: 2 an epoch, 8 in all
+        assert "check: trained: 4 ranks on 2 emulated nodes, 8 optimizer steps each" in err, err
+        out = tmp_path / "dp_amp_accumulate_ddp.py"
+        out.unlink()
+        again = run_cli("migrate", name, "--check", "--", "--epochs", "1", cwd=tmp_path, timeout=300)
+        assert again.returncode == 1 and "check: did not train: exit 0, but no rank took an optimizer step in the " \
+            "batches it ran" in again.stderr and "needs --check-steps above k" in again.stderr, again.stderr

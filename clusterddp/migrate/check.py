@@ -160,6 +160,10 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
     trained = code == 0 and len(steps) == RANKS and min(steps.values()) > 0
     if trained:
         lines.append(f"check: trained: {RANKS} ranks on 2 emulated nodes, {min(steps.values())} {what} each, exit 0")
+    elif code == 0 and len(steps) == RANKS and what == "optimizer steps":
+        lines.append(f"check: did not train: exit 0, but no rank took an optimizer step in the batches it ran (each "
+                     "epoch cut to --check-steps batches: a script that steps every k batches, gradient "
+                     "accumulation, needs --check-steps above k)")
     else:
         lines.append(f"check: did not train: exit {code}, steps per rank {steps or 'none recorded'} (the output "
                      f"above; the logs in {run})")

@@ -20,6 +20,12 @@ def cuda_literal(node: Any) -> bool:
 
 def makedirs_unless_exists(node: cst.If) -> Any:
     """X for ``if not os.path.exists(X): os.makedirs(X)`` (nothing else in it, no else); None otherwise."""
+    call = makedirs_call(node)
+    return None if call is None else code_of(call.args[0].value)
+
+
+def makedirs_call(node: cst.If) -> Any:
+    """The ``os.makedirs(X)`` call of ``if not os.path.exists(X): os.makedirs(X)``; None for any other if."""
     test = node.test
     if node.orelse is not None or not isinstance(test, cst.UnaryOperation) or \
             not isinstance(test.operator, cst.Not) or not isinstance(test.expression, cst.Call) or \
@@ -32,7 +38,7 @@ def makedirs_unless_exists(node: cst.If) -> Any:
     if isinstance(only, cst.Expr) and isinstance(only.value, cst.Call) and dotted(only.value.func) == "os.makedirs" \
             and len(only.value.args) == 1 and only.value.args[0].keyword is None and \
             code_of(only.value.args[0].value) == code_of(test.expression.args[0].value):
-        return code_of(test.expression.args[0].value)
+        return only.value
     return None
 
 

@@ -203,8 +203,8 @@ def plan(wrapper: MetadataWrapper, flow: Flow) -> Plan:
         score = best_decision(node, safe) if id(node) not in every.elifs else None
         if score is not None and all(score != other for other, _ in out.averages.get(id(node), [])):
             out.averages.setdefault(id(node), []).append((score, (
-                f"{score} = runtime.all_reduce_mean({score}) before `if {code_of(node.test)}:` (each rank scored "
-                "its own share: the decision is now every rank's, on the average)")))
+                f"{score} = runtime.all_reduce_mean({score}) before `if {code_of(node.test)}:` (each rank scores "
+                "on its own data or in its own float order: the decision is now every rank's, on the average)")))
             out.decided.setdefault(id(node), node)
     return out
 

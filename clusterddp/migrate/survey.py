@@ -3,7 +3,7 @@ and the loaders are bound to) and what to list. Imports libcst at module level (
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import PositionProvider
@@ -40,6 +40,12 @@ class Survey(cst.CSTVisitor):
         self.wraps: List[int] = []  # the lines of the DataParallel wraps
         self.seeded = False  # a manual_seed seen (in the order of the file)
         self.bars: Set[int] = set()  # tqdm calls a for loop goes over (nothing reads the bar itself)
+        # A loader passed to a function of the script (evaluate(model, val_loader)) is looped over where that
+        # function loops over its parameter: its parameters, the loops over them, the calls with names.
+        self.params: Dict[str, List[str]] = {}
+        self.within: List[str] = []
+        self.param_loops: Dict[Tuple[str, str], bool] = {}
+        self.calls: List[Tuple[str, List[Tuple[Optional[int], Optional[str], str]]]] = []
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         """``from torch.optim import RMSprop``: what those names make is an optimizer."""
@@ -74,6 +80,11 @@ class Survey(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         name = dotted(node.func)
         at = line_of(self, node)
+        if isinstance(node.func, cst.Name):
+            positional = [a for a in node.args if a.keyword is None and not a.star]
+            self.calls.append((name, [(positional.index(a) if a.keyword is None else None,
+                                       a.keyword.value if a.keyword is not None else None, a.value.value)
+                                      for a in node.args if isinstance(a.value, cst.Name) and not a.star]))
         if name.endswith("cuda.device_count"):
             self.findings.append((at, "torch.cuda.device_count(): under DDP each rank has one GPU and the job has "
                                       "runtime.world_size() of them; use that where the model's logic depends on it"))
@@ -97,6 +108,11 @@ class Survey(cst.CSTVisitor):
             self.findings.append((at, "every rank opens this file for writing: the ranks write one path at once "
                                       "(lines interleave, the last one wins); write it on rank 0 only (if "
                                       "runtime.is_main():) or name it per rank (runtime.rank())"))
+        elif name in ("shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move", "os.rename", "os.replace"):
+            self.findings.append((at, f"every rank runs {name}: the ranks copy or move one path at once (a move "
+                                      "leaves the next rank nothing to move; a copy of what rank 0 saves may catch "
+                                      "it unfinished where the save does not wait); do it on rank 0 only (if "
+                                      "runtime.is_main():)"))
         elif name.split(".")[-1] in ("randperm", "random_split") and keyword(node, "generator") is None and \
                 not self.seeded:
             self.findings.append((at, f"{name.split('.')[-1]} with no seed set before it: each rank draws its own "
@@ -137,7 +153,28 @@ class Survey(cst.CSTVisitor):
                     and over.args:
                 over = over.args[0].value
         if isinstance(over, cst.Name):
-            self.iterated[over.value] = self.iterated.get(over.value, False) or ".backward(" in code_of(node.body)
+            backward = ".backward(" in code_of(node.body)
+            self.iterated[over.value] = self.iterated.get(over.value, False) or backward
+            if self.within and over.value in self.params.get(self.within[-1], []):
+                key = (self.within[-1], over.value)
+                self.param_loops[key] = self.param_loops.get(key, False) or backward
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.within.append(node.name.value)
+        self.params[node.name.value] = [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.within.pop()
+
+    def _passed(self) -> None:
+        """A name given to a function of the script is looped over as that function loops over the parameter."""
+        for function, args in self.calls:
+            params = self.params.get(function, [])
+            for index, word, name in args:
+                param = word if word is not None else (params[index] if index is not None and index < len(params)
+                                                       else None)
+                if param is not None and (function, param) in self.param_loops:
+                    self.iterated[name] = self.iterated.get(name, False) or self.param_loops[(function, param)]
 
     def leave_For(self, node: cst.For) -> None:
         self.depth -= 1
@@ -157,6 +194,7 @@ class Survey(cst.CSTVisitor):
                                           "one model's parameters without a gradient (frozen, or its output "
                                           "detached) fails under DDP ('Expected to have finished reduction'); "
                                           "pass find_unused_parameters=True to runtime.wrap where --check says so"))
+        self._passed()
         self._evaluation()
         self._unshuffled_training()
         trains = {n for key, (call, _, names) in self.bound.items() if key in self.trains for n in names}

@@ -8,7 +8,7 @@ from typing import Any, List, Set, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .patterns import TIGHT, Retest, cuda_literal, makedirs_unless_exists
+from .patterns import TIGHT, Retest, cuda_literal, makedirs_call, makedirs_unless_exists
 from .stopping import Plan, loop_findings, plan
 from .survey import Survey, line_of
 from .syntax import IMPORT, METRIC, code_of, dotted, is_loader, keyword, positional, training_loader
@@ -220,11 +220,14 @@ class ToDDP(cst.CSTTransformer):
     def leave_If(self, original: cst.If, updated: cst.If) -> Any:
         made = makedirs_unless_exists(original)
         if made is not None and not self.measure:
-            # every rank tests, then makes: all but the first die of FileExistsError
-            self._did(original, f"if not os.path.exists({made}): os.makedirs({made}) -> os.makedirs({made}, "
-                                "exist_ok=True) (every rank runs it: only one makes it, the others would fail)")
-            return cst.parse_statement(f"os.makedirs({made}, exist_ok=True)\n").with_changes(
-                leading_lines=updated.leading_lines)
+            # every rank tests, then makes: all but the first die of FileExistsError. The call alone changes (the
+            # test stays as the user wrote it: a diff of one line).
+            self._did(makedirs_call(original), f"os.makedirs({made}) -> os.makedirs({made}, exist_ok=True) (every "
+                                               "rank finds it missing, only one makes it: the others would fail)")
+            call = makedirs_call(updated)
+            return updated.deep_replace(call, call.with_changes(args=[
+                call.args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(cst.Name("True"), keyword=cst.Name("exist_ok"), equal=TIGHT)]))
         if not self.measure and not _main_guard(original) and isinstance(original.body, cst.IndentedBlock) and \
                 "runtime." not in code_of(original.test) and \
                 any(re.search(rf"\b({'|'.join(self.s.dp_names)})\(", code_of(s)) for s in original.body.body):
