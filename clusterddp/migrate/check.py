@@ -161,7 +161,7 @@ def verdict(code: int, run_dir: object) -> Tuple[int, List[str]]:
     if trained:
         lines.append(f"check: trained: {RANKS} ranks on 2 emulated nodes, {min(steps.values())} {what} each, exit 0")
     elif code == 0 and len(steps) == RANKS and what == "optimizer steps":
-        lines.append(f"check: did not train: exit 0, but no rank took an optimizer step in the batches it ran (each "
+        lines.append("check: did not train: exit 0, but no rank took an optimizer step in the batches it ran (each "
                      "epoch cut to --check-steps batches: a script that steps every k batches, gradient "
                      "accumulation, needs --check-steps above k)")
     else:
