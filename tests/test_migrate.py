@@ -684,3 +684,24 @@ def test_where_the_backward_runs_decides_a_training_loader_not_shuffle():
     listed = {line: what for line, what in m.findings}
     assert 4 not in listed and "without shuffle=True" in listed[5], m.findings
     assert not any("gradient accumulation" in what for _, what in m.findings), m.findings
+
+
+def test_a_loader_given_to_a_function_is_judged_by_that_function_s_loops():
+    """Issue 54: ``evaluate(model, val_loader)`` with shuffle=True was split over the ranks: the loop without a
+    backward was the function's, over its parameter. Two functions whose parameters share a name stay apart, and a
+    keyword argument or one after the others counts too; a loader given to a function that trains still trains."""
+    source = ("import torch.nn as nn\nfrom torch.utils.data import DataLoader\n"
+              "def train(model, loader, other):\n    for x in loader:\n        model(x).sum().backward()\n"
+              "def evaluate(model, loader):\n    for x in loader:\n        model(x)\n"
+              "model = nn.DataParallel(nn.Linear(2, 2))\n"
+              "tl = DataLoader(a, batch_size=2, shuffle=True)\n"
+              "val_loader = DataLoader(b, batch_size=2, shuffle=True)\n"
+              "test_loader = DataLoader(c, batch_size=2, shuffle=True)\n"
+              "for e in range(2):\n    train(model, tl, tl)\n    evaluate(model=model, loader=val_loader)\n"
+              "    evaluate(model, test_loader)\n")
+    m = migrate_source(source, "f.py")
+    assert "tl = runtime.loader(a, batch_size=2, shuffle=True)\n" in m.text, m.text
+    assert "val_loader = DataLoader(b, batch_size=2, shuffle=True)\n" in m.text
+    assert "test_loader = DataLoader(c, batch_size=2, shuffle=True)\n" in m.text
+    listed = {line: what for line, what in m.findings}
+    assert all("looped over only where no backward runs" in listed[n] for n in (11, 12)), m.findings

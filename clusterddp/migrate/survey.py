@@ -81,10 +81,7 @@ class Survey(cst.CSTVisitor):
         name = dotted(node.func)
         at = line_of(self, node)
         if isinstance(node.func, cst.Name):
-            positional = [a for a in node.args if a.keyword is None and not a.star]
-            self.calls.append((name, [(positional.index(a) if a.keyword is None else None,
-                                       a.keyword.value if a.keyword is not None else None, a.value.value)
-                                      for a in node.args if isinstance(a.value, cst.Name) and not a.star]))
+            self.calls.append((name, _named_args(node)))
         if name.endswith("cuda.device_count"):
             self.findings.append((at, "torch.cuda.device_count(): under DDP each rank has one GPU and the job has "
                                       "runtime.world_size() of them; use that where the model's logic depends on it"))
@@ -246,3 +243,19 @@ class Survey(cst.CSTVisitor):
                 self.findings.append((line_of(self, statement), "gradient accumulation without model.no_sync(): every "
                                       "backward all-reduces; wrap the backward of the steps that do not step the "
                                       "optimizer in `with model.no_sync():`"))
+
+
+def _named_args(call: cst.Call) -> List[Tuple[Optional[int], Optional[str], str]]:
+    """(position or None, keyword or None, name) of each argument that is a plain name; positions end at a *args."""
+    out: List[Tuple[Optional[int], Optional[str], str]] = []
+    position: Optional[int] = 0
+    for arg in call.args:
+        if arg.star:
+            position = None
+            continue
+        at = position if arg.keyword is None else None
+        if arg.keyword is None and position is not None:
+            position += 1
+        if isinstance(arg.value, cst.Name):
+            out.append((at, arg.keyword.value if arg.keyword is not None else None, arg.value.value))
+    return out
