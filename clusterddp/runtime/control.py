@@ -24,8 +24,9 @@ from ..datafiles import write_atomic
 from ..errors import RuntimeEnvError
 from ..hostlist import HostlistError, expand
 from ..rollcall import read_dumps, read_hellos, write_dump
-from . import report, rundir, telemetry
+from . import rundir, telemetry
 from .env import DistEnv
+from .report import drain as drain_reports  # (the name: the package's `report` is the function)
 from .state import STATE
 
 POLL_S = 1.0          # how often a rank looks for a stack request
@@ -208,7 +209,7 @@ class Control:
             try:
                 self._answer_request()
                 telemetry.flush_now(written)
-                report.drain()
+                drain_reports()
                 now = time.monotonic()
                 if self.store is None:
                     if now - self.started > self.rendezvous_timeout:

@@ -13,6 +13,8 @@ import json
 import math
 import os
 import re
+import sys
+import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -73,6 +75,8 @@ def report(step: Optional[int] = None, **metrics: Any) -> bool:
 
 _BOARDS: Dict[str, Any] = {}
 _PENDING: "collections.deque[Tuple[Optional[int], List[Tuple[str, float]]]]" = collections.deque()
+_DRAINING = threading.Lock()
+_FAILED: List[BaseException] = []
 
 
 def _board_metrics(step: Optional[int], scalars: List[Tuple[str, float]]) -> None:
@@ -84,9 +88,19 @@ def _board_metrics(step: Optional[int], scalars: List[Tuple[str, float]]) -> Non
 
 
 def drain() -> None:
-    """The metrics runtime.report() left for TensorBoard (the control thread; shutdown), oldest first."""
-    while _PENDING:
-        _board_metrics(*_PENDING.popleft())
+    """The metrics runtime.report() left for TensorBoard (the control thread; shutdown; exit), oldest first. One at a
+    time (at exit the control thread of a script that never called shutdown() may still run); a write that fails
+    is said once and dropped (the metrics file has them): the control thread's watchdog never waits on it."""
+    with _DRAINING:
+        while _PENDING:
+            item = _PENDING.popleft()
+            try:
+                _board_metrics(*item)
+            except Exception as exc:
+                if not _FAILED:
+                    _FAILED.append(exc)
+                    print(f"clusterddp: runtime.report: TensorBoard's events not written ({type(exc).__name__}: "
+                          f"{exc}); RUN_DIR/{contract.METRICS_FILE} has the metrics", file=sys.stderr, flush=True)
 
 
 def tensorboard(name: str) -> Any:
