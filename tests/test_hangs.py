@@ -141,7 +141,7 @@ def test_hang_options_on_the_command_line(tmp_path):
 
 
 def test_torchs_collective_timeout_comes_after_the_watchdog():
-    """After the watchdog's longest limit (its start-up window, before the first progress: NCCL's communicator
+    """After the watchdog's longest limit (its start-up window, until the first step ends: NCCL's communicator
     set-up, the first batch), so the roll call and exit 79 come before torch's abort (issue 28, desk check 1)."""
     from clusterddp.contract import HANG_STARTUP_FACTOR
     from clusterddp.runtime.group import collective_timeout

@@ -123,7 +123,7 @@ def test_a_counter_that_fails_from_the_first_beat_starts_the_clock_not_a_hang(mo
     watch = control.Control(env, None, 60.0, {contract.HANG_TIMEOUT: "1"})
     watch.start()
     watch.joined(Gone())
-    time.sleep(1.0)  # the limit before the first progress is 2 s: nothing yet
+    time.sleep(1.0)  # the limit before the first step is 2 s: nothing yet
     assert hung == [], hung
     time.sleep(1.6)  # past it: the watchdog still acts (a broken counter never turns it off)
     assert hung and 1.9 < hung[0][0] < 3.5 and hung[0][1] == 2.0, hung
@@ -132,3 +132,46 @@ def test_a_counter_that_fails_from_the_first_beat_starts_the_clock_not_a_hang(mo
     time.sleep(0.3)
     watch.thread.join(timeout=5)
     assert not watch.thread.is_alive() and len(hung) <= count + 1 and threading.active_count() >= 1
+
+
+def test_set_up_collectives_leave_the_start_up_window_open_until_the_first_step_ends(monkeypatch):
+    """CI (stop 63, loaded machine): the ranks met in all_reduce_mean, then runtime.wrap took over 20 s; that
+    all-reduce had ended the doubled start-up limit, so the watchdog called a slow DDP set-up a hang. Set-up
+    collectives are progress but the limit stays doubled until the rank's first step ends (a second batch)."""
+    import time
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from clusterddp import contract
+    from clusterddp.runtime import control
+    from clusterddp.runtime.env import DistEnv
+
+    monkeypatch.setattr(control, "POLL_S", 0.05)
+    monkeypatch.setattr(control, "BEAT_S", 0.1)
+    store = TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    env = DistEnv(2, 0, 4, 2, 1, 2, "node1", store.port, "srun")
+
+    def limit_after(beats):
+        monkeypatch.setattr(control, "_BEATS", [0, 0, 0, 0, 0])
+        hung = []
+        monkeypatch.setattr(control.Control, "_hung", lambda self, idle, limit: hung.append((idle, limit)))
+        watch = control.Control(env, None, 60.0, {contract.HANG_TIMEOUT: "1"})
+        watch.start()
+        watch.joined(store)
+        for source in beats:  # each beat seen by the watchdog (one reading of the counter per BEAT_S)
+            control.heartbeat(source)
+            time.sleep(0.25)
+        deadline = time.monotonic() + 5
+        while not hung and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watch.stopping.set()
+        watch.thread.join(timeout=5)
+        assert hung, beats
+        return hung[0][1]
+
+    assert limit_after(["setup"] * 4) == 2.0  # all_reduce_mean, barrier: the first step has not ended
+    assert limit_after(["batch"]) == 2.0      # the first batch is handed out: its step runs
+    assert limit_after(["setup", "batch", "batch"]) == 1.0  # the second batch: the first step's body ran
+    assert limit_after(["forward", "stop"]) == 1.0  # should_stop() ends a step
+    assert limit_after(["user", "user"]) == 1.0     # a loop of the user's own that calls heartbeat()

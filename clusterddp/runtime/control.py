@@ -35,21 +35,28 @@ COLLECT_S = 15.0      # after a hang: how long the ranks wait for each other's d
 _STORE_KEY = "clusterddp/progress"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
-#: Progress of this process: incremented by heartbeat() (loader batches, should_stop, forward passes, ...).
-_BEATS = [0]
+#: Progress: [all beats, loader batches, forward passes, should_stop() calls, heartbeat() calls]; this rank's first
+#: step is done at a second batch, forward pass or heartbeat(), or a first should_stop().
+_BEATS = [0, 0, 0, 0, 0]
+STEP_SOURCES = {"batch": (1, 2), "forward": (2, 2), "stop": (3, 1), "user": (4, 2)}
 
 
-def heartbeat() -> None:
+def heartbeat(source: str = "user") -> None:
     """Tell the hang watchdog that this rank advanced. The runtime's loader, ``should_stop()``, collectives and
-    wrapped models do it already; call it in loops that use none of them."""
+    wrapped models do it already; call it in loops that use none of them. (``source``: the runtime's own.)"""
     _BEATS[0] += 1
+    if source in STEP_SOURCES:
+        _BEATS[STEP_SOURCES[source][0]] += 1
+
+
+def first_step_done() -> bool:
+    """Until then (imports, NCCL's lazy set-up, a compile; all_reduce_mean and barrier too) the limit is doubled."""
+    return any(_BEATS[slot] >= need for slot, need in STEP_SOURCES.values())
 
 
 def hang_timeout(environ: Mapping[str, str]) -> float:
     """Seconds from $CLUSTERDDP_HANG_TIMEOUT (default 900; 0 turns the watchdog off)."""
-    text = environ.get(contract.HANG_TIMEOUT, "")
-    if text == "":
-        return float(contract.DEFAULT_HANG_TIMEOUT_S)
+    text = environ.get(contract.HANG_TIMEOUT, "") or str(contract.DEFAULT_HANG_TIMEOUT_S)
     try:
         value = float(text)
     except ValueError:
@@ -135,14 +142,12 @@ class Control:
         self.env, self.environ = env, dict(environ)
         self.run_dir = Path(run_dir) if run_dir else None
         self.restart = _restarts(self.environ)
-        self.rendezvous_timeout = rendezvous_timeout
-        self.hang_timeout = hang_timeout(self.environ)
+        self.rendezvous_timeout, self.hang_timeout = rendezvous_timeout, hang_timeout(self.environ)
         # Unguessable where the job made a secret (contract.WATCH_KEY); the fixed name only for scripts run by hand.
         secret = self.environ.get(contract.WATCH_KEY, "")
         self.key = f"{_STORE_KEY}/{secret}" if re.fullmatch(r"[0-9a-f]{32}", secret) else _STORE_KEY
         self.store: Any = None
-        self.stopping = threading.Event()
-        self.started = time.monotonic()
+        self.stopping, self.started = threading.Event(), time.monotonic()
         self.thread = threading.Thread(target=self._run, name="clusterddp-control", daemon=True)
 
     # --- called from the main thread ---------------------------------------------------------------------
@@ -231,7 +236,7 @@ class Control:
                         print(f"clusterddp: control thread: progress counter: {type(exc).__name__}: {exc} "
                               "(counted as no progress)", file=sys.stderr, flush=True)
                 if seen != total:  # the first reading only starts the clock
-                    progressed = progressed or total >= 0
+                    progressed = progressed or (total >= 0 and first_step_done())
                     total, last_progress = seen, now
                 limit = self.hang_timeout * (1 if progressed else contract.HANG_STARTUP_FACTOR)
                 # (a store gone because the other ranks finished first is no hang of a rank that is shutting down)
@@ -276,7 +281,7 @@ class Control:
     def _hung(self, idle: float, limit: float) -> None:
         since = time.strftime("%H:%M:%S", time.localtime(time.time() - idle))
         rank = self.env.rank
-        first = "" if limit == self.hang_timeout else ", doubled until the first progress"
+        first = "" if limit == self.hang_timeout else ", doubled until the first step"
         print(f"clusterddp: rank {rank}: hang watchdog: no rank advanced since {since} ({idle:.0f} s, limit "
               f"{limit:.0f} s{first}); dumping stacks and ending the job (exit {contract.HANG_EXIT})",
               file=sys.stderr, flush=True)

@@ -78,7 +78,7 @@ class EpochLoader(DataLoader):
                     return
                 telemetry.took("data", began)
                 self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it
-                heartbeat()
+                heartbeat("batch")
                 yield batch
         finally:
             self._active = False

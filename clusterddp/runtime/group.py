@@ -199,7 +199,7 @@ def barrier() -> None:
     """Wait until every rank gets here (no-op without a process group)."""
     import torch.distributed as dist
 
-    heartbeat()
+    heartbeat("setup")
     if dist.is_available() and dist.is_initialized():
         if STATE.get("backend") == "nccl":
             dist.barrier(device_ids=[STATE["device"].index])
@@ -225,7 +225,7 @@ def all_reduce_mean(value: Any) -> Any:
     import torch
     import torch.distributed as dist
 
-    heartbeat()
+    heartbeat("setup")  # (progress, but no step: it ends no start-up window)
     is_tensor = isinstance(value, torch.Tensor)
     t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
     if distributed():
@@ -307,7 +307,7 @@ def _fix_bucket_layout(ddp: Any) -> None:
 
 
 def _beat_hook(module: Any, args: Any) -> None:
-    heartbeat()
+    heartbeat("forward")
     telemetry.began()
 
 

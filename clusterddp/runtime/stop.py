@@ -55,7 +55,7 @@ def should_stop() -> bool:
     on every rank."""
     state = _stop()
     state["polled"] = True
-    heartbeat()
+    heartbeat("stop")
     stop_file = os.environ.get(contract.STOP_FILE)
     local = state["signal"] is not None or bool(stop_file and os.path.exists(stop_file))
     local = drill.step() or local
