@@ -168,8 +168,8 @@ def explain(spec: JobSpec) -> str:
               f"  MASTER_PORT  {port}", "", "hangs:"]
     seconds = spec.hang_timeout_seconds
     lines.append(f"  hang watchdog: on, ends the job when no rank advances for {seconds} s (twice that until each "
-                 f"rank's first step ends); the roll call goes into the batch log; exit code {HANG_EXIT} "
-                 "(--hang-timeout; scripts using clusterddp.runtime)" if seconds else "  hang watchdog: off (--hang-timeout 0)")
+                 f"rank's first step ends); the roll call goes into the batch log; exit code {HANG_EXIT} (--hang-"
+                 "timeout; scripts using clusterddp.runtime)" if seconds else "  hang watchdog: off (--hang-timeout 0)")
     if spec.gpus_per_node:
         lines.append("  flight recorder: on, each rank's last NCCL collectives go to RUN_DIR/nccl-trace/ on a timeout "
                      "or hang (TORCH_NCCL_TRACE_BUFFER_SIZE=2000; --no-flight-recorder)" if spec.flight_recorder
