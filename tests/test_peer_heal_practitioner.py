@@ -39,6 +39,7 @@ def survivor(rank: int, per_node: int, world: int, step: int, *, buffers=False, 
     rank on the node before it, whose buddy it is) that rank's, unless ``only_own`` (they never came)."""
     held = {rank} if only_own else {rank, (rank - per_node) % world}
     return {"rank": rank, "world_size": world, "step": step, "node": node or f"node{rank // per_node}",
+            "whole": rank % per_node == 0,  # (the parameters and optimizer: one copy a node, its local rank 0's)
             "parameters_digest": params or f"params-{step}", "digest": f"all-{step}" + (f"-{rank}" * buffers),
             "buffers": buffers, "telemetry_steps": step, "rng": {str(r): rng(r, step) for r in held}}
 
@@ -99,6 +100,10 @@ CASES = [  # (situation, entries, the attempt's world size, newest checkpoint's 
     ("16x8, node7 lost", after_loss(16, 8, {7}), 128, 8, (USE, 9, nodes(*[n for n in range(16) if n != 7]))),
     ("2x1 CPU job, node1 lost", after_loss(2, 1, {1}), 2, 8, (USE, 9, nodes(0))),
     ("4x4 requeued as 3x4 (the survivors only)", after_loss(4, 4, {2})[:12], 12, 8, (BACK, "written by 16 ranks")),
+    ("4x2, node0 lost: node1's local rank 0 (rank 2) holds the parameters", after_loss(4, 2, {0}), 8, 8,
+     (USE, 9, nodes(1, 2, 3))),
+    ("2x2, node1 lost, rank 0 wrote its random states but not the parameters",
+     edited(after_loss(2, 2, {1}), 0, whole=False), 4, 8, (BACK, "no survivor kept the parameters")),
     ("someone saved ckpt-16 into the directory in between", after_loss(4, 4, {2}), 16, 16, (BACK, "older than")),
     ("back on the nodes of an earlier attempt's survivors (step 7), ckpt-12 since", after_loss(4, 4, {2}, 7), 16, 12,
      (BACK, "older than the checkpoint of step 12")),
@@ -122,7 +127,7 @@ def test_a_lost_node_resumes_from_the_survivors_or_falls_back_saying_why(entries
         assert verdict.step == expected[1] and sorted(verdict.nodes) == sorted(expected[2]), verdict
         states = peerload.random_states(entries)
         assert all(states.get(r) == rng(r, expected[1]) for r in range(world))  # every rank its own, true ones
-        assert entries[verdict.source] is not None
+        assert entries[verdict.source] is not None and entries[verdict.source]["whole"]  # (it sends them)
         if entries[verdict.source]["buffers"]:
             assert entries[verdict.source]["rank"] == 0  # DDP broadcasts rank 0's buffers: only its will do
 
@@ -160,13 +165,14 @@ def true_rng(rank: int) -> dict:
 
 
 def write_state(top, run: str, at: str, rank: int, per_node: int, world: int, step: int, **fields) -> str:
-    """A survivor's file as the docs describe it, written by hand: RUN/NODE/rank-R.pt in the private directory."""
+    """A survivor's file as the docs describe it, written by hand: RUN/NODE/rank-R.pt in the private directory;
+    the parameters and optimizer in a node's local rank 0's only."""
     shared = {"step": step, "model": {"weight": torch.full((1, 2), float(step)), "bias": torch.zeros(1)},
               "optimizer": None, "loader": {"batches_done": step}}
     state = {"run": run, "uid": os.getuid(), "node": at, "rank": rank, "world_size": world, "time": time.time(),
              "telemetry_steps": step, "rng": {str(r): true_rng(r) for r in (rank, (rank - per_node) % world)},
-             "parameters_digest": f"p{step}", "buffers": False, "digest": peerheal.digest(shared), "shared": shared,
-             **fields}
+             "parameters_digest": f"p{step}", "buffers": False, "digest": peerheal.digest(shared), "step": step,
+             "shared": shared if rank % per_node == 0 else None, **fields}
     where = top / peerheal.run_key(run) / at
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
     torch.save(state, where / f"rank-{rank}.pt")
@@ -326,6 +332,27 @@ def test_a_survivor_keeps_the_last_completed_step_from_the_first_save_on(keeping
     assert note is None and (state["shared"]["step"], state["rank"], state["world_size"]) == (5, 2, 4)
     assert torch.equal(state["shared"]["model"]["weight"], model.weight.detach()) and set(state["rng"]) >= {"2"}
     assert keeper.on_hang() == path  # a frozen node's survivor: its hang watchdog writes the same
+
+
+def test_a_node_keeps_one_copy_of_the_parameters_and_optimizer(keeping, job):
+    """8 ranks a node each writing the model and Adam's state would put 8 copies in the node's memory: its local
+    rank 0 writes them, the others their random states and digests (what the survivors compare)."""
+    kept = {}
+    for old in (3, 2):  # node n2 of a 2x2 job: local ranks 1 and 0
+        net = torch.nn.Sequential(torch.nn.Linear(2, 256), torch.nn.Linear(256, 256))
+        model, opt, keeper = keeping(model=net, rank=old, optimizer=torch.optim.Adam)
+        peerheal.saved(0, {}, None)
+        train(model, opt, 2)
+        kept[old] = keeper.on_exception(LOST)
+    assert os.path.getsize(kept[3]) * 10 < os.path.getsize(kept[2]), {r: os.path.getsize(p) for r, p in kept.items()}
+    read = {}
+    for local in (0, 1):  # the next attempt's ranks on n2: each reads one file
+        STATE["env"].local_rank = local
+        state, note = peerload._mine("run-k")
+        assert note is None, note
+        read[state["rank"]] = peerload._summary(state)
+    assert (read[2]["whole"], read[3]["whole"]) == (True, False) and read[3]["step"] == read[2]["step"] == 2
+    assert set(read[3]["rng"]) >= {"3"} and read[3]["parameters_digest"] != read[2]["parameters_digest"]
 
 
 def test_a_rank_inside_its_optimizer_step_keeps_nothing(keeping):

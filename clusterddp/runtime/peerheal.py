@@ -268,7 +268,7 @@ class Keeper:
         shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(),
                   "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"]}
         return {"run": self.run, "uid": os.getuid(), "node": node_name(), "rank": rank(), "world_size": world_size(),
-                "time": time.time(), "telemetry_steps": self.done["telemetry_steps"], "rng": self.held(),
+                "step": self.done["step"], "time": time.time(), "telemetry_steps": self.done["telemetry_steps"], "rng": self.held(),
                 "parameters_digest": digest({**{k: v for k, v in shared.items() if k != "model"},
                                              "parameters": parameters(self.model)}),
                 "buffers": buffered(self.model, shared["model"]), "digest": digest(shared),
@@ -332,6 +332,8 @@ def write(keeper: Keeper) -> Optional[str]:
     where = node_dir(keeper.run)
     if state is None or where is None:
         return None
+    if STATE["env"].local_rank:  # one copy a node (its local rank 0's): the others keep what is theirs, digests too
+        state["shared"] = None
     os.makedirs(where, 0o700, exist_ok=True)
     path = os.path.join(where, f"rank-{rank()}.pt")
     temp = f"{path}.{os.getpid()}.tmp"
@@ -343,6 +345,5 @@ def write(keeper: Keeper) -> Optional[str]:
     except BaseException:
         os.unlink(temp)  # (node memory: a /dev/shm full of a half-written state would hold it until a reboot)
         raise
-    print(f"clusterddp: peer heal: rank {rank()} kept the state of step {state['shared']['step']} in {path}",
-          flush=True)
+    print(f"clusterddp: peer heal: rank {rank()} kept the state of step {state['step']} in {path}", flush=True)
     return path

@@ -59,7 +59,11 @@ def decide(entries: Sequence[Optional[Dict[str, Any]]], world: int, newest_check
     step = held[0][1]["step"]
     if newest_checkpoint is not None and step < newest_checkpoint:
         return f"the survivors' state (step {step}) is older than the checkpoint of step {newest_checkpoint}"
-    source_new, source = min(held, key=lambda item: item[1]["rank"])
+    whole = [(new, e) for new, e in held if e.get("whole", True)]
+    if not whole:
+        return ("no survivor kept the parameters and optimizer state (each node's local rank 0 writes them: none of "
+                "those survived)")
+    source_new, source = min(whole, key=lambda item: item[1]["rank"])
     if source["buffers"] and source["rank"] != 0:
         return ("rank 0's buffers (BatchNorm statistics: DDP broadcasts rank 0's at every forward) were lost with "
                 "its node")
@@ -81,7 +85,8 @@ def _read(path: str) -> Dict[str, Any]:
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
             raise ValueError("not a regular file of this user's")
         state = torch.load(fh, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or peerheal.digest(state.get("shared")) != state.get("digest"):
+    shared = state.get("shared") if isinstance(state, dict) else None  # (None: not a node's local rank 0's)
+    if not isinstance(state, dict) or (shared is not None and peerheal.digest(shared) != state.get("digest")):
         raise ValueError("its digest does not match its content")
     return state
 
@@ -107,7 +112,8 @@ def _mine(run: str) -> tuple:
 
 def _summary(state: Dict[str, Any]) -> Dict[str, Any]:
     return {**{k: state[k] for k in ("rank", "world_size", "parameters_digest", "digest", "rng", "node", "buffers")},
-            "step": state["shared"]["step"], "telemetry_steps": state.get("telemetry_steps")}
+            "step": state["step"] if "step" in state else state["shared"]["step"], "whole": state["shared"] is not None,
+            "telemetry_steps": state.get("telemetry_steps")}
 
 
 def _clean(run: str) -> None:
