@@ -268,7 +268,8 @@ class Keeper:
         shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(),
                   "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"]}
         return {"run": self.run, "uid": os.getuid(), "node": node_name(), "rank": rank(), "world_size": world_size(),
-                "step": self.done["step"], "time": time.time(), "telemetry_steps": self.done["telemetry_steps"], "rng": self.held(),
+                "step": self.done["step"], "time": time.time(), "telemetry_steps": self.done["telemetry_steps"],
+                "rng": self.held(),
                 "parameters_digest": digest({**{k: v for k, v in shared.items() if k != "model"},
                                              "parameters": parameters(self.model)}),
                 "buffers": buffered(self.model, shared["model"]), "digest": digest(shared),
