@@ -219,3 +219,20 @@ def test_ctrl_c_on_the_drill_ends_every_process_it_started(tmp_path):
     left = [pid for pid in started if Path(f"/proc/{pid}").exists()
             and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
     assert left == [], left
+
+
+def test_the_drill_s_help_says_its_own_defaults_and_no_slurm_only_option():
+    """(The practitioner review: --help said --nodes [default: 1] beside "by default 2 emulated nodes x 2 ranks",
+    and listed --partition, --array, --container-image, which a local drill never uses.) They are still accepted."""
+    from click.testing import CliRunner
+
+    from clusterddp.cli import cli
+
+    shown = CliRunner().invoke(cli, ["drill", "--help"], terminal_width=200).output
+    nodes = next(line for line in shown.splitlines() if "-N, --nodes" in line)
+    assert "[default: 2]" in nodes and "[default: 1]" not in nodes, nodes
+    assert "[default: 2 where --nodes is left out" in " ".join(shown.split())
+    for flag in ("--partition", "--array", "--container-image", "--sbatch-arg", "--expedite", "--after"):
+        assert flag not in shown, flag
+    refused = CliRunner().invoke(cli, ["drill", "--partition", "gpu", "--run-timeout", "0", "x.py"])
+    assert "no such option" not in refused.output.lower(), refused.output

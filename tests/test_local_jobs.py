@@ -39,13 +39,15 @@ def _wait_for(what, timeout: float = 60.0):
 @pytest.mark.ranks
 def test_a_local_run_is_a_job_by_its_id(tmp_path):
     env = _env(tmp_path)
-    proc = run_cli("submit", "--local", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--output-dir",
-                   str(tmp_path / "runs"), str(SCRIPTS / "paced.py"), "--", "--steps", "12", cwd=tmp_path, env=env)
+    proc = run_cli("submit", "--local", "--launcher", "srun", "--nodes", "2", "--gpus", "2", str(SCRIPTS / "paced.py"),
+                   "--", "--steps", "12", cwd=tmp_path, env=env)  # (the run directory: ./clusterddp-runs/...)
     assert proc.returncode == 0, proc.stderr
     job = _job_id(proc.stderr)
     assert job == "L1"
     assert f"next: clusterddp status {job}   clusterddp top {job}" in proc.stderr  # what to run next, by its id
-    status = run_cli("status", job, cwd=tmp_path, env=env)
+    elsewhere = tmp_path / "another-terminal"  # (the id typed from another directory: the review found it lost)
+    elsewhere.mkdir()
+    status = run_cli("status", job, cwd=elsewhere, env=env)
     assert status.returncode == 0, status.stderr
     row = status.stdout.splitlines()[1].split()
     assert row[:4] == ["local", job, "COMPLETED", row[3]] and row[5:7] == ["local0,local1", "0"], status.stdout
@@ -54,9 +56,9 @@ def test_a_local_run_is_a_job_by_its_id(tmp_path):
     assert listed.returncode == 0 and f" {job} " in listed.stdout, listed.stdout + listed.stderr
     logs = run_cli("logs", job, cwd=tmp_path, env=env)
     assert logs.returncode == 0 and "running on CPU with gloo" in logs.stdout, logs.stdout + logs.stderr
-    rank0 = run_cli("logs", job.lower(), "--rank", "0", cwd=tmp_path, env=env)  # l1 is L1
+    rank0 = run_cli("logs", job.lower(), "--rank", "0", cwd=elsewhere, env=env)  # l1 is L1
     assert "FRESH start" in rank0.stdout and "DONE 12 steps" in rank0.stdout, rank0.stdout + rank0.stderr
-    top = run_cli("top", job, "--json", cwd=tmp_path, env=env)
+    top = run_cli("top", job, "--json", cwd=elsewhere, env=env)
     assert top.returncode == 0, top.stderr
     assert sorted(r["rank"] for r in json.loads(top.stdout)["ranks"]) == [0, 1, 2, 3]
     report = run_cli("report", job, "-o", str(tmp_path / "r.html"), cwd=tmp_path, env=env)
@@ -143,6 +145,19 @@ def test_a_runner_gone_without_an_end_is_failed_and_a_reused_pid_is_never_signal
     jobs.ended(str(run_dir), 3)
     ended = jobs.info(job)
     assert (ended.state, ended.exit_code) == ("FAILED", 3)
+
+
+def test_a_run_whose_directory_is_gone_is_missing_not_failed(filed):
+    """(A run that completed, its directory then removed: what it became cannot be told, so it is not FAILED.)"""
+    import shutil
+
+    from clusterddp.backends.local import jobs
+
+    job, run_dir = filed
+    shutil.rmtree(run_dir)
+    found = jobs.info(job)
+    assert (found.state, found.exit_code) == ("MISSING", None), found
+    assert found.reason == f"its run directory {run_dir} is not there (moved or removed)", found
 
 
 def test_ids_are_unique_when_runs_start_together(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from ..rollcall import printable
 class JobState(str, Enum):
     """The job states clusterddp reasons about, as Slurm spells them. ``JobInfo.state`` stays the text a backend
     said (Slurm may say a state that is not here); members compare equal to that text. MISSING is clusterddp's own:
-    a sweep's trial that was submitted and never ran."""
+    a sweep's trial that was submitted and never ran, or a local run whose run directory is gone."""
 
     PENDING = "PENDING"
     RUNNING = "RUNNING"

@@ -114,3 +114,21 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     else:
         click.echo(report(spec, steps, verdicts, only))
     sys.exit(0 if all(v.identical for v in verdicts) else 1)
+
+
+def _drill_help(command: click.Command) -> None:
+    """The drill's --help says its own defaults (2 emulated nodes x 2 ranks) and lists no option that only a Slurm
+    job uses (they are still accepted: a submit line copied as it is runs)."""
+    slurm_only = {"partition", "account", "qos", "constraint", "exclusive", "exclude", "sbatch_args", "gpu_request",
+                  "expedite", "container_image", "apptainer", "array", "after", "template", "template_dirs",
+                  "max_requeues"}
+    for param in command.params:
+        if param.name == "nodes" and isinstance(param, click.Option):
+            param.show_default, param.help = False, "Emulated nodes, on this machine. [default: 2]"
+        elif param.name == "procs_per_node" and isinstance(param, click.Option):
+            param.help = "Ranks per emulated node without GPUs. [default: 2 where --nodes is left out, else 1]"
+        elif param.name in slurm_only and isinstance(param, click.Option):
+            param.hidden = True
+
+
+_drill_help(drill_command)

@@ -102,7 +102,7 @@ def stacks_command(job: str, as_json: bool, timeout: float, no_py_spy: bool, clu
     """Where is every rank of a running job? Collects every rank's Python stacks (all threads) and prints a roll
     call: ranks grouped by the place they wait, the odd ones out named, ranks that never started listed.
 
-    JOB is a job id, or the run directory of a --local run. Ranks using clusterddp.runtime answer through the run
+    JOB is a job id, a --local run's id (L7) or its run directory. Ranks using clusterddp.runtime answer through the run
     directory (no ptrace needed); for others, py-spy is tried on their nodes (pip install 'clusterddp[stacks]').
     Every rank's full stacks are kept in RUN_DIR/stacks/<time>/.
 
@@ -133,7 +133,7 @@ def top_command(job: str, once: bool, as_json: bool, interval: float, cluster: O
     all-reduce, the optimizer step, checkpoints. Below it, the straggler: the rank that holds the others back
     (in DDP every rank waits for the slowest one, so the straggler is the rank that waits least).
 
-    JOB is a job id, or the run directory of a --local run. Steps are what clusterddp.runtime counts: one per
+    JOB is a job id, a --local run's id (L7) or its run directory. Steps are what clusterddp.runtime counts: one per
     runtime.should_stop() (or runtime.step()) call; wrap() times the all-reduce, loader() the data.
 
     \b
@@ -178,7 +178,7 @@ def report_command(job: str, output: Optional[Path], cluster: Optional[str]) -> 
     Compute per rank over the whole job (where a slow rank shows), where each rank's time goes, the attempts with
     their faults, the goodput ledger, and the metrics the script recorded with runtime.report (loss curves).
 
-    JOB is a job id, or the run directory of a --local run. The plots need matplotlib
+    JOB is a job id, a --local run's id (L7) or its run directory. The plots need matplotlib
     (pip install 'clusterddp[report]').
 
     \b

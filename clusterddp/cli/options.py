@@ -91,10 +91,12 @@ HEALING_OPTIONS = [
                       "once instead of after Slurm's requeue delay (120 s); a time-limit requeue still waits it "
                       "[default: where the cluster allows it, asked at submission]."),
     click.option("--retries", type=int, default=D("retries"), show_default=True,
-                 help="After a node fault (a rank killed with no traceback, a lost node, a hang, ranks that never "
-                      "arrived), run the job step again from its last checkpoint without the node at fault: on "
-                      "a spare, or else requeued with that node excluded (0 = off). A Python exception is never "
-                      "retried."),
+                 help="Run the job step again after a fault that is not the program's, at most this often (0 = "
+                      "off): on evidence against a node (Slurm's word, a roll call its ranks could not answer) on a "
+                      "spare, or else requeued with that node excluded; after one killed rank, a segfault or a hang "
+                      "in your own code, once in place (no node blamed). It resumes from the survivors' memory "
+                      "(peer heal) where it was kept, else from the last checkpoint. A Python exception is never "
+                      "retried (docs/node-failure.md)."),
     click.option("--spare-nodes", type=int, default=D("spare_nodes"), show_default=True, metavar="K",
                  help="Ask Slurm for --nodes + K nodes; each attempt runs on --nodes healthy ones, and a node at "
                       "fault is replaced by a spare without leaving the queue."),

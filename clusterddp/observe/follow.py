@@ -258,8 +258,10 @@ def status_rows(targets: Sequence[Tuple[str, str]]) -> Tuple[List[Tuple[str, ...
         except (SlurmUnreachable, SpecError) as exc:
             if len({c for c, _ in targets}) == 1:
                 raise  # one cluster: one line that says so (a listing of several goes on with the others)
-            unreachable[name] = str(exc).splitlines()[0]
-            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", unreachable[name]))
+            if name not in unreachable:  # said once, below the table (its "ways forward" are submit's)
+                unreachable[name] = str(exc).splitlines()[0]
+                faults.append(f"clusterddp: cluster {name!r}: {unreachable[name].split(' Ways forward:')[0]}")
+            rows.append(where + (job_id, "UNREACHABLE", "", "", "", "", "its cluster cannot be asked (below)"))
             failed += 1
             continue
         exit_ = "" if j.exit_code is None else (f"{j.exit_code}" + (f" (signal {j.signal})" if j.signal else ""))

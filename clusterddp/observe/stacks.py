@@ -149,7 +149,7 @@ def report(call: Dict[str, Any], run_dir: Path) -> str:
 def roll_call(job: str, cluster_option: Optional[str], timeout: float, fallback: bool,
               note: Callable[[str], None]) -> Tuple[Dict[str, Any], str]:
     """``clusterddp stacks JOB``: the roll call and its text, for a job id (its record gives the run directory;
-    on a remote cluster it is collected on the login node) or the run directory of a --local run."""
+    on a remote cluster it is collected on the login node), a --local run's id (L7) or its run directory."""
     from .. import backends, hostlist
     from ..backends.jobinfo import JobState
     from ..backends.record import locate

@@ -43,7 +43,9 @@ def allocate() -> str:
 
 
 def started(job_id: str, run_dir: str, spec: Any) -> JobRecord:
-    """The run has a directory: its record (what ``logs`` and ``top`` read) and the runner's own state."""
+    """The run has a directory: its record (what ``logs`` and ``top`` read) and the runner's own state. The record
+    holds the directory's absolute path: the id is typed from any directory."""
+    run_dir = os.path.abspath(run_dir)
     record = JobRecord(job_id, spec.script, str(Path(run_dir) / contract.LOCAL_LOG), run_dir, spec.launcher,
                        spec.tasks_per_node, spec.nodes, LOCAL, sys.executable)
     record.save()
@@ -112,6 +114,11 @@ def info(job_id: str) -> JobInfo:
     if state and alive(state):
         return JobInfo(record.job_id, JobState.RUNNING, "", _elapsed(time.time() - (began or time.time())),
                        str(record.nodes), nodes, stdout_path=record.batch_log)
+    if not state and not run_dir.is_dir():  # (what it became cannot be told: not a failure)
+        how = "" if run_dir.is_absolute() else (": a relative path, as an earlier clusterddp recorded it; ask from "
+                                                "the directory the run started in")
+        return JobInfo(record.job_id, JobState.MISSING, f"its run directory {run_dir} is not there (moved or removed"
+                       f"{how})", "", str(record.nodes), nodes)
     elsewhere = state.get("host") not in (None, socket.gethostname())
     why = (f"runs or ran on host {state.get('host')}: ask there" if elsewhere else
            "its runner is gone without an end (killed, or the machine restarted)" if state else
