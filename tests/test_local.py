@@ -156,7 +156,7 @@ def test_new_skeleton_runs_on_two_ranks(tmp_path):
     assert again.returncode == 2 and "already exists" in again.stderr
     proc = run_cli("submit", "--local", "--procs-per-node", "2", "train.py", "--", "--epochs", "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("loss") == 2 and "world size 2" in proc.stdout
+    assert proc.stdout.count("loss") == 6 and "world size 2" in proc.stdout  # every 10 of 2 x 32 steps
     assert list(tmp_path.glob("clusterddp-runs/train-local-*/model.pt"))
     # issue 56: its run records its steps (top, goodput) and its loss (report's curve)
     from clusterddp.observe import telemetry
@@ -165,7 +165,8 @@ def test_new_skeleton_runs_on_two_ranks(tmp_path):
     assert sorted(steps) == [0, 1] and min(steps.values()) == 2 * (2048 // 2 // 32), steps  # 2 epochs x 32 batches
     import json
     losses = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in losses] == [1, 2] and all(m["metrics"]["loss"] > 0 for m in losses), losses
+    assert [m["step"] for m in losses] == [10, 20, 30, 40, 50, 60] and all(m["metrics"]["loss"] > 0 for m in losses)
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.pt")) == ["ckpt-0000000050.pt"]  # (--ckpt-every 50)
     # the run ends saying where its files are and what to run next, and those commands work on it
     here = run.relative_to(tmp_path)  # as the user gave it: relative to where they ran it
     job = re.search(r"clusterddp: local job (L[0-9]+): run directory ", proc.stderr).group(1)  # issue 56: its id

@@ -705,3 +705,21 @@ def test_a_loader_given_to_a_function_is_judged_by_that_function_s_loops():
     assert "test_loader = DataLoader(c, batch_size=2, shuffle=True)\n" in m.text
     listed = {line: what for line, what in m.findings}
     assert all("looped over only where no backward runs" in listed[n] for n in (11, 12)), m.findings
+
+
+def test_a_one_line_step_and_a_wrapper_moved_to_the_device_are_migrated_too():
+    """(The practitioner review: `opt.zero_grad(); loss.backward(); opt.step()` on one line got no runtime.step(), so
+    top saw no step; `model = nn.DataParallel(model).to(device)` left `model.module` as it was, where a DDP model's
+    is not the script's model on one process.)"""
+    source = ("import torch\nimport torch.nn as nn\n\nmodel = nn.DataParallel(nn.Linear(4, 1)).to('cuda')\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "for x in torch.randn(8, 2, 4):\n"
+              "    loss = model(x).sum()\n"
+              "    opt.zero_grad(); loss.backward(); opt.step()\n"
+              "torch.save(model.module.state_dict(), 'model.pt')\n")
+    m = migrate_source(source, "one_line.py")
+    assert m.text is not None, m.left_alone
+    compile(m.text, "one_line.py", "exec")
+    assert "    opt.zero_grad(); loss.backward(); opt.step()\n    runtime.step()\n" in m.text, m.text
+    assert "model.module" not in m.text and "runtime.unwrap(model).state_dict()" in m.text, m.text
+    assert "model = runtime.wrap(nn.Linear(4, 1)).to(" in m.text, m.text

@@ -66,9 +66,10 @@ class Survey(cst.CSTVisitor):
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         names = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
-        if isinstance(value, cst.Call) and self.is_dp(value):
+        inner = module_of(value)  # (nn.DataParallel(model).to(device): the module methods return the module)
+        if isinstance(inner, cst.Call) and self.is_dp(inner):
             self.wrapped |= names
-            self.wraps.append(line_of(self, value))
+            self.wraps.append(line_of(self, inner))
         if isinstance(value, cst.Call) and is_loader(value) and training_loader(value, names):
             self.trains.add(id(value))
         if isinstance(value, cst.Call) and is_loader(value):
@@ -243,6 +244,18 @@ class Survey(cst.CSTVisitor):
                 self.findings.append((line_of(self, statement), "gradient accumulation without model.no_sync(): every "
                                       "backward all-reduces; wrap the backward of the steps that do not step the "
                                       "optimizer in `with model.no_sync():`"))
+
+
+#: nn.Module methods that return the module itself.
+SELF_METHODS = {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_"}
+
+
+def module_of(value: Any) -> Any:
+    """The call a chain of the module's own methods is made on (``X(...).to(d).train()`` -> ``X(...)``)."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+            value.func.attr.value in SELF_METHODS and isinstance(value.func.value, cst.Call):
+        value = value.func.value
+    return value
 
 
 def _named_args(call: cst.Call) -> List[Tuple[Optional[int], Optional[str], str]]:

@@ -194,10 +194,11 @@ class ToDDP(cst.CSTTransformer):
         return updated
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Any:
-        only = original.body[0] if len(original.body) == 1 else None
-        if isinstance(only, cst.Expr) and isinstance(only.value, cst.Call) and \
-                isinstance(only.value.func, cst.Attribute) and only.value.func.attr.value == "step" and \
-                isinstance(only.value.func.value, cst.Name) and only.value.func.value.value in self.s.optimizers:
+        # (after the line: `opt.zero_grad(); loss.backward(); opt.step()` is one line too)
+        if any(isinstance(one, cst.Expr) and isinstance(one.value, cst.Call) and
+               isinstance(one.value.func, cst.Attribute) and one.value.func.attr.value == "step" and
+               isinstance(one.value.func.value, cst.Name) and one.value.func.value.value in self.s.optimizers
+               for one in original.body):
             self._did(original, "runtime.step() after the optimizer step (clusterddp top and report count steps)")
             return cst.FlattenSentinel([updated, cst.parse_statement("runtime.step()\n")])
         return updated
