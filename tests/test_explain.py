@@ -49,3 +49,20 @@ def test_explain_says_which_requeue_a_node_fault_takes_and_expedite_needs_a_requ
     assert "Traceback" not in r.output
     r = CliRunner().invoke(cli, ["submit", "--dry-run", "--time", "30", "--expedite", "train.py"])
     assert r.exit_code == 0 and "#SBATCH --requeue=expedite\n" in r.stdout, r.output
+
+
+def test_a_dataparallel_script_not_migrated_is_warned_of_and_a_ddp_one_is_not(tmp_path, monkeypatch):
+    """(The practitioner review: submit and explain said nothing of nn.DataParallel, which each rank would run over
+    the GPUs it sees, on the whole data set.) The warning names migrate; a migrated or DDP script gets none."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dp.py").write_text("import torch.nn as nn\nmodel = nn.DataParallel(nn.Linear(4, 1))\n")
+    (tmp_path / "ddp.py").write_text("from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                                     "# not nn.DataParallel(model): one process per GPU\nmodel = DDP(model)\n")
+    (tmp_path / "ours.py").write_text("from clusterddp import runtime\nmodel = runtime.wrap(model)\n")
+    for command in (["explain"], ["submit", "--dry-run"]):
+        r = CliRunner().invoke(cli, [*command, "--nodes", "2", "--gpus", "4", "dp.py"])
+        assert r.exit_code == 0 and "clusterddp: warning: dp.py uses nn.DataParallel and no DDP" in r.stderr, r.output
+        assert "clusterddp migrate dp.py rewrites it" in r.stderr
+        for fine in ("ddp.py", "ours.py"):
+            r = CliRunner().invoke(cli, [*command, "--nodes", "2", "--gpus", "4", fine])
+            assert r.exit_code == 0 and "DataParallel" not in r.stderr, r.output

@@ -190,7 +190,27 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
         from ..backends.slurm.preflight import script_not_found
 
         raise SpecError(str(script_not_found(script)))
+    if not spec.module:
+        said = single_process_script(Path(script))
+        if said:
+            click.echo(f"clusterddp: warning: {said}", err=True)
     return spec, tuple(configured.get("template_dirs", [])) + tuple(template_dirs), cluster
+
+
+def single_process_script(path: Path) -> str:
+    """A DataParallel script not migrated (no DDP, no clusterddp.runtime): every rank would run DataParallel over
+    the GPUs it sees, each on the whole data set. '' when none is seen (the script is read as text, never run)."""
+    import re
+
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")[:2_000_000]
+    except OSError:
+        return ""
+    if not re.search(r"(?<![A-Za-z_])DataParallel\s*\(", text) or re.search(
+            r"DistributedDataParallel|clusterddp|init_process_group", text):
+        return ""
+    return (f"{path.name} uses nn.DataParallel and no DDP: each rank would run DataParallel over the GPUs it sees, "
+            f"each on the whole data set; clusterddp migrate {path.name} rewrites it (docs/migrate.md)")
 
 
 def split_nodes(value: str) -> List[str]:
