@@ -1,6 +1,6 @@
 # Two commands for a fresh machine (Linux, Python 3.9+):
 #   make demo   install clusterddp with what the example needs, run a 2-node x 2-rank DDP job on this machine
-#   make test   install what the tests need (Slurm 22.05 + 26.05 and munge when root, torch CPU build, pytest) and
+#   make test   install what the tests need (Slurm 22.05 + 26.05 and munge when root, torch 2.13, pytest) and
 #               run them all
 #
 # Where it installs: the virtual environment that is active (VIRTUAL_ENV or CONDA_PREFIX), else .venv here, made
@@ -19,13 +19,20 @@ ifeq ($(origin PYTHON),undefined)
   endif
 endif
 PIP = $(PYTHON) -m pip
-# torch is pinned: an unpinned torch may pull a multi-GB CUDA build.
+# torch is pinned to the release the job side is tested with. From PyPI on Linux that is the CUDA build (about 2.5 GB
+# with NVIDIA's libraries) unless pip finds a CPU one (a local wheel); TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# takes it from PyTorch's CPU index.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+# The torch already installed: "missing", "ok" (2.13 or newer, any build) or its version (older: kept, untested).
+TORCH_FOUND = $(PYTHON) -c "import torch; v = torch.__version__.split('+')[0].split('.'); \
+	print('ok' if (int(v[0]), int(v[1])) >= (2, 13) else torch.__version__)" 2>/dev/null || echo missing
 # torch 2.13's torchvision, for the public scripts tests/test_migrate.py runs (installed without its dependencies:
 # it would ask for torch again).
 TORCHVISION ?= torchvision==0.28.0
 
-.PHONY: demo test test-serial test-fast test-release lint install install-test cluster-up cluster-down bench gpu-check
+.PHONY: demo test test-serial test-fast test-release lint install install-test cluster-up cluster-down bench gpu-check \
+	torch-found
 
 ifdef VENV
 $(VENV)/bin/python:
@@ -35,9 +42,19 @@ endif
 # clusterddp[torch]: torch (pinned here only when missing: an installed CUDA build is kept) and numpy, which torch's
 # wheels do not declare but import at start-up; [report]: matplotlib, for the plots of `clusterddp report`, which the
 # demo's last lines suggest; [migrate]: libcst, for `clusterddp migrate`, the README's next block.
+# A torch you have is never replaced: one older than 2.13 stays, and clusterddp goes in without its torch extra.
 install: $(if $(VENV),$(VENV)/bin/python)
-	@if $(PYTHON) -c "import torch" 2>/dev/null; then $(PIP) install -q -e ".[torch,report,migrate]"; \
-	else $(PIP) install -q "$(TORCH)" -e ".[torch,report,migrate]"; fi
+	@found=$$($(TORCH_FOUND)); \
+	if [ "$$found" = missing ]; then $(PIP) install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") \
+		&& $(PIP) install -q -e ".[torch,report,migrate]"; \
+	elif [ "$$found" = ok ]; then $(PIP) install -q -e ".[torch,report,migrate]"; \
+	else echo "clusterddp: torch $$found is installed, older than 2.13 (the release clusterddp is tested with): kept as" \
+		"it is, not replaced; clusterddp goes in without its torch extra (untested with it)"; \
+		$(PIP) install -q numpy -e ".[report,migrate]"; fi
+
+# What install finds (the test of the three cases runs it).
+torch-found:
+	@$(TORCH_FOUND)
 
 install-test: install
 	$(PIP) install -q -e ".[torch,test]"

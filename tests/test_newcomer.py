@@ -177,3 +177,22 @@ def test_every_module_imports_on_its_own(module, import_alone, tmp_path):
     assert answer, f"the importing interpreter ended (exit {import_alone.poll()}; its stderr is above)"
     code = int(answer)
     assert code == 0, report.read_text() if report.exists() else f"exit {code}"
+
+
+@pytest.mark.parametrize("installed, found", [("2.5.1+cu121", "2.5.1+cu121"), ("2.13.0+cpu", "ok"),
+                                              ("2.14.0a0+git1234", "ok"), (None, "missing")])
+def test_make_install_keeps_the_torch_it_finds(tmp_path, installed, found):
+    """(The practitioner review: the docs said a CUDA torch you have is kept, yet the torch extra asks for
+    torch >= 2.13, so pip would have replaced an older one.) What `make install` decides from the torch it finds: a
+    torch of any build, 2.13 or newer, stays under the extra; an older one stays and the extra is left out; none:
+    the pinned one. (A stand-in torch package with that version, first on PYTHONPATH; the pip lines are not run.)"""
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"__version__ = {installed!r}\n" if installed else
+                                         "raise ImportError('no torch here')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    said = subprocess.run(["make", "-s", "--no-print-directory", "-C", str(ROOT), "torch-found",
+                           f"PYTHON={sys.executable}"], env=env, capture_output=True, text=True, timeout=60)
+    assert said.returncode == 0 and said.stdout.strip() == found, said.stdout + said.stderr
+    recipe = (ROOT / "Makefile").read_text().split("\ninstall:", 1)[1].split("\n\n", 1)[0]
+    assert '"$$found" = missing' in recipe and '"$$found" = ok' in recipe and '-e ".[report,migrate]"' in recipe
