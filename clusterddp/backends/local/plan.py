@@ -90,13 +90,14 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
     emulated = list(emulated) or list(range(n))
     use_gpus = spec.gpus_per_node > 0 and len(gpus_available) >= spec.alloc_nodes * per
     threads = spec.cpus_per_task or max(1, cpu_count() // spec.world_size)
+    ranks, each = f"{spec.world_size} rank{'s' * (spec.world_size != 1)}", f"{threads} thread(s) per rank"
     if spec.gpus_per_node > 0 and not use_gpus:
-        note = (f"clusterddp: {spec.world_size} ranks need {spec.world_size} GPUs, {len(gpus_available)} here: "
-                f"running on CPU with gloo, {threads} thread(s) per rank")
+        note = (f"clusterddp: {ranks} need{'s' * (spec.world_size == 1)} {spec.world_size} "
+                f"GPU{'s' * (spec.world_size != 1)}, {len(gpus_available)} here: running on CPU with gloo, {each}")
     elif use_gpus:
-        note = f"clusterddp: running {spec.world_size} ranks on GPUs {','.join(gpus_available[:spec.world_size])}"
+        note = f"clusterddp: running {ranks} on GPUs {','.join(gpus_available[:spec.world_size])}"
     else:
-        note = f"clusterddp: running {spec.world_size} ranks on CPU with gloo, {threads} thread(s) per rank"
+        note = f"clusterddp: running {ranks} on CPU with gloo, {each}"
 
     def devices(node: int) -> List[Tuple[str, str]]:
         """Per emulated node: its name (as srun sets it in every task) and its GPUs."""
