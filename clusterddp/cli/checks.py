@@ -61,10 +61,13 @@ def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **op
               help="Where each scenario runs (a directory of its own: relative checkpoint paths stay apart).")
 @click.option("--only", "only", multiple=True, type=click.Choice(SCENARIOS), metavar="SCENARIO",
               help="Run only this kind of scenario (repeatable): stop (stopped at a step, run again) or kill (an "
-                   "emulated node's ranks SIGKILLed, on every node drilled). Default: both.")
+                   "emulated node's ranks SIGKILLed). Default: both.")
+@click.option("--every-node", is_flag=True,
+              help="Kill each emulated node in turn, one scenario each (default: node 0 only, rank 0's: every rank "
+                   "of the retry starts again, so another node's loss proves nothing more about the script).")
 @click.option("--json", "as_json", is_flag=True, help="The verdicts as JSON, for tools.")
 def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_dir: str, only: Sequence[str],
-                  as_json: bool, template_dirs: Sequence[str], **opts: Any) -> None:
+                  every_node: bool, as_json: bool, template_dirs: Sequence[str], **opts: Any) -> None:
     """Prove on this machine that SCRIPT [-- ARGS...] resumes exactly, before the long run: the job runs (--local,
     emulated nodes) uninterrupted, stopped at a step and run again, and with an emulated node's ranks SIGKILLed
     after the first checkpoint and retried; the drill compares the steps, the values the script reports
@@ -98,7 +101,7 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     def note(line: str) -> None:
         click.echo(line, err=True)
 
-    drill = Drill(spec, base.resolve(), run_timeout, note)
+    drill = Drill(spec, base.resolve(), run_timeout, note, every_node)
     note(f"clusterddp drill: the reference run ({base}/reference/a.log) ...")
     only = tuple(dict.fromkeys(only)) or SCENARIOS  # each kind once, in the order given
     try:

@@ -2,10 +2,10 @@
 
 The same job (the local backend, emulated nodes) runs several times, each scenario in a directory of its own:
 the reference, uninterrupted; stopped at a step the drill chooses (should_stop() answers True there, as at a time
-limit) and started again; an emulated node's ranks SIGKILLed after the first checkpoint and retried (the
-self-healing loop, with a spare); where there are several nodes, the same at another node. Each rank records its
-steps, the values it reported (all_reduce_mean) and its checkpoints (runtime/drill.py); the drill compares them
-with the reference step by step and the last checkpoints tensor by tensor, and names the first difference.
+limit) and started again; node 0's ranks SIGKILLed after the first checkpoint and retried on a spare (every rank
+starts again: another node says no more of the script; every_node kills each). Each rank records its steps, the
+values it reported (all_reduce_mean) and its checkpoints (runtime/drill.py); the drill compares them with the
+reference step by step and the last checkpoints tensor by tensor, and names the first difference.
 Login side: it never imports torch itself except to read checkpoints (weights_only).
 """
 from __future__ import annotations
@@ -34,7 +34,6 @@ OUTSIDE = ("everything the checkpoint holds was restored, yet the run differs at
            "{resumed}): state outside the checkpoint (an LR scheduler, a GradScaler, an EMA model, a counter, your own "
            "random generator)")
 SCENARIOS = contract.DRILL_SCENARIOS
-
 
 
 def checkpoint_flag(script: Path) -> str:
@@ -105,10 +104,11 @@ def drill_base(parent: Path, stem: str) -> Path:
 
 
 class Drill:
-    def __init__(self, spec: JobSpec, base: Path, timeout_s: float, note: Any = print) -> None:
+    def __init__(self, spec: JobSpec, base: Path, timeout_s: float, note: Any = print,
+                 every_node: bool = False) -> None:
         if not spec.module:
             spec = spec.replace(script=str(Path(spec.script).resolve()))
-        self.spec, self.base, self.timeout_s, self.note = spec, base, timeout_s, note
+        self.spec, self.base, self.timeout_s, self.note, self.every_node = spec, base, timeout_s, note, every_node
         self.abort = threading.Event()  # a scenario beside this one failed, or Ctrl-C: end the runs still going
 
     def run(self, scenario: str, part: str, spec: JobSpec, stop_at: Optional[int] = None,
@@ -193,7 +193,7 @@ class Drill:
         tasks: List[Callable[[], Verdict]] = []
         tasks += [lambda: self._stop(ref, steps)] if "stop" in only else []
         if "kill" in only:
-            nodes = list(range(self.spec.nodes - 1, -1, -1))[:2] if self.spec.nodes > 1 else [None]
+            nodes = [None] if self.spec.nodes < 2 else [*range(self.spec.nodes - 1, -1, -1)] if self.every_node else [0]
             tasks += [lambda node=node: self._kill(ref, node) for node in nodes]  # type: ignore[misc]
         if not self.side_by_side(len(tasks)):
             return [task() for task in tasks]
