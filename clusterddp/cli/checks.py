@@ -105,9 +105,7 @@ def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_di
     note(f"clusterddp drill: the reference run ({base}/reference/a.log) ...")
     only = tuple(dict.fromkeys(only)) or SCENARIOS  # each kind once, in the order given
     try:
-        ref, steps = drill.reference()
-        note(f"clusterddp drill: {steps} steps; now the interruptions ...")
-        verdicts = drill.scenarios(ref, steps, only)
+        steps, verdicts = drill.all(only)
     except KeyboardInterrupt:  # (Drill.run has ended the run in flight and its ranks)
         note(f"clusterddp drill: stopped (Ctrl-C); every run it started has ended; its files: {base}/")
         sys.exit(EXIT["INTERRUPTED"])

@@ -1,0 +1,137 @@
+"""The drill's verdicts: each scenario's runs against the reference, step by step and checkpoint by checkpoint, the
+first difference named; the report card. (Login side: torch only to read checkpoints, in check.py.)"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from .. import contract
+from ..job.spec import JobSpec
+from .check import component
+
+SCENARIOS = contract.DRILL_SCENARIOS
+OUTSIDE = ("everything the checkpoint holds was restored, yet the run differs at step {step} (resumed from step "
+           "{resumed}): state outside the checkpoint (an LR scheduler, a GradScaler, an EMA model, a counter, your own "
+           "random generator)")
+
+
+class Run(NamedTuple):
+    code: int
+    events: Dict[int, List[dict]]   # rank -> its events in order
+    log: Path
+
+
+class Verdict(NamedTuple):
+    scenario: str
+    identical: bool
+    why: str
+    step: Optional[int] = None
+
+    def as_json(self) -> dict:
+        return self._asdict()
+
+
+def resumes(runs: Sequence[Run]) -> str:
+    """Where a scenario's runs resumed (rank 0's loads) and how many steps each redid: ' (resumed ...)'."""
+    said, done, offset = [], 0, 0
+    for e in [e for run in runs for e in run.events.get(0, [])]:
+        if e["e"] == "load":
+            if e.get("step") is not None and done:
+                how = "from the survivors' memory (peer heal)" if e.get("peer") else "from its checkpoint"
+                said.append(f"resumed {how} at step {e['step']}, {max(0, done - int(e['step']))} step(s) redone")
+            offset = int(e.get("step") or 0) - int(e.get("n") or 0)
+        elif e["e"] == "step":
+            done = offset + int(e.get("n") or 0)
+    return f" ({'; '.join(said)})" if said else ""
+
+
+def failed_run(name: str, what: str, last: Run) -> Optional[Verdict]:
+    """The run that should have finished the job did not end well: whatever its files say, that is a FAIL (a
+    resumed run that crashes after its last checkpoint would otherwise match the reference)."""
+    if last.code == 0:
+        return None
+    return Verdict(name, False, f"{what}: the run that finishes the job ended with exit {last.code} (see {last.log})")
+
+
+def _values(runs: Sequence[Run], rank: int) -> Tuple[Dict[int, List[list]], Optional[str]]:
+    """Global step -> the values reported at it, over the runs of a scenario (a resumed run counts from the step
+    it loaded); and why it did not resume, if it did not."""
+    out: Dict[int, List[list]] = {}
+    problem = None
+    for run in runs:
+        offset = 0
+        for e in run.events.get(rank, []):
+            if e["e"] == "load":  # a new process (a retry's too) counts its steps from 0: the step it loaded first
+                offset = int(e.get("step") or 0) - e["n"]
+            elif e["e"] == "value":  # reported during step n + 1 (n: the should_stop() calls before it)
+                out.setdefault(offset + e["n"] + 1, []).append(e["v"])
+        if run is not runs[0] or len(runs) == 1:
+            resumed = any(e["e"] == "load" and e.get("step") is not None for e in run.events.get(rank, []))
+            if not resumed and problem is None:
+                calls = any(e["e"] == "load" for e in run.events.get(rank, []))
+                problem = ("did not resume: started again at step 0" + ("" if calls else
+                           " (the script never calls load_latest)"))
+    return out, problem
+
+
+def _last_save(runs: Sequence[Run]) -> Optional[str]:
+    saves = [e["path"] for run in runs for e in run.events.get(0, []) if e["e"] == "save"]
+    return saves[-1] if saves else None
+
+
+def compare(name: str, what: str, ref: Run, runs: Sequence[Run], interrupted: int) -> Verdict:
+    """The scenario against the reference: the first difference, where and in what."""
+    for rank in sorted(ref.events):
+        _, problem = _values(runs, rank)
+        if problem:
+            return Verdict(name, False, f"{what}: {problem}")
+    loads = [e for run in runs for e in run.events.get(0, []) if e["e"] == "load" and e.get("step")]
+    missing = sorted(set(loads[0].get("held", [])) - set(loads[0].get("restored", []))) if loads else []
+    first: Optional[int] = None
+    for rank in sorted(ref.events):
+        expected, _ = _values([ref], rank)
+        got, _ = _values(runs, rank)
+        # Steps both report at: a report the interrupted run never reaches (an epoch-end line after the step it
+        # stopped at) is not a difference by itself; what the run ends with is compared below.
+        for step in sorted(set(expected) & set(got)):
+            if any(v != expected[step][-1] for v in got[step]):
+                first = step if first is None else min(first, step)
+                break
+    last_ref, last = _last_save([ref]), _last_save(runs)
+    part = component(last_ref, last) if last_ref and last else None
+    if first is None and part is None:
+        return Verdict(name, True, f"{what}: bit-identical")
+    if first is not None and first <= interrupted:
+        # The same step's checkpoint of both runs, where both are still on disk (Checkpointer keeps the last few).
+        kept = [{e["step"]: e["path"] for r in rs for e in r.events.get(0, []) if e["e"] == "save"
+                 and os.path.exists(e["path"])} for rs in ([ref], runs)]
+        common = sorted(set(kept[0]) & set(kept[1]))
+        gen = component(kept[0][common[0]], kept[1][common[0]], generators=True) if common else None
+        cause = (f"{gen}: not the same in two runs; seed what your data path uses" if gen else
+                 "data order, an unseeded generator, or the hardware")
+        return Verdict(name, False, f"{what}: differs from the reference at step {first}, before the interruption: "
+                       f"the script is not deterministic ({cause})", first)
+    if missing:
+        return Verdict(name, False, f"{what}: differs after the resume (step {first}): the checkpoint holds the "
+                       f"{' and '.join(missing)} but load_latest did not restore it (pass it: "
+                       f"load_latest(model, optimizer, loader))", first)
+    if first is not None:
+        resumed = loads[0]["step"] if loads else "?"
+        return Verdict(name, False, f"{what}: " + OUTSIDE.format(step=first, resumed=resumed), first)
+    return Verdict(name, False, f"{what}: every reported value matches, but the last checkpoint differs in the {part}")
+
+
+def report(spec: JobSpec, steps: int, verdicts: Sequence[Verdict], only: Sequence[str] = SCENARIOS) -> str:
+    lines = [f"clusterddp drill: {spec.script}, {spec.nodes} node(s) x {spec.tasks_per_node} rank(s), {steps} steps "
+             "in the reference run"]
+    for v in verdicts:
+        lines.append(f"  {'PASS' if v.identical else 'FAIL'}  {v.scenario}: {v.why}")
+    good = all(v.identical for v in verdicts)
+    if good and set(only) != set(SCENARIOS):  # a partial drill proves only what it ran
+        lines.append(f"clusterddp drill: every scenario run ({', '.join(only)} only) bit-identical; drill without "
+                     "--only to prove the rest")
+    else:
+        lines.append("clusterddp drill: every scenario bit-identical: the script resumes exactly" if good else
+                     "clusterddp drill: fix the first difference above, then drill again")
+    return "\n".join(lines)
