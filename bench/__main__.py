@@ -427,7 +427,8 @@ def machine() -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", help="comma-separated item numbers")
-    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone (--only: the "
+                   "items go after the earlier runs as a section of their own)")
     args = p.parse_args()
     which = set(args.only.split(","))
     if not shutil.which("hyperfine") and which & {"1", "3", "4", "5", "10", "11"}:
@@ -459,11 +460,16 @@ def main() -> int:
     table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     text = "\n".join(table)
     print(text)
-    if not args.no_write:
+    everything = which == set(p.get_default("only").split(","))
+    if not args.no_write and everything:
         (BENCH / "RESULTS.md").write_text(
             f"# Benchmark results\n\n{datetime.date.today().isoformat()}, `python -m bench`, on {machine()}.\n"
             "Ratios compare commands measured in the same run (hyperfine for whole commands, timeit in-process); "
             "absolute times on these shared machines drift.\n\n" + text + "\n")
+    elif not args.no_write:  # some items: a section of their own after the earlier runs (never over them)
+        with open(BENCH / "RESULTS.md", "a", encoding="utf-8") as fh:
+            fh.write(f"\n## Later run: items {args.only}\n\n{datetime.date.today().isoformat()}, `python -m bench "
+                     f"--only {args.only}`, on {machine()}.\n\n{text}\n")
     return 0
 
 
