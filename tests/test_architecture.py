@@ -353,7 +353,7 @@ def test_every_guide_command_runs_here_or_names_the_test_that_runs_it(tmp_path, 
         result = runner.invoke(cli, words, catch_exceptions=False)
         assert result.exit_code == 0, (page, line, result.output)
         if "--dry-run" in words:  # the script printed, as sbatch would get it
-            assert result.output.startswith("#!/bin/bash\n#SBATCH ") and "nothing submitted" in result.output, line
+            assert result.stdout.startswith("#!/bin/bash\n#SBATCH ") and "nothing submitted" in result.output, line
         ran.append(line)
     assert len(ran) == 8 and {w.split()[0] for w in ran} == {"submit", "migrate", "sweep"}, ran
     assert {line for _, line in guide_lines()} >= set(NOT_RUN_HERE)  # no stale entry
