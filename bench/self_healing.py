@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 EVERY, KILL_AT, RUNS = 4, 7, 3
@@ -44,8 +44,42 @@ def _lines(path: Path) -> int:
         return 0
 
 
-def one(work: Path, n: int, env: dict, peer: bool = True) -> Tuple[float, float, int]:
-    """(submit to first step s, kill to first step after it s, steps run twice) of one job."""
+def _phases(run_dir: Path, batch_log: Path, killed_at: float, world: int) -> Dict[str, float]:
+    """What the recovery has reached, each seen from files (the batch log, the health gate's directory, the ranks'
+    hello files, rank 0's recovery line); polled, so each is known to within the polling interval."""
+    import json
+
+    seen: Dict[str, float] = {}
+    text = batch_log.read_text(errors="replace") if batch_log.is_file() else ""
+    if "clusterddp: attempt 1 failed" in text:
+        seen["the supervisor's verdict (srun ended, the fault read)"] = 1
+    if (run_dir / "health" / "0.1").is_dir():
+        seen["the health gate started on the spare"] = 1
+    if "clusterddp: attempt 2 on" in text:
+        seen["attempt 2 launched (gate, supervisor, port checked)"] = 1
+    hellos = []
+    for rank in range(world):
+        try:
+            hellos.append(json.loads((run_dir / "stacks" / "ranks" / f"rank-{rank}.json").read_text()))
+        except (OSError, ValueError):
+            pass
+    fresh = [h for h in hellos if float(h.get("time", 0)) > killed_at]
+    if len(fresh) == world:
+        seen["every rank started (Python, torch and the script imported)"] = 1
+        if all(h.get("state") in ("joined", "left") for h in fresh):
+            seen["every rank joined (the rendezvous)"] = 1
+    try:
+        lines = (run_dir / "recovery.jsonl").read_text().splitlines()
+    except OSError:
+        lines = []
+    if any(float(json.loads(line).get("time", 0)) > killed_at for line in lines if line.strip()):
+        seen["rank 0 loaded the state (peer heal or the checkpoint)"] = 1
+    return seen
+
+
+def one(work: Path, n: int, env: dict, peer: bool = True) -> Tuple[float, float, int, Dict[str, float]]:
+    """(submit to first step s, kill to first step after it s, steps run twice, {phase: s after the kill}) of one
+    job."""
     log, d = work / f"run{n}.log", work
     argv = [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
             "--gpus", "2", "--time", "10", "--wait", *([] if peer else ["--no-peer-heal"]), "resumable.py", "--",
@@ -63,15 +97,20 @@ def one(work: Path, n: int, env: dict, peer: bool = True) -> Tuple[float, float,
     victims = _rank_pids("node2")
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
-    killed, before = time.monotonic(), _lines(log)
+    killed, before, wall = time.monotonic(), _lines(log), time.time()
+    runs = sorted((work / "clusterddp-runs").glob("resumable-*/"), key=lambda d: d.stat().st_mtime)
+    run_dir = runs[-1]
+    phases: Dict[str, float] = {}
     while _lines(log) <= before and job.poll() is None:
+        for name in _phases(run_dir, run_dir.with_suffix(".out"), wall, 4):
+            phases.setdefault(name, time.monotonic() - killed)
         time.sleep(0.02)
     again = time.monotonic() - killed
     job.communicate(timeout=300)
     if job.returncode != 0 or len(victims) != 2:
         raise RuntimeError(f"job {n} ended {job.returncode} (killed {len(victims)} ranks)")
     steps = [int(line.split()[1]) for line in log.read_text().splitlines()]
-    return first, again, len(steps) - len(set(steps))
+    return first, again, len(steps) - len(set(steps)), phases
 
 
 def rows(work: Path) -> List[Tuple[str, str, str, str]]:
@@ -87,15 +126,21 @@ def rows(work: Path) -> List[Tuple[str, str, str, str]]:
                            capture_output=True)
     out = []
     for peer, name in ((True, "peer heal (default)"), (False, "checkpoint (--no-peer-heal)")):
-        first = statistics.median(f for f, _, _ in found[peer])
-        again = statistics.median(a for _, a, _ in found[peer])
-        redone = max(r for _, _, r in found[peer])
+        first = statistics.median(f for f, _, _, _ in found[peer])
+        again = statistics.median(a for _, a, _, _ in found[peer])
+        redone = max(r for _, _, r, _ in found[peer])
         out += [("13", f"a lost node (node2's ranks SIGKILLed), 2x2 with 1 spare, srun, {name}: kill to training "
                        f"again / the job's own start (sbatch to first step); medians of {RUNS}",
                  f"{again:.1f} s / {first:.1f} s = {again / first:.2f}x",
                  "<= 5 s and <= 0.5x" if peer else "< 60 s"),
                 ("13", f"{name}: steps logged twice after the kill (a checkpoint every {EVERY} steps), most of {RUNS}",
                  f"{redone}", "<= 1" if peer else f"<= {EVERY}")]
+        names = [k for k in found[peer][0][3]]  # (in the order first seen)
+        timeline = "; ".join(f"{k}: {statistics.median(r[3][k] for r in found[peer] if k in r[3]):.1f} s"
+                             for k in names)
+        out.append(("13", f"{name}: where the time from the kill goes, each phase seen reached (s after the kill, "
+                          f"medians of {RUNS}; the first step after it ends the count)",
+                    f"{timeline}; first step done: {again:.1f} s", ""))
     return out
 
 if __name__ == "__main__":
