@@ -25,8 +25,8 @@ PIP = $(PYTHON) -m pip
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 # The torch already installed: "missing", "ok" (2.13 or newer, any build) or its version (older: kept, untested).
-TORCH_FOUND = $(PYTHON) -c "import torch; v = torch.__version__.split('+')[0].split('.'); \
-	print('ok' if (int(v[0]), int(v[1])) >= (2, 13) else torch.__version__)" 2>/dev/null || echo missing
+TORCH_FOUND = $(PYTHON) -c "import re, torch; m = re.match(r'(\d+)\.(\d+)', torch.__version__); \
+	print('ok' if m and (int(m[1]), int(m[2])) >= (2, 13) else torch.__version__)" 2>/dev/null || echo missing
 # torch 2.13's torchvision, for the public scripts tests/test_migrate.py runs (installed without its dependencies:
 # it would ask for torch again).
 TORCHVISION ?= torchvision==0.28.0
@@ -57,7 +57,8 @@ torch-found:
 	@$(TORCH_FOUND)
 
 install-test: install
-	$(PIP) install -q -e ".[torch,test]"
+	@if [ "$$($(TORCH_FOUND))" = ok ]; then $(PIP) install -q -e ".[torch,test]"; \
+	else $(PIP) install -q -e ".[test]"; fi  # (an older torch kept by install stays)
 	$(PIP) install -q --no-deps "$(TORCHVISION)"
 	@if [ "$$(id -u)" = 0 ] && [ "$$(uname -s)" = Linux ]; then tests/slurm/cluster.sh install && \
 		CLUSTERDDP_SLURM_RELEASE=26.05 tests/slurm/cluster.sh install; \

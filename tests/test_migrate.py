@@ -716,10 +716,13 @@ def test_a_one_line_step_and_a_wrapper_moved_to_the_device_are_migrated_too():
               "for x in torch.randn(8, 2, 4):\n"
               "    loss = model(x).sum()\n"
               "    opt.zero_grad(); loss.backward(); opt.step()\n"
+              "def last(loss):\n"
+              "    loss.backward(); opt.step(); return loss\n"
               "torch.save(model.module.state_dict(), 'model.pt')\n")
     m = migrate_source(source, "one_line.py")
     assert m.text is not None, m.left_alone
     compile(m.text, "one_line.py", "exec")
-    assert "    opt.zero_grad(); loss.backward(); opt.step()\n    runtime.step()\n" in m.text, m.text
+    assert "    opt.zero_grad(); loss.backward(); opt.step(); runtime.step()\n" in m.text, m.text
+    assert "    loss.backward(); opt.step(); runtime.step(); return loss\n" in m.text, m.text  # (before the return)
     assert "model.module" not in m.text and "runtime.unwrap(model).state_dict()" in m.text, m.text
     assert "model = runtime.wrap(nn.Linear(4, 1)).to(" in m.text, m.text

@@ -241,9 +241,11 @@ def test_another_user_s_states_on_a_shared_node_are_never_used(job, monkeypatch)
     assert said[0].endswith("; resuming from the last checkpoint"), said
 
 
-@pytest.mark.parametrize("planted", ["a link", "a truncated file", "another node's (copied)"])
+@pytest.mark.parametrize("planted", ["a link", "a truncated file", "another node's (copied)", "a dict of other keys"])
 def test_a_state_file_that_is_not_what_it_claims_is_never_used(job, monkeypatch, planted):
     path = write_state(job, "run-d", "n1", 0, 1, 2, 9, **({"node": "n7"} if planted.startswith("another") else {}))
+    if planted == "a dict of other keys":  # (the review: no "shared" key raised KeyError on one rank only)
+        torch.save({"run": "run-d", "uid": os.getuid(), "node": "n1", "rank": 0}, path)
     if planted == "a link":
         os.rename(path, path + ".real")
         os.symlink(path + ".real", path)

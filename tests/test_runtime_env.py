@@ -173,5 +173,6 @@ def test_set_up_collectives_leave_the_start_up_window_open_until_the_first_step_
     assert limit_after(["setup"] * 4) == 2.0  # all_reduce_mean, barrier: the first step has not ended
     assert limit_after(["batch"]) == 2.0      # the first batch is handed out: its step runs
     assert limit_after(["setup", "batch", "batch"]) == 1.0  # the second batch: the first step's body ran
-    assert limit_after(["forward", "stop"]) == 1.0  # should_stop() ends a step
+    assert limit_after(["stop"]) == 2.0  # (a loop may ask should_stop() before its first step's work)
+    assert limit_after(["stop", "forward", "stop"]) == 1.0  # the second should_stop(): a step ended
     assert limit_after(["user", "user"]) == 1.0     # a loop of the user's own that calls heartbeat()

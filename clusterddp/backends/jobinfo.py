@@ -46,7 +46,7 @@ class JobState(str, Enum):
 
 S = JobState
 TERMINAL_STATES = frozenset({S.COMPLETED, S.FAILED, S.CANCELLED, S.TIMEOUT, S.NODE_FAIL, S.PREEMPTED, S.OUT_OF_MEMORY,
-                             S.BOOT_FAIL, S.DEADLINE, S.SPECIAL_EXIT, S.REVOKED})
+                             S.BOOT_FAIL, S.DEADLINE, S.SPECIAL_EXIT, S.REVOKED, S.MISSING})  # (MISSING: never changes)
 #: States of a job that is still in the queue (waiting, running or on its way out).
 QUEUED_STATES = (S.PENDING, S.RUNNING, S.CONFIGURING, S.COMPLETING, S.REQUEUED, S.RESIZING, S.SUSPENDED,
                  S.REQUEUE_HOLD, S.REQUEUE_FED, S.SIGNALING, S.STAGE_OUT, S.STOPPED)

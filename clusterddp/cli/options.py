@@ -190,7 +190,7 @@ def build_spec(script: str, args: Sequence[str], template_dirs: Sequence[str] = 
         from ..backends.slurm.preflight import script_not_found
 
         raise SpecError(str(script_not_found(script)))
-    if not spec.module:
+    if not spec.module and spec.world_size > 1:  # (one process running DataParallel is a job of its own)
         said = single_process_script(Path(script))
         if said:
             click.echo(f"clusterddp: warning: {said}", err=True)

@@ -177,13 +177,18 @@ class Drill:
             [*range(self.spec.nodes - 1, -1, -1)] if self.every_node else [0]
         beside = self.side_by_side(len(kills) + 1 + ("stop" in only))
         pool = ThreadPoolExecutor(max(1, len(kills) + 1), thread_name_prefix="drill")
+        ended = threading.Event()  # the reference ended (its checks next)
         try:  # (a failure or Ctrl-C: the runs beside end too)
-            killed = [pool.submit(self._kill_runs, node) for node in kills] if beside else []
-            ref, steps = self.reference()
+            killed = [pool.submit(self._kill_beside, node, ended) for node in kills] if beside else []
+            try:
+                ref, steps = self.reference()
+            finally:
+                ended.set()
             self.note(f"clusterddp drill: {steps} steps; now the interruptions ...")
             stop = pool.submit(self._stop, ref, steps) if beside and "stop" in only else None
             out = [stop.result() if stop else self._stop(ref, steps)] if "stop" in only else []
-            runs = [f.result() for f in killed] if beside else [self._kill_runs(node) for node in kills]
+            runs = [f.result() or self._kill_runs(node) for f, node in zip(killed, kills)] if beside else \
+                [self._kill_runs(node) for node in kills]
             return steps, out + [self._kill_verdict(ref, node, made) for node, made in runs]
         except BaseException:
             self.abort.set()
@@ -192,16 +197,15 @@ class Drill:
             pool.shutdown(wait=True)
 
     def side_by_side(self, n: int) -> bool:
-        """Whether ``n`` scenarios may run at once: CPU ranks (they share the cores; the drill compares values,
-        never times), or GPUs enough for every run's ranks (else one after another: runs never share a GPU)."""
+        """Whether ``n`` runs may go at once: ranks on the CPU (they share the cores; the drill compares values,
+        never times); runs on GPUs go one after another (each run takes the GPUs from the first: never shared)."""
         if n < 2 or os.environ.get(contract.DRILL_SERIAL, "") not in ("", "0"):
             return False
         if not self.spec.gpus_per_node:
             return True
         from ..backends.local.plan import visible_gpus
 
-        gpus = len(visible_gpus())
-        return gpus < self.spec.world_size or gpus >= n * self.spec.world_size  # (too few: every run on the CPU)
+        return len(visible_gpus()) < self.spec.world_size  # (too few GPUs: every run on the CPU)
 
     def _stop(self, ref: Run, steps: int) -> Verdict:
         first_save = next(e["n"] for e in ref.events[0] if e["e"] == "save")
@@ -213,6 +217,18 @@ class Drill:
         b = self.run("stop", "b", self.spec)
         what = f"stopped at step {stop_at} (the time-limit signal) and run again"
         return failed_run("stop", what, b) or compare("stop", what, ref, [a, b], stop_at)
+
+    def _kill_beside(self, node: Optional[int], ended: threading.Event) -> Optional[Tuple[Optional[int], List[Run]]]:
+        """The kill's runs beside the reference from its first checkpoint on, where that lies in the reference's own
+        directory (a script that writes elsewhere is refused by the reference's checks before any other run writes
+        there); None where it did not start (then it runs after the reference)."""
+        where, record = (self.base / "reference").resolve(), self.base / "reference" / "drill-a"
+        while not ended.is_set() and not self.abort.is_set():
+            saves = [e for e in _events(record).get(0, []) if e["e"] == "save"] if record.is_dir() else []
+            if saves:
+                return self._kill_runs(node) if Path(saves[0]["path"]).resolve().is_relative_to(where) else None
+            time.sleep(0.1)
+        return None
 
     def _kill_runs(self, node: Optional[int]) -> Tuple[Optional[int], List[Run]]:
         name = f"kill-node{node}" if node is not None else "kill"

@@ -194,14 +194,21 @@ class ToDDP(cst.CSTTransformer):
         return updated
 
     def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine) -> Any:
-        # (after the line: `opt.zero_grad(); loss.backward(); opt.step()` is one line too)
-        if any(isinstance(one, cst.Expr) and isinstance(one.value, cst.Call) and
-               isinstance(one.value.func, cst.Attribute) and one.value.func.attr.value == "step" and
-               isinstance(one.value.func.value, cst.Name) and one.value.func.value.value in self.s.optimizers
-               for one in original.body):
-            self._did(original, "runtime.step() after the optimizer step (clusterddp top and report count steps)")
+        steps = [i for i, one in enumerate(original.body) if isinstance(one, cst.Expr) and
+                 isinstance(one.value, cst.Call) and isinstance(one.value.func, cst.Attribute) and
+                 one.value.func.attr.value == "step" and isinstance(one.value.func.value, cst.Name) and
+                 one.value.func.value.value in self.s.optimizers]
+        if not steps:
+            return updated
+        self._did(original, "runtime.step() after the optimizer step (clusterddp top and report count steps)")
+        if len(original.body) == 1:
             return cst.FlattenSentinel([updated, cst.parse_statement("runtime.step()\n")])
-        return updated
+        # `opt.zero_grad(); loss.backward(); opt.step(); return loss`: in the line, right after the step
+        body = list(updated.body)
+        body.insert(steps[-1] + 1, cst.Expr(cst.parse_expression("runtime.step()")))
+        body = [one.with_changes(semicolon=cst.Semicolon(whitespace_after=cst.SimpleWhitespace(" ")))
+                for one in body[:-1]] + [body[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]
+        return updated.with_changes(body=body)
 
     def on_leave(self, original_node: Any, updated_node: Any) -> Any:
         """After any statement's own rewrite: ``score = runtime.all_reduce_mean(score)`` before it where a decision

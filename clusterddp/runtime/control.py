@@ -36,9 +36,9 @@ _STORE_KEY = "clusterddp/progress"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 #: Progress: [all beats, loader batches, forward passes, should_stop() calls, heartbeat() calls]; this rank's first
-#: step is done at a second batch, forward pass or heartbeat(), or a first should_stop().
+#: step is done at the second of any (a loop may call should_stop() before its step's work).
 _BEATS = [0, 0, 0, 0, 0]
-STEP_SOURCES = {"batch": (1, 2), "forward": (2, 2), "stop": (3, 1), "user": (4, 2)}
+STEP_SOURCES = {"batch": (1, 2), "forward": (2, 2), "stop": (3, 2), "user": (4, 2)}
 
 
 def heartbeat(source: str = "user") -> None:

@@ -267,13 +267,14 @@ class Keeper:
             return None
         shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(),
                   "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"]}
+        whole = not STATE["env"].local_rank  # one copy a node (local rank 0's): the others keep what is theirs
         return {"run": self.run, "uid": os.getuid(), "node": node_name(), "rank": rank(), "world_size": world_size(),
                 "step": self.done["step"], "time": time.time(), "telemetry_steps": self.done["telemetry_steps"],
                 "rng": self.held(),
                 "parameters_digest": digest({**{k: v for k, v in shared.items() if k != "model"},
                                              "parameters": parameters(self.model)}),
-                "buffers": buffered(self.model, shared["model"]), "digest": digest(shared),
-                "shared": shared}
+                "buffers": buffered(self.model, shared["model"]), "digest": digest(shared) if whole else None,
+                "shared": shared if whole else None}
 
 
 def buffered(model: Any, state: Mapping[str, Any]) -> bool:
@@ -333,8 +334,6 @@ def write(keeper: Keeper) -> Optional[str]:
     where = node_dir(keeper.run)
     if state is None or where is None:
         return None
-    if STATE["env"].local_rank:  # one copy a node (its local rank 0's): the others keep what is theirs, digests too
-        state["shared"] = None
     os.makedirs(where, 0o700, exist_ok=True)
     path = os.path.join(where, f"rank-{rank()}.pt")
     temp = f"{path}.{os.getpid()}.tmp"

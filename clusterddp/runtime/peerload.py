@@ -75,6 +75,11 @@ def random_states(entries: Sequence[Optional[Dict[str, Any]]]) -> Dict[int, Any]
     return {int(k): v for e in entries if e for k, v in e["rng"].items()}
 
 
+#: What every state file holds ("shared": the parameters and optimizer, or None where another rank of the node has
+#: them; "step" in the files of this version, else in "shared").
+REQUIRED = {"run", "uid", "node", "rank", "world_size", "rng", "parameters_digest", "buffers", "shared"}
+
+
 def _read(path: str) -> Dict[str, Any]:
     """One state file of this user's (no link, a regular file, its digest right), loaded as tensors and data."""
     import torch
@@ -85,9 +90,12 @@ def _read(path: str) -> Dict[str, Any]:
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
             raise ValueError("not a regular file of this user's")
         state = torch.load(fh, map_location="cpu", weights_only=True)
-    shared = state.get("shared") if isinstance(state, dict) else None  # (None: not a node's local rank 0's)
-    if not isinstance(state, dict) or (shared is not None and peerheal.digest(shared) != state.get("digest")):
-        raise ValueError("its digest does not match its content")
+    shared = state.get("shared") if isinstance(state, dict) else None
+    if not isinstance(state, dict) or not REQUIRED <= state.keys() or not isinstance(shared, (dict, type(None))) \
+            or not isinstance(state.get("step", (shared or {}).get("step")), int):
+        raise ValueError("not a state of peer heal's")
+    if state["shared"] is not None and peerheal.digest(state["shared"]) != state.get("digest"):
+        raise ValueError("its digest does not match its content")  # (None: not a node's local rank 0's)
     return state
 
 
@@ -112,7 +120,8 @@ def _mine(run: str) -> tuple:
 
 def _summary(state: Dict[str, Any]) -> Dict[str, Any]:
     return {**{k: state[k] for k in ("rank", "world_size", "parameters_digest", "digest", "rng", "node", "buffers")},
-            "step": state["step"] if "step" in state else state["shared"]["step"], "whole": state["shared"] is not None,
+            "step": state["step"] if "step" in state else state["shared"]["step"],
+            "whole": state["shared"] is not None,
             "telemetry_steps": state.get("telemetry_steps")}
 
 
