@@ -42,6 +42,11 @@ def checkpoint_flag(script: Path) -> str:
                  if re.search(r"ckpt|checkpoint|save", f) and re.search(r"every|interval|freq|steps|period", f)), "")
 
 
+def kill_name(node: Optional[int]) -> str:
+    """A node-kill scenario's name (its directory and its verdict's)."""
+    return f"kill-node{node}" if node is not None else "kill"
+
+
 class DrillError(ClusterDDPError):
     """The script cannot be drilled as it is (one line saying what the drill needs)."""
 
@@ -162,8 +167,7 @@ class Drill:
             raise DrillError(f"the script ran {steps} step(s) (should_stop() calls) and saved its first checkpoint at "
                              f"step {saves[0]['n']}: the drill stops a run after its first checkpoint and before its "
                              f"end; give it more steps (a short epoch) or {earlier}")
-        where = (self.base / "reference").resolve()
-        if not all(Path(e["path"]).resolve().is_relative_to(where) for e in saves):
+        if not all(self._in_reference(e["path"]) for e in saves):
             raise DrillError(f"the script writes its checkpoints outside the directory it runs in ({saves[0]['path']}):"
                              " each scenario runs in a directory of its own, so keep them under $CLUSTERDDP_RUN_DIR "
                              "(the run directory: a requeued or retried job keeps it, each sweep trial has its own; "
@@ -222,16 +226,19 @@ class Drill:
         """The kill's runs beside the reference from its first checkpoint on, where that lies in the reference's own
         directory (a script that writes elsewhere is refused by the reference's checks before any other run writes
         there); None where it did not start (then it runs after the reference)."""
-        where, record = (self.base / "reference").resolve(), self.base / "reference" / "drill-a"
+        record = self.base / "reference" / "drill-a"
         while not ended.is_set() and not self.abort.is_set():
             saves = [e for e in _events(record).get(0, []) if e["e"] == "save"] if record.is_dir() else []
             if saves:
-                return self._kill_runs(node) if Path(saves[0]["path"]).resolve().is_relative_to(where) else None
+                return self._kill_runs(node) if self._in_reference(saves[0]["path"]) else None
             time.sleep(0.1)
         return None
 
+    def _in_reference(self, path: str) -> bool:
+        return Path(path).resolve().is_relative_to((self.base / "reference").resolve())
+
     def _kill_runs(self, node: Optional[int]) -> Tuple[Optional[int], List[Run]]:
-        name = f"kill-node{node}" if node is not None else "kill"
+        name = kill_name(node)
         if node is not None:
             spec = self.spec.replace(spare_nodes=max(1, self.spec.spare_nodes), retries=max(1, self.spec.retries))
             return node, [self.run(name, "a", spec, kill_node=node)]
@@ -239,7 +246,7 @@ class Drill:
         return node, [self.run(name, "a", spec, kill_node=0), self.run(name, "b", spec)]
 
     def _kill_verdict(self, ref: Run, node: Optional[int], runs: List[Run]) -> Verdict:
-        name = f"kill-node{node}" if node is not None else "kill"
+        name = kill_name(node)
         kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
         what = (f"emulated node {node}'s ranks SIGKILLed a step after the first checkpoint, retried on a spare"
                 if node is not None else "every rank SIGKILLed a step after the first checkpoint, run again")
