@@ -22,7 +22,8 @@ SLOWER = 0.20          # a rank's step is slow when its phase is this much above
 MIN_EXCESS_S = 0.002   # ... and by at least this much (clock noise on tiny steps is not slowness)
 # A straggler costs the job at least LOST of its time (the sum of its excess in its slow steps: in DDP every rank
 # waits that long for it). 10%: a cost worth acting on (a node drained, a loader fixed), and well above what
-# ordinary jitter adds up to for one rank of an even run (at most 2% in even 4-rank jobs on 2 busy shared cores).
+# ordinary jitter adds up to for one rank of an even run (at most 2% in even 4-rank jobs on 2 busy shared cores;
+# on a machine loaded past its cores one rank of 20-ms steps was 12% slow, the machine's doing, which it reports).
 LOST = 0.10
 MIN_SLOW_STEPS = 3     # ... in at least this many steps: one hiccup (a GC pause, a page fault) is no straggler
 PERSISTENT = 0.75      # slow in this share of the steps: said to be persistently slow, else intermittently
