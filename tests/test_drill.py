@@ -43,6 +43,11 @@ def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
     found = verdicts(proc)
     assert set(found) == {"stop", "kill-node1", "kill-node0"}, found  # (--every-node: each node in turn)
     assert found["stop"]["identical"] and found["stop"]["why"].endswith(": bit-identical"), found
+    # The stop rode on node 0's kill, later in the same job (one job's runs for both): node 0's job's runs a to c
+    assert re.match(r"stopped at step \d+ \(the time-limit signal\) in the same job, after the kill's resume",
+                    found["stop"]["why"]), found["stop"]
+    dirs = {p.parent.name for p in tmp_path.glob("clusterddp-drill/*/*/*.log")}
+    assert dirs == {"reference", "kill-node0-then-stop", "kill-node1"}, dirs
     # issue 55: where a kill scenario resumed, and what it redid: its saves keep the scheduler (extra=), which a
     # peer state cannot hold, so from the checkpoint of step 3, killed a step after it
     for name in ("kill-node1", "kill-node0"):
@@ -75,6 +80,20 @@ def test_each_mistake_is_named(tmp_path, mistake, scenario, expected):
     assert not stop["identical"] and m, stop
     if mistake == "scheduler":  # the first difference comes after the resume, where the scheduler started over
         assert int(m.group(1)) > int(m.group(2)) == 12, stop
+
+
+@ranks
+def test_a_stop_that_fails_in_the_kill_s_job_is_run_alone_and_named_alone(tmp_path):
+    """The stop rides on node 0's kill; where that job differs from the reference, each scenario runs alone, so the
+    verdicts name the one that fails (here the stop's own save, which leaves the scheduler out) and pass the other."""
+    proc = drill(tmp_path, "--mistake", "stopsave", shape=("--nodes", "2", "--procs-per-node", "1"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    found = verdicts(proc)
+    assert not found["stop"]["identical"] and "state outside the checkpoint (an LR scheduler" in found["stop"]["why"]
+    assert found["kill-node0"]["identical"], found
+    assert "differs from the reference; now each alone, to name the cause" in proc.stderr, proc.stderr
+    dirs = {p.parent.name for p in tmp_path.glob("clusterddp-drill/*/*/*.log")}
+    assert dirs == {"reference", "kill-node0-then-stop", "stop", "kill-node0"}, dirs
 
 
 @ranks

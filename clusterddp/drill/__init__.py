@@ -28,7 +28,7 @@ from ..backends.local.tree import end_run, ranks_of_node  # (and plan.visible_gp
 from ..datafiles import parse_json
 from ..errors import ClusterDDPError
 from ..job.spec import JobSpec
-from .verdicts import Run, Verdict, compare, failed_run, resumes
+from .verdicts import Run, Verdict, compare, failed_run, resumes, stopped_at
 from .verdicts import report as report  # (the CLI's)
 
 SCENARIOS = contract.DRILL_SCENARIOS
@@ -176,24 +176,34 @@ class Drill:
 
     def all(self, only: Sequence[str] = SCENARIOS) -> Tuple[int, List[Verdict]]:
         """The reference's steps and each scenario's verdict (kinds in ``only``), in order. The node kills need the
-        reference only to be compared: where there is room (a directory each) they run beside it, then the stop."""
+        reference only to be compared: where there is room (a directory each) they run beside it. The stop rides
+        on node 0's kill, later in the same job (as a job may lose a node, then meet its time limit): one job's
+        runs for two scenarios; where that job differs from the reference, each runs alone to name the cause."""
         kills = [] if "kill" not in only else [None] if self.spec.nodes < 2 else \
             [*range(self.spec.nodes - 1, -1, -1)] if self.every_node else [0]
-        beside = self.side_by_side(len(kills) + 1 + ("stop" in only))
+        paired = "stop" in only and bool(kills)
+        stops = [paired and node == kills[-1] for node in kills]
+        beside = self.side_by_side(len(kills) + 1 + ("stop" in only and not paired))
         pool = ThreadPoolExecutor(max(1, len(kills) + 1), thread_name_prefix="drill")
         ended = threading.Event()  # the reference ended (its checks next)
         try:  # (a failure or Ctrl-C: the runs beside end too)
-            killed = [pool.submit(self._kill_beside, node, ended) for node in kills] if beside else []
+            killed = [pool.submit(self._kill_beside, node, ended, stop) for node, stop in zip(kills, stops)] \
+                if beside else []
             try:
                 ref, steps = self.reference()
             finally:
                 ended.set()
             self.note(f"clusterddp drill: {steps} steps; now the interruptions ...")
-            stop = pool.submit(self._stop, ref, steps) if beside and "stop" in only else None
-            out = [stop.result() if stop else self._stop(ref, steps)] if "stop" in only else []
-            runs = [f.result() or self._kill_runs(node) for f, node in zip(killed, kills)] if beside else \
-                [self._kill_runs(node) for node in kills]
-            return steps, out + [self._kill_verdict(ref, node, made) for node, made in runs]
+            alone = "stop" in only and not paired
+            stop = pool.submit(self._stop, ref, steps) if beside and alone else None
+            out = [stop.result() if stop else self._stop(ref, steps)] if alone else []
+            first = next((e["n"] for e in ref.events[0] if e["e"] == "save"), 0)
+            runs = [f.result() or self._kill_runs(node, first if s else None) for f, node, s in
+                    zip(killed, kills, stops)] if beside else \
+                [self._kill_runs(node, first if s else None) for node, s in zip(kills, stops)]
+            for (node, made), s in zip(runs, stops):
+                out.extend(self._paired(ref, steps, node, made) if s else [self._kill_verdict(ref, node, made)])
+            return steps, sorted(out, key=lambda v: v.scenario != "stop")  # (the stop first, as it always came)
         except BaseException:
             self.abort.set()
             raise
@@ -222,7 +232,8 @@ class Drill:
         what = f"stopped at step {stop_at} (the time-limit signal) and run again"
         return failed_run("stop", what, b) or compare("stop", what, ref, [a, b], stop_at)
 
-    def _kill_beside(self, node: Optional[int], ended: threading.Event) -> Optional[Tuple[Optional[int], List[Run]]]:
+    def _kill_beside(self, node: Optional[int], ended: threading.Event,
+                     stop: bool) -> Optional[Tuple[Optional[int], List[Run]]]:
         """The kill's runs beside the reference from its first checkpoint on, where that lies in the reference's own
         directory (a script that writes elsewhere is refused by the reference's checks before any other run writes
         there); None where it did not start (then it runs after the reference)."""
@@ -230,25 +241,53 @@ class Drill:
         while not ended.is_set() and not self.abort.is_set():
             saves = [e for e in _events(record).get(0, []) if e["e"] == "save"] if record.is_dir() else []
             if saves:
-                return self._kill_runs(node) if self._in_reference(saves[0]["path"]) else None
+                return self._kill_runs(node, saves[0]["n"] if stop else None) \
+                    if self._in_reference(saves[0]["path"]) else None
             time.sleep(0.1)
         return None
 
     def _in_reference(self, path: str) -> bool:
         return Path(path).resolve().is_relative_to((self.base / "reference").resolve())
 
-    def _kill_runs(self, node: Optional[int]) -> Tuple[Optional[int], List[Run]]:
-        name = kill_name(node)
+    def _kill_runs(self, node: Optional[int], first_save: Optional[int] = None) -> Tuple[Optional[int], List[Run]]:
+        """The kill's runs; with ``first_save`` (the step of the reference's first checkpoint) the job goes on to a
+        stop, a few steps after the kill's resume (each process counts its steps from 1: the kill's victims wait at
+        first_save + 2), and is then run again."""
+        name = kill_name(node) + ("-then-stop" if first_save is not None else "")
+        stop = None if first_save is None else first_save + 3
         if node is not None:
             spec = self.spec.replace(spare_nodes=max(1, self.spec.spare_nodes), retries=max(1, self.spec.retries))
-            return node, [self.run(name, "a", spec, kill_node=node)]
-        spec = self.spec.replace(retries=0)  # one node: every rank killed, then the command run again
-        return node, [self.run(name, "a", spec, kill_node=0), self.run(name, "b", spec)]
+            made = [self.run(name, "a", spec, stop_at=stop, kill_node=node)]
+        else:
+            spec = self.spec.replace(retries=0)  # one node: every rank killed, then the command run again
+            made = [self.run(name, "a", spec, stop_at=stop, kill_node=0), self.run(name, "b", spec, stop_at=stop)]
+        if stop is not None and stopped_at(made) is not None:
+            made.append(self.run(name, "c", spec))
+        return node, made
+
+    def _paired(self, ref: Run, steps: int, node: Optional[int], runs: List[Run]) -> List[Verdict]:
+        """The stop's and the kill's verdicts from one job's runs: both bit-identical, or each scenario alone."""
+        at = stopped_at(runs)
+        if at is None:  # (the job ended before the stop's step: the stop alone)
+            return [self._stop(ref, steps), self._kill_verdict(ref, node, runs)]
+        kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
+        if failed_run("", "", runs[-1]) is None and compare("", "", ref, runs, kill).identical:
+            # (the kill's part alone ends at the stop, its last checkpoint not the reference's: the whole job's is)
+            return [Verdict("stop", True, f"stopped at step {at} (the time-limit signal) in the same job, after the "
+                            "kill's resume, and run again: bit-identical"),
+                    Verdict(kill_name(node), True, f"{self._kill_what(node)}: bit-identical{resumes(runs[:-1])}")]
+        self.note("clusterddp drill: the job that lost a node, then stopped, differs from the reference; now each "
+                  "alone, to name the cause ...")
+        return [self._stop(ref, steps), self._kill_verdict(ref, node, self._kill_runs(node)[1])]
 
     def _kill_verdict(self, ref: Run, node: Optional[int], runs: List[Run]) -> Verdict:
         name = kill_name(node)
         kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
-        what = (f"emulated node {node}'s ranks SIGKILLed a step after the first checkpoint, retried on a spare"
-                if node is not None else "every rank SIGKILLed a step after the first checkpoint, run again")
+        what = self._kill_what(node)
         verdict = failed_run(name, what, runs[-1]) or compare(name, what, ref, runs, kill)
         return verdict._replace(why=verdict.why + resumes(runs)) if verdict.identical else verdict
+
+    @staticmethod
+    def _kill_what(node: Optional[int]) -> str:
+        return (f"emulated node {node}'s ranks SIGKILLed a step after the first checkpoint, retried on a spare"
+                if node is not None else "every rank SIGKILLed a step after the first checkpoint, run again")

@@ -32,6 +32,17 @@ class Verdict(NamedTuple):
         return self._asdict()
 
 
+def stopped_at(runs: Sequence[Run]) -> Optional[int]:
+    """The step the drill's stop (should_stop() True) came at in these runs (rank 0's), None where none came."""
+    offset = 0
+    for e in (e for run in runs for e in run.events.get(0, [])):
+        if e["e"] == "load":  # (a new process counts from 0: the step it loaded first)
+            offset = int(e.get("step") or 0) - int(e.get("n") or 0)
+        elif e["e"] == "stop":
+            return offset + int(e.get("n") or 0)
+    return None
+
+
 def resumes(runs: Sequence[Run]) -> str:
     """Where a scenario's runs resumed (rank 0's loads) and how many steps each redid: ' (resumed ...)'."""
     said, done, offset = [], 0, 0

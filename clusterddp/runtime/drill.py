@@ -49,7 +49,10 @@ def step() -> bool:
         while os.path.exists(hold):
             time.sleep(0.02)
     stop_at = os.environ.get(contract.DRILL_STOP_AT, "")
-    return stop_at.isdigit() and _COUNT["steps"] == int(stop_at)
+    if stop_at.isdigit() and _COUNT["steps"] == int(stop_at):
+        record({"e": "stop"})  # (the drill learns that, and where, the stop came: a run may end before it)
+        return True
+    return False
 
 
 def value(v: Any) -> Any:

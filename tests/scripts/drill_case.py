@@ -8,6 +8,7 @@
 --mistake nocheckpoint  never saves through the runtime's Checkpointer
 --mistake fails      raises at step 3
 --mistake crash-resumed  a resumed run raises after its last checkpoint
+--mistake stopsave   its save at should_stop() (a path of its own) leaves the LR scheduler out
 Reports the mean loss of every step through runtime.all_reduce_mean; checkpoints every 3 steps and when asked to stop.
 """
 import argparse
@@ -35,10 +36,11 @@ batches = runtime.loader(data, batch_size=4, seed=3)
 ckpt = runtime.Checkpointer(args.ckpt_dir, keep=2)
 
 
-def save(step):
+def save(step, stopping=False):
     if args.mistake == "nocheckpoint":
         return
-    extra = {} if args.mistake == "scheduler" else {"sched": sched.state_dict()}
+    extra = {} if args.mistake == "scheduler" or (stopping and args.mistake == "stopsave") else \
+        {"sched": sched.state_dict()}
     ckpt.save(step, model, opt, batches, **extra)
 
 
@@ -66,7 +68,7 @@ for _epoch in range(batches.next_epoch, args.epochs):
         if step % 3 == 0:
             save(step)
         if runtime.should_stop():
-            save(step)
+            save(step, stopping=True)
             runtime.shutdown()
             raise SystemExit(0)
 save(step)
