@@ -1,8 +1,9 @@
 """Bench item 14 (issues 26, 56): `clusterddp drill` of examples/train_ddp.py with the README's arguments at its default
 shape (2 emulated nodes x 2 ranks), against one local run of the same job measured in the same run (medians of
-RUNS, interleaved). The drill runs the job four times (the reference, a stop and its resume, node 0 killed and
-retried): one after another (CLUSTERDDP_DRILL_SERIAL=1) or, by default, the scenarios side by side after the
-reference. Target (issue 56): <= 4x. ``python -m bench --only 14``."""
+RUNS, interleaved). The drill runs the job three times: the reference, and one job that loses node 0 (retried on
+a spare), then stops at a step as at a time limit, and its resume; one after another (CLUSTERDDP_DRILL_SERIAL=1)
+or, by default, the second beside the reference from its first checkpoint. Target (issue 56): <= 4x.
+``python -m bench --only 14``."""
 from __future__ import annotations
 
 import os
@@ -43,11 +44,11 @@ def rows(work: Path) -> List[Tuple[str, str, str, str]]:
     spread = f"runs: one {', '.join(f'{t:.1f}' for t in one)} s; serial {', '.join(f'{t:.1f}' for t in serial)} s; " \
              f"side by side {', '.join(f'{t:.1f}' for t in side)} s"
     a, c = statistics.median(serial), statistics.median(side)
-    return [("14", f"clusterddp drill of examples/train_ddp.py (the README's line, 2 x 2 ranks: 4 runs), scenarios one "
-                   f"after another / one local run; medians of {RUNS}", f"{a:.1f} s / {b:.1f} s = {a / b:.2f}x",
-             "about 4x (floor)"),
-            ("14", f"the same drill, scenarios side by side (the default) / one local run; medians of {RUNS} "
-                    f"({spread})", f"{c:.1f} s / {b:.1f} s = {c / b:.2f}x", "<= 4x")]
+    return [("14", "clusterddp drill of examples/train_ddp.py (the README's line, 2 x 2 ranks: 3 runs, the stop in "
+                   f"the kill's job), one after another / one local run; medians of {RUNS}",
+             f"{a:.1f} s / {b:.1f} s = {a / b:.2f}x", ""),
+            ("14", f"the same drill, the kill's job beside the reference (the default) / one local run; medians of "
+                   f"{RUNS} ({spread})", f"{c:.1f} s / {b:.1f} s = {c / b:.2f}x", "<= 4x")]
 
 
 if __name__ == "__main__":

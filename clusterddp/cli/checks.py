@@ -69,8 +69,9 @@ def doctor_command(local: bool, env: Sequence[str], cluster: Optional[str], **op
 def drill_command(script: str, args: Sequence[str], run_timeout: float, drill_dir: str, only: Sequence[str],
                   every_node: bool, as_json: bool, template_dirs: Sequence[str], **opts: Any) -> None:
     """Prove on this machine that SCRIPT [-- ARGS...] resumes exactly, before the long run: the job runs (--local,
-    emulated nodes) uninterrupted, stopped at a step and run again, and with an emulated node's ranks SIGKILLed
-    after the first checkpoint and retried; the drill compares the steps, the values the script reports
+    emulated nodes) uninterrupted, and with an emulated node's ranks SIGKILLed after the first checkpoint and
+    retried, then, in the same job, stopped at a step and run again (where that job differs, each scenario
+    runs alone to name the cause); the drill compares the steps, the values the script reports
     (runtime.all_reduce_mean) and the last checkpoints (runtime.Checkpointer) with the uninterrupted run's.
 
     By default 2 emulated nodes x 2 ranks, so that losing a node leaves one (--nodes 1 for one node). Give it small

@@ -1,9 +1,10 @@
 """`clusterddp drill`: prove on this machine that a training script survives preemption and node loss.
 
 The same job (the local backend, emulated nodes) runs several times, each scenario in a directory of its own:
-the reference, uninterrupted; stopped at a step the drill chooses (should_stop() answers True there, as at a time
-limit) and started again; node 0's ranks SIGKILLed after the first checkpoint and retried on a spare (every rank
-starts again: another node says no more of the script; every_node kills each). Each rank records its steps, the
+the reference, uninterrupted; node 0's ranks SIGKILLed after the first checkpoint and retried on a spare (every rank
+starts again: another node says no more of the script; every_node kills each), then, in the same job, stopped at a
+step the drill chooses (should_stop() answers True there, as at a time limit) and started again (where that job
+differs from the reference, each scenario runs alone). Each rank records its steps, the
 values it reported (all_reduce_mean) and its checkpoints (runtime/drill.py); the drill compares them with the
 reference step by step and the last checkpoints tensor by tensor, and names the first difference.
 Login side: it never imports torch itself except to read checkpoints (weights_only).
