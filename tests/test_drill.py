@@ -83,6 +83,20 @@ def test_each_mistake_is_named(tmp_path, mistake, scenario, expected):
 
 
 @ranks
+def test_a_scheduler_given_as_an_object_is_healed_from_the_survivors_memory(tmp_path):
+    """Issue 55, the Checkpointer's extra state: drill_case's LR scheduler (its rate decays each step, so a scheduler
+    restored a step off changes every later loss) given to save() and load_latest() as the object. Node 0 lost:
+    resumed from the survivors' memory, nothing redone, bit-identical (as a value, extra= turns peer heal off and
+    the same kill resumes from the checkpoint: the first test above)."""
+    proc = drill(tmp_path, "--live", shape=("--nodes", "2", "--procs-per-node", "1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = verdicts(proc)
+    assert re.search(r": bit-identical \(resumed from the survivors' memory \(peer heal\) at step \d+, 0 step\(s\) "
+                     r"redone\)$", found["kill-node0"]["why"]), found
+    assert found["stop"]["identical"], found
+
+
+@ranks
 def test_a_stop_that_fails_in_the_kill_s_job_is_run_alone_and_named_alone(tmp_path):
     """The stop rides on node 0's kill; where that job differs from the reference, each scenario runs alone, so the
     verdicts name the one that fails (here the stop's own save, which leaves the scheduler out) and pass the other."""

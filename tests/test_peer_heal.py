@@ -181,8 +181,9 @@ def test_a_save_that_keeps_extra_values_turns_peer_heal_off_and_a_lost_node_resu
     code, out, err = _run_and_kill(tmp_path, ["--nodes", "2", "--procs-per-node", "2", "--spare-nodes", "1"],
                                    {2, 3}, "--save-extra")
     assert code == 0, err
-    assert out.count("clusterddp: peer heal is off for this run: save() keeps extra= or per_rank= values, which only "
-                     "a save records; a lost node resumes from the last checkpoint") == 2, out  # at each attempt's
+    assert out.count("clusterddp: peer heal is off for this run: save() keeps extra= values (epoch), which only a "
+                     "save records (pass the object itself, e.g. sched=sched, and to load_latest too: its state is "
+                     "then kept at each step's end); a lost node resumes from the last checkpoint") == 2, out
     assert "peer heal: rank" not in out and "peer heal: resuming" not in out, out
     assert _peer_checked(tmp_path) == {False}
     resumed = int(re.search(r"RESUME from step (\d+)", out).group(1))

@@ -24,7 +24,7 @@ import types
 import pytest
 import torch
 
-from clusterddp.runtime import peerheal, peerload
+from clusterddp.runtime import peerheal, peerload, peerstate
 from clusterddp.runtime.state import STATE
 
 # --- 1. what a fault leaves: the summaries the next attempt's ranks gather --------------------------------------
@@ -372,8 +372,10 @@ def test_a_rank_inside_its_optimizer_step_keeps_nothing(keeping):
 @pytest.mark.parametrize("save,why", [
     ((1, {}, None), "save() was given step 1 after 10 optimizer steps"),  # an epoch count
     ((40, {}, None), "save() was given step 40 after 10 optimizer steps"),  # micro-batches (accumulation of 4)
-    ((10, {"epoch": 1}, None), "extra= or per_rank="),
-    ((10, {}, {"loss": 0.5}), "extra= or per_rank="),
+    ((10, {"epoch": 1}, None), "save() keeps extra= values (epoch), which only a save records (pass the object "),
+    ((10, {}, {"loss": 0.5}), "save() keeps per_rank= values"),
+    ((10, {"ema": torch.optim.swa_utils.AveragedModel(torch.nn.Linear(1024, 512))}, None),
+     "save()'s extra= object(s) ema hold more than 1 MB"),  # (an EMA copy: too much to copy at each step)
 ])
 def test_a_save_peer_heal_cannot_stand_for_turns_it_off_once_saying_why(keeping, capsys, save, why):
     model, opt, keeper = keeping(rank=0)
@@ -384,6 +386,46 @@ def test_a_save_peer_heal_cannot_stand_for_turns_it_off_once_saying_why(keeping,
     assert out.count("clusterddp: peer heal is off for this run: ") == 1 and why in out, out
     assert out.rstrip().endswith("; a lost node resumes from the last checkpoint")
     assert keeper.on_exception(LOST) is None
+
+
+def test_a_scheduler_given_as_an_object_is_kept_as_it_was_at_the_last_step_s_end(keeping):
+    """Issue 55, the Checkpointer's extra state: save(..., sched=sched) gives the object; its state is taken at each
+    step's end (should_stop()), so a lost peer in the next step's collectives keeps the scheduler of the last
+    completed step. A peer lost between an optimizer step and its should_stop() (a loss all-reduce there) would
+    pair that step's parameters with the step before's scheduler: nothing is kept (the checkpoint then)."""
+    model, opt, keeper = keeping(rank=0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
+
+    def step(end=True):
+        train(model, opt, 1)
+        sched.step()
+        if end:
+            keeper.ended()  # (what should_stop() calls)
+
+    peerheal.saved(0, {"sched": sched}, None)
+    for _ in range(3):
+        step()
+    opt.zero_grad()
+    model(torch.ones(3, 2)).sum().backward()  # step 4's backward: a peer lost in its all-reduce
+    kept = torch.load(keeper.on_exception(LOST), weights_only=True)["shared"]
+    assert kept["step"] == 3 and kept["extra"]["sched"]["last_epoch"] == 3, kept["extra"]
+    step(end=False)  # step 4's optimizer step, then a peer lost before its should_stop()
+    assert keeper.on_exception(LOST) is None
+    keeper.ended()
+    kept = torch.load(keeper.on_exception(LOST), weights_only=True)["shared"]
+    assert kept["step"] == 4 and kept["extra"]["sched"]["last_epoch"] == 4
+
+
+def test_a_resume_keeps_at_once_only_where_load_latest_was_given_the_state_s_extra_objects(keeping):
+    model, opt, _ = keeping()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
+    held = {"sched": sched.state_dict()}
+    peerload.started("run-k", model, opt, None, 8, "peer", held=held)  # restored by hand: not known to be kept
+    assert not STATE["peer"].trusted
+    peerload.started("run-k", model, opt, None, 8, "peer", objects={"sched": sched}, held=held)
+    assert STATE["peer"].trusted and STATE["peer"].live == {"sched": sched}
+    with pytest.raises(TypeError, match=r"load_latest\(sched=...\) was given a dict, which has no state_dict"):
+        peerstate.check_objects(held)
 
 
 def test_fp16_training_with_a_skipped_step_counts_iterations_not_optimizer_steps(keeping, capsys):

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import contract
 from ..errors import RuntimeEnvError
-from . import ckptfile, ckptowner, drill, peerheal, peerload, rundir, telemetry, writer
+from . import ckptfile, ckptowner, drill, peerheal, peerload, peerstate, rundir, telemetry, writer
 from .ckptstate import check_payload, cpu_copy, rng_state, saved_rng, set_rng_state
 from .collect import broadcast_json, gather_json
 from .group import barrier, is_main, print0, rank, unwrap, world_size
@@ -144,7 +144,8 @@ class Checkpointer:
         payload = {"step": int(step), "run": who.run, "trial": who.trial, "model": unwrap(model).state_dict(),
                    "optimizer": optimizer.state_dict() if optimizer is not None else None,
                    "loader": loader.state_dict() if loader is not None else None,
-                   "rng": states, "world_size": world_size(), "extra": extra, "peer_checked": peerheal.checked(),
+                   "rng": states, "world_size": world_size(), "extra": peerstate.extra_values(extra),
+                   "peer_checked": peerheal.checked(),
                    "per_rank": gather_json(per_rank) if per_rank is not None else None}
         steps = telemetry.current()
         if steps is not None:  # steps done, counted across resumes: a resumed run's redone steps are known
@@ -263,7 +264,8 @@ class Checkpointer:
                f"{contract.START_FROM}); to keep runs apart, checkpoint under $CLUSTERDDP_RUN_DIR")
 
     def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None,
-                    weights_only: bool = True, start_from: Optional[str] = None) -> Optional[Dict[str, Any]]:
+                    weights_only: bool = True, start_from: Optional[str] = None,
+                    **objects: Any) -> Optional[Dict[str, Any]]:
         """Restore this run's newest checkpoint into the given objects; returns it (step, extra, ...) or None.
 
         Only this run's own checkpoints are resumed (a requeue or retry of the job, a rerun of a sweep trial):
@@ -274,11 +276,12 @@ class Checkpointer:
         Loaded with ``weights_only=True``: tensors and plain data only, since a run directory may be shared and a
         planted checkpoint would otherwise run code at load. What ``save`` writes is all of that kind (random
         states included); ``weights_only=False`` for a checkpoint of your own that holds other objects in
-        ``extra``."""
+        ``extra``. ``objects``: save()'s stateful extra= objects by name (sched=sched), restored from it."""
         import torch
 
         self.wait()
-        healed = peerload.resume(self.run, self._paths, model, optimizer, loader)  # issue 55: a lost node's peers
+        peerstate.check_objects(objects)
+        healed = peerload.resume(self.run, self._paths, model, optimizer, loader, objects)  # issue 55: a lost node
         if healed is not None:
             return healed
         if start_from is None:
@@ -298,11 +301,12 @@ class Checkpointer:
                 raise RuntimeEnvError(f"no checkpoint in {self.directory} could be loaded (every one of them is "
                                       "damaged); move them aside to start afresh")
             drill.record({"e": "load", "step": None})
-            peerload.started(self.run, model, optimizer, loader, None, "fresh")
+            peerload.started(self.run, model, optimizer, loader, None, "fresh", objects=objects)
             return None
         if payload is None:
             payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
         self._restore(payload, path, model, optimizer, loader)
+        peerstate.restore_objects(objects, payload.get("extra"))
         payload["path"] = path
         ranks = payload.get("per_rank")  # this rank's own (none when the world size changed)
         payload["per_rank"] = ranks[rank()] if isinstance(ranks, list) and len(ranks) == world_size() else None
@@ -317,7 +321,7 @@ class Checkpointer:
                       "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
                       "held": sorted(k for k in given if payload.get(k) is not None)})
         peerload.started(self.run, model, optimizer, loader, payload["step"], "checkpoint",
-                         checked=payload.get("peer_checked") is True)
+                         checked=payload.get("peer_checked") is True, objects=objects, held=payload.get("extra") or {})
         return payload
 
     def _restore(self, payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:

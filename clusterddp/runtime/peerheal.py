@@ -15,20 +15,18 @@ run and node; the next attempt reads it, uses it or not, and removes it.
 """
 from __future__ import annotations
 
-import array
-import ctypes
 import hashlib
-import json
 import os
 import re
 import stat
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import contract
-from .ckptstate import numpy_module, rank_device
+from . import peerstate
 from .group import print0, unwrap
 from .peerlink import Link, LostPeer
+from .peerstate import digest, pack_rng, unpack_rng
 from .state import STATE, rank, world_size
 
 STALE_S = 24 * 3600       # this user's states of other runs older than this are removed at the next load
@@ -80,91 +78,6 @@ def node_dir(run: str, environ: Optional[Mapping[str, str]] = None) -> Optional[
     return None if top is None else os.path.join(top, run_key(run), node_name(environ))
 
 
-def digest(state: Any) -> str:
-    """SHA-256 of a state's content (tensors by their bytes, in key order): what survivors compare."""
-    h = hashlib.sha256()
-    _feed(h, state)
-    return h.hexdigest()
-
-
-def _feed(h: Any, obj: Any) -> None:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().to("cpu").contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        if t.numel():
-            h.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
-    elif isinstance(obj, dict):
-        h.update(b"{")
-        for key in sorted(obj, key=repr):
-            h.update(repr(key).encode())
-            _feed(h, obj[key])
-        h.update(b"}")
-    elif isinstance(obj, (list, tuple)):
-        h.update(b"[")
-        for item in obj:
-            _feed(h, item)
-        h.update(b"]")
-    else:
-        h.update(repr(obj).encode())
-
-
-def pack_rng() -> bytes:
-    """This rank's random states (ckptstate.rng_state's content) as bytes: a small JSON head, then the torch, CUDA,
-    Python and NumPy words, in ~45 us (the same bytes object where nothing changed since the last call): it runs at
-    every optimizer step."""
-    import random
-
-    import torch
-
-    version, internal, gauss = random.getstate()
-    dev = rank_device()
-    blobs = [_raw(torch.get_rng_state()), array.array("I", internal).tobytes(),
-             _raw(torch.cuda.get_rng_state(dev)) if dev is not None else b""]
-    numpy, head_numpy = numpy_module(), None
-    if numpy is not None:
-        # (get_state: ~30 us of the ~45. The twister's own memory is read in ~1 us, but it does not show what
-        # set_state does to the cached Gaussian, so it cannot tell that nothing changed.)
-        name, keys, pos, has_gauss, cached = numpy.random.get_state()
-        blobs.append(numpy.asarray(keys, dtype=numpy.uint32).tobytes())
-        head_numpy = [name, int(pos), int(has_gauss), float(cached)]
-    key = (version, gauss, head_numpy, blobs)
-    if key == _LAST.get("key"):
-        return _LAST["packed"]
-    head = json.dumps({"v": version, "g": gauss, "n": head_numpy, "l": [len(b) for b in blobs]}).encode()
-    _LAST["key"], _LAST["packed"] = key, len(head).to_bytes(4, "little") + head + b"".join(blobs)
-    return _LAST["packed"]
-
-
-_LAST: Dict[str, Any] = {}  # pack_rng's last reading, by part
-
-
-def unpack_rng(data: bytes) -> Dict[str, Any]:
-    """pack_rng's bytes in ckptstate.rng_state's JSON form (what restore reads)."""
-    import base64
-
-    size = int.from_bytes(data[:4], "little")
-    head = json.loads(data[4:4 + size])
-    blobs, at = [], 4 + size
-    for length in head["l"]:
-        blobs.append(data[at:at + length])
-        at += length
-    state: Dict[str, Any] = {"python": [head["v"], list(array.array("I", blobs[1])), head["g"]],
-                             "torch": base64.b64encode(blobs[0]).decode()}
-    if blobs[2]:
-        state["cuda"] = base64.b64encode(blobs[2]).decode()
-    if head["n"] is not None:
-        name, pos, has_gauss, cached = head["n"]
-        state["numpy"] = [name, list(array.array("I", blobs[3])), pos, has_gauss, cached]
-    return state
-
-
-def _raw(tensor: Any) -> bytes:
-    t = tensor.contiguous()
-    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
-
-
 class Keeper:
     """The last completed step of one (model, optimizer, loader), kept by optimizer hooks (see the module)."""
 
@@ -177,6 +90,8 @@ class Keeper:
         self.trusted: Optional[bool] = None  # that count checked at a save (None: no save yet)
         self.off_why: Optional[str] = None
         self.stepping = False
+        self.live: Dict[str, Any] = {}  # stateful extra= objects (save()'s), and their states at a step's end
+        self.extras: Tuple[int, Dict[str, Any]] = (-1, {})
         STATE["peer_links"] = STATE.get("peer_links", 0) + 1  # (load_latest is collective: the same on every rank)
         self.link = Link(STATE["control"].store, f"clusterddp-peer/{STATE['peer_links']}", rank(), self.buddy,
                          self.source, env.master_addr)
@@ -228,16 +143,24 @@ class Keeper:
 
     def saved(self, step: int, extra: Mapping[str, Any], per_rank: Any) -> None:
         """A checkpoint was saved at ``step``: the script's step count must be the optimizer's (else the step a
-        peer state resumes at would not be the script's), and the state must be all that a save keeps."""
+        peer state resumes at would not be the script's), and the state must be all that a save keeps (stateful
+        extra= objects are: their state is taken at each step's end)."""
         if self.trusted is False:
             return
+        why = peerstate.unkeepable(extra, per_rank)
         if int(step) != self.offset + self.taken:
             self._off(f"save() was given step {step} after {self.offset + self.taken} optimizer steps (peer heal "
                       "resumes at the optimizer's step count: a count of micro-batches or epochs is not it)")
-        elif extra or per_rank is not None:
-            self._off("save() keeps extra= or per_rank= values, which only a save records")
+        elif why:
+            self._off(why)
         else:
-            self.trusted = True
+            self.trusted, self.live = True, dict(extra)
+
+    def ended(self) -> None:
+        """A step ended (should_stop()): the stateful extras' states now are the last completed step's, where no
+        optimizer step is in flight (a failure before the next should_stop() leaves them behind: not used)."""
+        if self.live and not self.stepping:
+            self.extras = (self.offset + self.taken, peerstate.snapshot(self.live))
 
     def _off(self, why: str) -> None:
         self.trusted, self.off_why = False, why
@@ -263,10 +186,11 @@ class Keeper:
 
     def state(self) -> Optional[Dict[str, Any]]:
         """The last completed step's state, or None where it cannot be told exactly."""
-        if not self.trusted or self.stepping or self.done is None:
-            return None
+        if not self.trusted or self.stepping or self.done is None or \
+                (self.live and self.extras[0] != self.done["step"]):
+            return None  # (the extras' states are not the last completed step's: that step's should_stop() not yet)
         shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(),
-                  "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"]}
+                  "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"], "extra": self.extras[1]}
         whole = not STATE["env"].local_rank  # one copy a node (local rank 0's): the others keep what is theirs
         return {"run": self.run, "uid": os.getuid(), "node": node_name(), "rank": rank(), "world_size": world_size(),
                 "step": self.done["step"], "time": time.time(), "telemetry_steps": self.done["telemetry_steps"],
@@ -288,9 +212,11 @@ def parameters(model: Any) -> Dict[str, Any]:
     return {name: p for name, p in unwrap(model).named_parameters()}
 
 
-def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int, trusted: bool = False) -> None:
+def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int, trusted: bool = False,
+         objects: Optional[Mapping[str, Any]] = None, held: Any = ()) -> None:
     """Start keeping (Checkpointer.load_latest, at a fresh start or after a resume), where it applies: a job of
-    two nodes or more, a model and its optimizer, peer heal not turned off."""
+    two nodes or more, a model and its optimizer, peer heal not turned off. ``objects``: load_latest's stateful
+    extras; ``held``: the extras' names in the state resumed from (each must be among them to trust it at once)."""
     old = STATE.pop("peer", None)
     if old is not None:
         for hook in old.hooks:
@@ -300,9 +226,11 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
     if (run is None or env is None or model is None or optimizer is None or not enabled()
             or world_size() <= max(1, env.local_world_size) or world_size() % max(1, env.local_world_size)):
         return
-    STATE["peer"] = Keeper(run, model, optimizer, loader, step)
-    if trusted:  # resumed from a state that was kept only where the step count was checked
-        STATE["peer"].trusted = True
+    keeper = STATE["peer"] = Keeper(run, model, optimizer, loader, step)
+    objects = dict(objects or {})
+    if trusted and set(held) <= set(objects) and not peerstate.unkeepable(objects, None):
+        # resumed from a state that was kept only where the step count was checked, its extras given as objects
+        keeper.trusted, keeper.live = True, objects
 
 
 def checked() -> bool:

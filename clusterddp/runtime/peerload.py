@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from .. import contract
-from . import drill, peerheal, rundir, telemetry
+from . import drill, peerheal, peerstate, rundir, telemetry
 from .ckptstate import saved_rng, set_rng_state
 from .collect import gather_json
 from .group import print0, unwrap
@@ -169,10 +169,11 @@ def _newest(paths: Callable[[], List[str]]) -> Optional[int]:
     return max(steps, default=None)
 
 
-def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optimizer: Any, loader: Any) \
-        -> Optional[Dict[str, Any]]:
+def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optimizer: Any, loader: Any,
+           objects: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """The payload ``load_latest`` returns when the survivors' memory seeds this attempt, else None (collective).
-    ``paths``: the checkpoints' paths (rank 0 reads their names: a kept state older than the newest is not used)."""
+    ``paths``: the checkpoints' paths (rank 0 reads their names: a kept state older than the newest is not used);
+    ``objects``: load_latest's stateful extras, restored from the state's."""
     if run is None or not peerheal.enabled() or world_size() < 2 or "env" not in STATE:
         return None
     state, note = _mine(run)
@@ -197,6 +198,9 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
         optimizer.load_state_dict(shared["optimizer"])
     if loader is not None and shared["loader"] is not None:
         loader.load_state_dict(shared["loader"])
+    extra = shared.get("extra") or {}
+    objects = objects or {}
+    peerstate.restore_objects(objects, extra)
     set_rng_state(saved_rng(random_states(entries)[rank()]))
     steps, done = telemetry.current(), entries[verdict.source]["telemetry_steps"]  # type: ignore[index]
     if steps is not None:
@@ -206,13 +210,14 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
     given = sorted(k for k, v in {"model": model, "optimizer": optimizer, "loader": loader}.items() if v is not None)
     drill.record({"e": "load", "step": verdict.step, "path": None, "peer": verdict.nodes, "restored": given,
                   "held": given})
-    started(run, model, optimizer, loader, verdict.step, "peer", verdict.nodes)
-    return {"step": verdict.step, "path": None, "peer": verdict.nodes, "extra": {}, "per_rank": None,
+    started(run, model, optimizer, loader, verdict.step, "peer", verdict.nodes, objects=objects, held=extra)
+    return {"step": verdict.step, "path": None, "peer": verdict.nodes, "extra": extra, "per_rank": None,
             "world_size": world_size()}
 
 
 def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: Optional[int], how: str,
-            nodes: Optional[List[str]] = None, checked: bool = False) -> None:
+            nodes: Optional[List[str]] = None, checked: bool = False, objects: Optional[Dict[str, Any]] = None,
+            held: Any = ()) -> None:
     """Where this attempt started (``how``: peer, checkpoint or fresh): rank 0 records it in the run directory
     (contract.RECOVERY_FILE: status and report show it per attempt); then the keeping starts, at once where the
     checkpoint it started from was saved with the step count checked (``checked``), else from this attempt's first
@@ -228,4 +233,5 @@ def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: O
                 fh.write(json.dumps(line) + "\n")
         except OSError:
             pass  # a help for status; the run goes on
-    peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer" or checked)
+    peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer" or checked, objects=objects,
+                  held=held)

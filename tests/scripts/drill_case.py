@@ -9,6 +9,7 @@
 --mistake fails      raises at step 3
 --mistake crash-resumed  a resumed run raises after its last checkpoint
 --mistake stopsave   its save at should_stop() (a path of its own) leaves the LR scheduler out
+--live               (no mistake) gives its scheduler to save() and load_latest() as the object: peer heal keeps it
 Reports the mean loss of every step through runtime.all_reduce_mean; checkpoints every 3 steps and when asked to stop.
 """
 import argparse
@@ -24,6 +25,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--mistake", default="none")
 p.add_argument("--ckpt-dir", default="ckpt")
 p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--live", action="store_true")
 args = p.parse_args()
 runtime.init(timeout=120, allow_single=True)
 torch.manual_seed(0)
@@ -40,17 +42,17 @@ def save(step, stopping=False):
     if args.mistake == "nocheckpoint":
         return
     extra = {} if args.mistake == "scheduler" or (stopping and args.mistake == "stopsave") else \
-        {"sched": sched.state_dict()}
+        {"sched": sched if args.live else sched.state_dict()}
     ckpt.save(step, model, opt, batches, **extra)
 
 
 step, state = 0, None
 if args.mistake != "noload":
     restore = (model, opt) if args.mistake == "loader" else (model, opt, batches)
-    state = ckpt.load_latest(*restore)
+    state = ckpt.load_latest(*restore, **({"sched": sched} if args.live else {}))
     if state:
         step = state["step"]
-        if "sched" in state["extra"]:
+        if "sched" in state["extra"] and not args.live:
             sched.load_state_dict(state["extra"]["sched"])
 for _epoch in range(batches.next_epoch, args.epochs):
     for x, y in batches:
