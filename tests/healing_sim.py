@@ -1031,7 +1031,7 @@ def _agent_lines(t: Truth, a: _Attempt, index: int, node: str, final: Dict[int, 
         if how in ("exc", "coll"):
             child = ["Traceback (most recent call last):",
                      f'  File "{SITE}/torch/multiprocessing/spawn.py", line 90, in _wrap', "    fn(i, *args)",
-                     f'  File "{SITE}/clusterddp/runtime/group.py", line 341, in _spawned',
+                     f'  File "{SITE}/clusterddp/runtime/spawning.py", line 23, in _spawned',
                      "    fn(local_rank, *args)"] + a.tb[r][3:]
         if a.ends[r].how == "memkill":
             return []

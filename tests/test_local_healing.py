@@ -62,6 +62,37 @@ def run_and_kill(work: Path, launcher: str, *extra: str, spoil: bool = False) ->
     return cli.returncode, out, err, run_dir
 
 
+def test_a_spawn_job_s_lost_node_resumes_from_the_survivors_memory(tmp_path, reference):
+    """Issue 55 under the spawn launcher (one process a node starts the node's ranks: runtime.spawn): node 1 lost
+    whole, its process and its ranks SIGKILLed, the checkpoints spoilt first. Before, nothing was kept: torch's
+    spawn wrapper caught the survivors' exception (sys.excepthook never ran), and the local runner's SIGTERM killed
+    node 0's process at once, its ranks with it (torch's parent-death SIGINT). Now the ranks' exceptions are the
+    runtime's records and a node's process waits for its ranks: the retry resumes from node 0's memory."""
+    shutil.copy(SCRIPTS / "resumable.py", tmp_path)
+    cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "spawn",
+                            *LOCAL_SHAPE, "--spare-nodes", "1", *job_args(tmp_path, "run", 0.3), "--ckpt-every",
+                            str(EVERY)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not victims_logged(tmp_path / "run.log", EVERY + 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tree = children()
+    node1 = [p for p in tree.get(cli.pid, []) if _environ(p).get("SLURM_NODEID") == "1"]
+    assert len(node1) == 1, tree
+    victims = [*node1, *tree.get(node1[0], [])]  # (its ranks, and multiprocessing's resource tracker)
+    assert len(victims) >= 3, victims
+    assert spoil_checkpoints(tmp_path / "run-ck") >= 1
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, err = cli.communicate(timeout=180)
+    assert cli.returncode == 0, err
+    same_as_reference(tmp_path, reference, peer=True)
+    resumed = re.search(r"clusterddp: peer heal: resuming at step (\d+) from the memory of the ranks that survived on "
+                        r"local0 \(digests agree\); nothing read from the checkpoint directory", out)
+    assert resumed and f"RESUME from step {resumed.group(1)}" in out, out + err
+    kept = re.findall(r"clusterddp: peer heal: rank (\d) kept the state of step (\d+)", out)
+    assert sorted(r for r, _ in kept) == ["0", "1"], kept
+
+
 @pytest.mark.parametrize("launcher,peer", [("srun", True), ("torchrun", True), ("srun", False)])
 def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, launcher, peer):
     """Issue 55: by default the survivors' memory seeds the next attempt (the checkpoints spoilt before the kill:

@@ -33,12 +33,12 @@ from .group import (
     save_on_main,
     select_device,
     shutdown,
-    spawn,
     unwrap,
     world_size,
     wrap,
 )
 from .report import report, run_id
+from .spawning import spawn
 from .stop import should_stop
 from .telemetry import step
 

@@ -172,24 +172,24 @@ class Control:
             return
         previous, path = sys.excepthook, self.run_dir / contract.EXCEPTION_FILE.format(rank=self.env.rank)
 
-        def hook(kind: Any, exc: BaseException, tb: Any) -> None:
-            keeper = STATE.get("peer")  # issue 55 (runtime/peerheal.py): a lost peer's survivor keeps its state
-            if keeper is not None:
-                keeper.on_exception(exc)
+        def record(kind: Any, exc: BaseException, tb: Any) -> None:
+            if STATE.get("peer") is not None:  # issue 55 (runtime/peerheal.py): a lost peer's survivor keeps its state
+                STATE["peer"].on_exception(exc)
             try:
                 frames, prefixes = traceback.extract_tb(tb), library_prefixes()
                 own = [f for f in frames if not rollcall.is_library(f.filename, prefixes)]
                 at = [f"{f.filename}:{f.lineno}" for f in (frames[-1:] + own[-1:])]
-                write_atomic(path, json.dumps({
-                    "rank": self.env.rank, "restart": self.restart, "time": time.time(),
+                write_atomic(path, json.dumps({"rank": self.env.rank, "restart": self.restart, "time": time.time(),
                     "type": f"{kind.__module__}.{kind.__qualname__}", "message": str(exc)[:500],
                     "where": at[0] if at else "", "user": at[-1] if own else ""}))
             except Exception:  # the record is a help; the exception itself is still shown
                 pass
-            previous(kind, exc, tb)
 
-        hook.clusterddp = True  # type: ignore[attr-defined]
-        sys.excepthook = hook
+        def hook(kind: Any, exc: BaseException, tb: Any) -> None:
+            record(kind, exc, tb)
+            previous(kind, exc, tb)
+        hook.clusterddp, STATE["record_exception"] = True, record  # type: ignore[attr-defined]  # (spawning.py's)
+        sys.excepthook = hook  # (torch's init_process_group wraps it in its own)
 
     # --- the thread --------------------------------------------------------------------------------------
     def _hello(self, state: str) -> None:

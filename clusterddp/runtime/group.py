@@ -19,7 +19,7 @@ from .env import DistEnv
 from .state import STATE, channel, device, distributed, is_main, rank, world_size
 
 __all__ = ["init", "shutdown", "wrap", "unwrap", "barrier", "device", "channel", "rank", "world_size", "is_main",
-           "distributed", "all_reduce_mean", "print0", "save_on_main", "spawn", "Joined", "ddp_arguments"]
+           "distributed", "all_reduce_mean", "print0", "save_on_main", "Joined", "ddp_arguments"]
 
 DEFAULT_TIMEOUT_S = 300.0
 #: torch's own default timeout for NCCL collectives (kProcessGroupNCCLDefaultTimeout): with the watchdog off, long
@@ -330,17 +330,3 @@ def atomic_save(obj: Any, path: str) -> None:
     import torch
 
     atomic(rundir.at(path), lambda fh: torch.save(obj, fh))
-
-
-def spawn(fn: Any, nprocs: Optional[int] = None, args: tuple = ()) -> None:
-    """torch.multiprocessing.spawn for the spawn launcher: sets LOCAL_RANK in each worker so that ``init()``
-    finds its rank, then calls ``fn(local_rank, *args)``."""
-    import torch.multiprocessing as mp
-
-    n = nprocs or int(os.environ.get(contract.PROCS_PER_NODE, "1"))
-    mp.spawn(_spawned, nprocs=n, args=(fn, args))
-
-
-def _spawned(local_rank: int, fn: Any, args: tuple) -> None:
-    os.environ["LOCAL_RANK"] = str(local_rank)
-    fn(local_rank, *args)

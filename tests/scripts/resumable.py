@@ -68,5 +68,12 @@ def main():
     runtime.shutdown()
 
 
-if __name__ == "__main__":
+def _spawned(local_rank):
     main()
+
+
+if __name__ == "__main__":
+    if os.environ.get("CLUSTERDDP_LAUNCHER") == "spawn" and "LOCAL_RANK" not in os.environ:
+        runtime.spawn(_spawned)  # the spawn launcher: one process a node starts the node's ranks
+    else:
+        main()
