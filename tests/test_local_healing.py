@@ -93,6 +93,39 @@ def test_a_spawn_job_s_lost_node_resumes_from_the_survivors_memory(tmp_path, ref
     assert sorted(r for r, _ in kept) == ["0", "1"], kept
 
 
+def test_survivors_that_disagree_fall_back_to_the_checkpoint_and_the_run_stays_bit_identical(tmp_path, reference):
+    """Issue 55, item 3, with a real fault: rank 0 (a survivor, the one whose state would seed every rank) flips one
+    bit of one parameter (silent data corruption), then node 1 is lost. The survivors' digests disagree, so the
+    retry falls back to the checkpoint (written before the flip), saying why, and the job ends bit-identical to the
+    uninterrupted run (with the digests' check left out, it resumes from the corrupted model and differs)."""
+    shutil.copy(SCRIPTS / "resumable.py", tmp_path)
+    flip = tmp_path / "flip"
+    cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "srun",
+                            *LOCAL_SHAPE, "--spare-nodes", "1", *job_args(tmp_path, "run", 0.3), "--ckpt-every",
+                            str(EVERY), "--flip-bit-when", str(flip)],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not victims_logged(tmp_path / "run.log", EVERY + 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    flip.touch()
+    while not Path(f"{flip}.done").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    victims = node1_ranks(cli.pid, "srun")
+    assert len(victims) == 2, victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, err = cli.communicate(timeout=180)
+    assert cli.returncode == 0, err
+    said = re.search(r"clusterddp: peer heal not used: the survivors disagree: step (\d+) \(digest \w+\) on old "
+                     r"rank\(s\) ([01]); step \1 \(digest \w+\) on old rank\(s\) ([01]); resuming from the last "
+                     r"checkpoint", out)
+    assert said and {said.group(2), said.group(3)} == {"0", "1"}, out
+    assert len(re.findall(r"peer heal: rank \d kept the state of step", out)) == 2, out
+    resumed = int(re.search(r"RESUME from step (\d+)", out).group(1))
+    assert resumed % EVERY == 0 and resumed < int(said.group(1)), out
+    same_as_reference(tmp_path, reference)
+
+
 @pytest.mark.parametrize("launcher,peer", [("srun", True), ("torchrun", True), ("srun", False)])
 def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, launcher, peer):
     """Issue 55: by default the survivors' memory seeds the next attempt (the checkpoints spoilt before the kill:

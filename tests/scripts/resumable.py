@@ -28,6 +28,8 @@ def main():
     p.add_argument("--background", action="store_true", help="Checkpointer(background=True)")
     p.add_argument("--save-extra", action="store_true", help="save(..., epoch=E): more than a peer state keeps")
     p.add_argument("--static-graph", action="store_true", help="runtime.wrap(..., static_graph=True)")
+    p.add_argument("--flip-bit-when", default="", help="once this file exists, rank 0 flips one bit of a parameter "
+                   "after its step (silent data corruption), renames the file to FILE.done and waits 1.5 s")
     args = p.parse_args()
     runtime.init(timeout=120, allow_single=True)
     torch.manual_seed(1234)
@@ -55,6 +57,11 @@ def main():
             if runtime.is_main():
                 with open(args.steps_log, "a") as fh:
                     fh.write(f"{restart} {step}\n")
+            if args.flip_bit_when and runtime.rank() == 0 and os.path.exists(args.flip_bit_when):
+                with torch.no_grad():
+                    next(model.parameters()).view(-1).view(torch.int32)[0] ^= 1
+                os.rename(args.flip_bit_when, args.flip_bit_when + ".done")
+                time.sleep(1.5)  # (the test kills a node in the meantime; under the runner's 5-s grace)
             time.sleep(args.step_sleep)
             if args.ckpt_every and step % args.ckpt_every == 0:
                 ckpt.save(step, model, opt, batches, **({"epoch": _epoch} if args.save_extra else {}))
