@@ -428,6 +428,19 @@ def test_a_resume_keeps_at_once_only_where_load_latest_was_given_the_state_s_ext
         peerstate.check_objects(held)
 
 
+def test_an_object_the_state_does_not_hold_is_left_as_given_and_said(capsys):
+    opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    sched, fresh = (torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s) for _ in range(2))
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    peerstate.restore_objects({"sched": fresh, "scaler": scaler}, {"sched": sched.state_dict()}, "checkpoint ck-3")
+    assert fresh.last_epoch == 3 and scaler.get_scale() == 8.0
+    assert capsys.readouterr().out == ("clusterddp: checkpoint ck-3 holds no extra= entry scaler: load_latest left it "
+                                       "as given (saved before it was passed to save()?)\n")
+
+
 def test_fp16_training_with_a_skipped_step_counts_iterations_not_optimizer_steps(keeping, capsys):
     model, opt, keeper = keeping(rank=0)
     train(model, opt, 4, skip={2})

@@ -306,7 +306,7 @@ class Checkpointer:
         if payload is None:
             payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
         self._restore(payload, path, model, optimizer, loader)
-        peerstate.restore_objects(objects, payload.get("extra"))
+        peerstate.restore_objects(objects, payload.get("extra"), f"checkpoint {path}")
         payload["path"] = path
         ranks = payload.get("per_rank")  # this rank's own (none when the world size changed)
         payload["per_rank"] = ranks[rank()] if isinstance(ranks, list) and len(ranks) == world_size() else None

@@ -200,7 +200,7 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
         loader.load_state_dict(shared["loader"])
     extra = shared.get("extra") or {}
     objects = objects or {}
-    peerstate.restore_objects(objects, extra)
+    peerstate.restore_objects(objects, extra, "the survivors' state")
     set_rng_state(saved_rng(random_states(entries)[rank()]))
     steps, done = telemetry.current(), entries[verdict.source]["telemetry_steps"]  # type: ignore[index]
     if steps is not None:

@@ -152,8 +152,15 @@ def check_objects(objects: Mapping[str, Any]) -> None:
                             "load_state_dict: pass the object to restore (a scheduler, a GradScaler)")
 
 
-def restore_objects(objects: Mapping[str, Any], extra: Optional[Mapping[str, Any]]) -> None:
-    """Each object given to load_latest from the state's extra= entry of its name, where it holds one."""
+def restore_objects(objects: Mapping[str, Any], extra: Optional[Mapping[str, Any]], where: str) -> None:
+    """Each object given to load_latest from the state's extra= entry of its name; one that the state (``where``)
+    does not hold is said, once (rank 0), and left as it is (a checkpoint saved before it was added)."""
+    from .group import print0
+
     for name, obj in objects.items():
         if extra and name in extra:
             obj.load_state_dict(extra[name])
+    missing = sorted(set(objects) - set(extra or {}))
+    if missing:
+        print0(f"clusterddp: {where} holds no extra= entry {', '.join(missing)}: load_latest left "
+               f"{'it' if len(missing) == 1 else 'them'} as given (saved before it was passed to save()?)")
