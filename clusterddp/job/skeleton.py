@@ -46,7 +46,9 @@ def main():
     dev = runtime.device()
 
     # 4. Resume where the last run of this job stopped (a requeue at the time limit, a lost node), else start:
-    #    model, optimizer, the loader's place in its epoch and every random generator are restored.
+    #    model, optimizer, the loader's place in its epoch and every random generator are restored. An LR scheduler
+    #    or a GradScaler: pass the object to both, load_latest(model, opt, data, sched=sched) and
+    #    ckpt.save(step, model, opt, data, sched=sched) (restored exactly, and kept when a node is lost).
     ckpt = runtime.Checkpointer(os.path.join(out, "checkpoints"))
     state = ckpt.load_latest(model, opt, data)
     step = state["step"] if state else 0
