@@ -123,6 +123,55 @@ def test_too_few_steps_and_an_absolute_checkpoint_directory_are_one_line(tmp_pat
     assert "keep them under $CLUSTERDDP_RUN_DIR" in refusal and "give a relative checkpoint directory" not in refusal
 
 
+def _run(code, *attempts):
+    """A Run of rank 0 from (loaded step or None, first step, last step, value offset) per process: its values are
+    the step number plus the offset (an offset other than 0: a run that differs)."""
+    from clusterddp.drill.verdicts import Run
+
+    events = []
+    for loaded, first, last, off, stop in attempts:
+        events.append({"e": "load", "step": loaded, "n": 0})
+        for n, step in enumerate(range(first, last + 1)):
+            events += [{"e": "value", "v": [float(step + off).hex()], "n": n}, {"e": "step", "n": n + 1}]
+        if stop:
+            events.append({"e": "stop", "n": last - first + 1})
+    return Run(code, {0: events}, Path("x.log"))
+
+
+@pytest.mark.parametrize("case, ok", [
+    ("right", True),
+    ("the stopped run failed", False),   # its save at the stop crashed: the resume from the checkpoint before hides it
+    ("the retry started over", False),   # a retry from step 0 of a deterministic script matches: no resume proven
+    ("differs", False),
+])
+def test_one_job_for_the_stop_and_the_kill_passes_both_only_when_all_of_it_is_right(case, ok, monkeypatch):
+    """The drill's stop rides on node 0's kill: both PASS from that one job only where the retry resumed, every run
+    after the kill ended 0 and every value is the reference's; else each runs alone, and where each passes alone the
+    job that met both is named a FAIL of its own (never a PASS by omission)."""
+    from clusterddp.drill import Drill
+    from clusterddp.drill.verdicts import Verdict as V
+
+    ref = _run(0, (None, 1, 8, 0, False))
+    retry = (None, 1, 0, 0, False) if case == "the retry started over" else (3, 4, 5, 0, True)
+    runs = [_run(1 if case == "the stopped run failed" else 0, (None, 1, 4, 0, False), retry),
+            _run(0, (5, 6, 8, 1 if case == "differs" else 0, False))]
+    if case == "the retry started over":
+        runs[0] = _run(0, (None, 1, 4, 0, False), (None, 1, 5, 0, True))
+    drill = Drill(JobSpec("train.py", nodes=2), Path("."), 60, note=lambda *_: None)
+    alone = []
+    monkeypatch.setattr(drill, "_stop", lambda *a: alone.append("stop") or V("stop", True, "alone: bit-identical"))
+    healed = _run(0, (None, 1, 4, 0, False), (3, 4, 8, 0, False))  # (the kill alone: resumed at 3, right)
+    monkeypatch.setattr(drill, "_kill_runs", lambda node: alone.append("kill") or (node, [healed]))
+    got = {v.scenario: v for v in drill._paired(ref, 8, 0, runs)}
+    assert (alone == []) == ok, (case, alone)
+    if ok:
+        assert set(got) == {"stop", "kill-node0"} and got["stop"].why.startswith("stopped at step 5 ")
+    else:  # (both alone pass here: the job that met both is the FAIL)
+        assert set(got) == {"stop", "kill-node0", "kill-node0-then-stop"}, got
+        assert not got["kill-node0-then-stop"].identical, got
+        assert got["kill-node0-then-stop"].why.endswith("(each alone is bit-identical: the two in one job are not)")
+
+
 def test_a_partial_drill_says_what_it_did_not_prove():
     spec = JobSpec(script="train.py", nodes=1)
     good = [Verdict("stop", True, "stopped at step 6 (the time-limit signal) and run again: bit-identical")]

@@ -86,6 +86,8 @@ def test_a_spawn_job_s_lost_node_resumes_from_the_survivors_memory(tmp_path, ref
     out, err = cli.communicate(timeout=180)
     assert cli.returncode == 0, err
     same_as_reference(tmp_path, reference, peer=True)
+    # (the local runner saw node 1's process, one of the node's processes, end by SIGKILL: ambiguous, in place)
+    assert "retrying once in place on local0,local1" in err, err
     resumed = re.search(r"clusterddp: peer heal: resuming at step (\d+) from the memory of the ranks that survived on "
                         r"local0 \(digests agree\); nothing read from the checkpoint directory", out)
     assert resumed and f"RESUME from step {resumed.group(1)}" in out, out + err

@@ -416,6 +416,29 @@ def test_a_scheduler_given_as_an_object_is_kept_as_it_was_at_the_last_step_s_end
     assert kept["step"] == 4 and kept["extra"]["sched"]["last_epoch"] == 4
 
 
+def test_extras_that_change_without_an_optimizer_step_are_not_kept_until_the_next_one(keeping):
+    """(The review: a GradScaler that skips optimizer.step() on inf gradients halves its scale with no optimizer
+    step, so that state belongs to no step the parameters are at: a resume from it would redo the batch with the
+    halved scale and take a step the run never took.)"""
+    model, opt, keeper = keeping(rank=0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    scaler.scale(torch.ones(()))  # (its scale is made at its first use)
+    peerheal.saved(0, {"scaler": scaler}, None)
+    train(model, opt, 1)
+    keeper.ended()
+    keeper.ended()  # (should_stop() per micro-batch: nothing changed, still kept)
+    assert torch.load(keeper.on_exception(LOST), weights_only=True)["shared"]["extra"]["scaler"]["scale"] == 8.0
+    scaler.update(4.0)  # a skipped step: the scale halved, no optimizer step
+    keeper.ended()
+    assert keeper.on_exception(LOST) is None
+    keeper.ended()  # (and so until an optimizer step)
+    assert keeper.on_exception(LOST) is None
+    train(model, opt, 1)
+    keeper.ended()
+    kept = torch.load(keeper.on_exception(LOST), weights_only=True)["shared"]
+    assert kept["step"] == 2 and kept["extra"]["scaler"]["scale"] == 4.0
+
+
 def test_a_resume_keeps_at_once_only_where_load_latest_was_given_the_state_s_extra_objects(keeping):
     model, opt, _ = keeping()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)

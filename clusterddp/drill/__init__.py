@@ -33,6 +33,7 @@ from .verdicts import Run, Verdict, compare, failed_run, resumes, stopped_at
 from .verdicts import report as report  # (the CLI's)
 
 SCENARIOS = contract.DRILL_SCENARIOS
+STOP_AFTER_RESUME = "+2"  # (runtime/drill.py: the 2nd should_stop() of a process that resumed)
 
 
 def checkpoint_flag(script: Path) -> str:
@@ -99,7 +100,7 @@ class Drill:
         self.spec, self.base, self.timeout_s, self.note, self.every_node = spec, base, timeout_s, note, every_node
         self.abort = threading.Event()  # a scenario beside this one failed, or Ctrl-C: end the runs still going
 
-    def run(self, scenario: str, part: str, spec: JobSpec, stop_at: Optional[int] = None,
+    def run(self, scenario: str, part: str, spec: JobSpec, stop_at: Optional[Any] = None,
             kill_node: Optional[int] = None) -> Run:
         """One local run in the scenario's directory (its cwd: relative checkpoint paths stay apart), in the
         scenario's one run directory (kept across its runs, as a requeued or retried job keeps its own)."""
@@ -198,10 +199,8 @@ class Drill:
             alone = "stop" in only and not paired
             stop = pool.submit(self._stop, ref, steps) if beside and alone else None
             out = [stop.result() if stop else self._stop(ref, steps)] if alone else []
-            first = next((e["n"] for e in ref.events[0] if e["e"] == "save"), 0)
-            runs = [f.result() or self._kill_runs(node, first if s else None) for f, node, s in
-                    zip(killed, kills, stops)] if beside else \
-                [self._kill_runs(node, first if s else None) for node, s in zip(kills, stops)]
+            runs = [f.result() or self._kill_runs(node, s) for f, node, s in zip(killed, kills, stops)] if beside \
+                else [self._kill_runs(node, s) for node, s in zip(kills, stops)]
             for (node, made), s in zip(runs, stops):
                 out.extend(self._paired(ref, steps, node, made) if s else [self._kill_verdict(ref, node, made)])
             return steps, sorted(out, key=lambda v: v.scenario != "stop")  # (the stop first, as it always came)
@@ -242,20 +241,18 @@ class Drill:
         while not ended.is_set() and not self.abort.is_set():
             saves = [e for e in _events(record).get(0, []) if e["e"] == "save"] if record.is_dir() else []
             if saves:
-                return self._kill_runs(node, saves[0]["n"] if stop else None) \
-                    if self._in_reference(saves[0]["path"]) else None
+                return self._kill_runs(node, stop) if self._in_reference(saves[0]["path"]) else None
             time.sleep(0.1)
         return None
 
     def _in_reference(self, path: str) -> bool:
         return Path(path).resolve().is_relative_to((self.base / "reference").resolve())
 
-    def _kill_runs(self, node: Optional[int], first_save: Optional[int] = None) -> Tuple[Optional[int], List[Run]]:
-        """The kill's runs; with ``first_save`` (the step of the reference's first checkpoint) the job goes on to a
-        stop, a few steps after the kill's resume (each process counts its steps from 1: the kill's victims wait at
-        first_save + 2), and is then run again."""
-        name = kill_name(node) + ("-then-stop" if first_save is not None else "")
-        stop = None if first_save is None else first_save + 3
+    def _kill_runs(self, node: Optional[int], then_stop: bool = False) -> Tuple[Optional[int], List[Run]]:
+        """The kill's runs; ``then_stop``: the job goes on to a stop at the second step after the kill's resume (in
+        the process that resumed: none before the kill), and is then run again."""
+        name = kill_name(node) + ("-then-stop" if then_stop else "")
+        stop = STOP_AFTER_RESUME if then_stop else None
         if node is not None:
             spec = self.spec.replace(spare_nodes=max(1, self.spec.spare_nodes), retries=max(1, self.spec.retries))
             made = [self.run(name, "a", spec, stop_at=stop, kill_node=node)]
@@ -267,19 +264,32 @@ class Drill:
         return node, made
 
     def _paired(self, ref: Run, steps: int, node: Optional[int], runs: List[Run]) -> List[Verdict]:
-        """The stop's and the kill's verdicts from one job's runs: both bit-identical, or each scenario alone."""
+        """The stop's and the kill's verdicts from one job's runs where all of it is right (the retry resumed, every
+        run after the kill ended 0, every value and the last checkpoint as the reference's); else each scenario
+        alone, and where each passes alone, the job that met both is a FAIL of its own, never hidden."""
         at = stopped_at(runs)
         if at is None:  # (the job ended before the stop's step: the stop alone)
             return [self._stop(ref, steps), self._kill_verdict(ref, node, runs)]
         kill = next((e["n"] for e in runs[0].events.get(0, []) if e["e"] == "save"), 0)
-        if failed_run("", "", runs[-1]) is None and compare("", "", ref, runs, kill).identical:
+        name, what = f"{kill_name(node)}-then-stop", f"{self._kill_what(node)}, then stopped at step {at} and run again"
+        whole = failed_run(name, what, runs[-1]) or compare(name, what, ref, runs, kill)
+        stopped = runs[-2]  # (the run that met the stop: its exit counts too)
+        if stopped.code:
+            whole = Verdict(name, False, f"{what}: the run stopped at step {at} ended with exit {stopped.code} (see "
+                                         f"{stopped.log})")
+        elif not all(any(e["e"] == "load" and e.get("step") is not None for r in runs[:-1] for e in r.events.get(k, []))
+                     for k in ref.events):
+            whole = Verdict(name, False, f"{what}: the retry did not resume: started again at step 0")
+        if whole.identical:
             # (the kill's part alone ends at the stop, its last checkpoint not the reference's: the whole job's is)
             return [Verdict("stop", True, f"stopped at step {at} (the time-limit signal) in the same job, after the "
                             "kill's resume, and run again: bit-identical"),
                     Verdict(kill_name(node), True, f"{self._kill_what(node)}: bit-identical{resumes(runs[:-1])}")]
         self.note("clusterddp drill: the job that lost a node, then stopped, differs from the reference; now each "
                   "alone, to name the cause ...")
-        return [self._stop(ref, steps), self._kill_verdict(ref, node, self._kill_runs(node)[1])]
+        alone = [self._stop(ref, steps), self._kill_verdict(ref, node, self._kill_runs(node)[1])]
+        return alone + ([whole._replace(why=whole.why + " (each alone is bit-identical: the two in one job are not)")]
+                        if all(v.identical for v in alone) else [])
 
     def _kill_verdict(self, ref: Run, node: Optional[int], runs: List[Run]) -> Verdict:
         name = kill_name(node)

@@ -12,20 +12,20 @@ import os
 import re
 import socket
 import sys
-import sysconfig
 import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from .. import contract, rollcall
 from ..datafiles import write_atomic
 from ..errors import RuntimeEnvError
 from ..hostlist import HostlistError, expand
 from ..rollcall import read_dumps, read_hellos, write_dump
-from . import rundir, telemetry
+from . import excrecord, rundir, telemetry
 from .env import DistEnv
+from .excrecord import library_prefixes
 from .report import drain as drain_reports  # (the name: the package's `report` is the function)
 from .state import STATE
 
@@ -64,14 +64,6 @@ def hang_timeout(environ: Mapping[str, str]) -> float:
     if not 0 <= value < 1e9:
         raise RuntimeEnvError(f"{contract.HANG_TIMEOUT}={text!r}: expected seconds (0 turns the hang watchdog off)")
     return value
-
-
-def library_prefixes() -> List[str]:
-    """Where code the user did not write lives on this machine: the interpreter's, installed packages', ours."""
-    paths = sysconfig.get_paths()
-    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    found.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # clusterddp itself
-    return sorted(found)
 
 
 def dump_stacks(rank: int, source: str = "runtime") -> Dict[str, Any]:
@@ -168,28 +160,9 @@ class Control:
 
     def _record_exceptions(self) -> None:
         """An exception that ends this rank leaves a record beside its hello (then Python prints it as always)."""
-        if self.run_dir is None or getattr(sys.excepthook, "clusterddp", False):
-            return
-        previous, path = sys.excepthook, self.run_dir / contract.EXCEPTION_FILE.format(rank=self.env.rank)
-
-        def record(kind: Any, exc: BaseException, tb: Any) -> None:
-            if STATE.get("peer") is not None:  # issue 55 (runtime/peerheal.py): a lost peer's survivor keeps its state
-                STATE["peer"].on_exception(exc)
-            try:
-                frames, prefixes = traceback.extract_tb(tb), library_prefixes()
-                own = [f for f in frames if not rollcall.is_library(f.filename, prefixes)]
-                at = [f"{f.filename}:{f.lineno}" for f in (frames[-1:] + own[-1:])]
-                write_atomic(path, json.dumps({"rank": self.env.rank, "restart": self.restart, "time": time.time(),
-                    "type": f"{kind.__module__}.{kind.__qualname__}", "message": str(exc)[:500],
-                    "where": at[0] if at else "", "user": at[-1] if own else ""}))
-            except Exception:  # the record is a help; the exception itself is still shown
-                pass
-
-        def hook(kind: Any, exc: BaseException, tb: Any) -> None:
-            record(kind, exc, tb)
-            previous(kind, exc, tb)
-        hook.clusterddp, STATE["record_exception"] = True, record  # type: ignore[attr-defined]  # (spawning.py's)
-        sys.excepthook = hook  # (torch's init_process_group wraps it in its own)
+        if self.run_dir is not None:
+            excrecord.install(self.run_dir / contract.EXCEPTION_FILE.format(rank=self.env.rank), self.env.rank,
+                              self.restart)
 
     # --- the thread --------------------------------------------------------------------------------------
     def _hello(self, state: str) -> None:

@@ -1,8 +1,9 @@
 """The fire drill's eyes inside the job (`clusterddp drill`): what each rank did, one JSON line per event in
 ``$CLUSTERDDP_DRILL_DIR/rank-R.jsonl``: every should_stop() call (a step), every value all_reduce_mean returned,
 every checkpoint saved and what load_latest restored. With ``CLUSTERDDP_DRILL_STOP_AT=K`` the K-th should_stop()
-answers True, as the time-limit warning would; while the drill's hold file exists, every rank waits at its first
-should_stop() after a checkpoint (the drill kills a node there). Off (one environment lookup) outside a drill."""
+answers True, as the time-limit warning would (``+K``: the K-th of a process that resumed); while the drill's hold
+file exists, every rank waits at its first should_stop() after a checkpoint (the drill kills a node there). Off
+(one environment lookup) outside a drill."""
 from __future__ import annotations
 
 import json
@@ -29,6 +30,8 @@ def record(event: Dict[str, Any]) -> None:
     if event.get("e") == "save":
         _COUNT["saved"] = 1
         _COUNT.setdefault("saved_at", _COUNT["steps"])
+    elif event.get("e") == "load" and event.get("step") is not None:
+        _COUNT["resumed"] = 1
     event = dict(event, n=_COUNT["steps"])
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(event, sort_keys=True) + "\n")
@@ -49,7 +52,9 @@ def step() -> bool:
         while os.path.exists(hold):
             time.sleep(0.02)
     stop_at = os.environ.get(contract.DRILL_STOP_AT, "")
-    if stop_at.isdigit() and _COUNT["steps"] == int(stop_at):
+    if stop_at.startswith("+") and not _COUNT.get("resumed"):
+        return False  # ("+K": the K-th step of a process that resumed, as a job stopped after a node's loss)
+    if stop_at.lstrip("+").isdigit() and _COUNT["steps"] == int(stop_at.lstrip("+")):
         record({"e": "stop"})  # (the drill learns that, and where, the stop came: a run may end before it)
         return True
     return False

@@ -92,6 +92,7 @@ class Keeper:
         self.stepping = False
         self.live: Dict[str, Any] = {}  # stateful extra= objects (save()'s), and their states at a step's end
         self.extras: Tuple[int, Dict[str, Any]] = (-1, {})
+        self.skipped = -1  # an optimizer step count at whose should_stop() the extras changed without a step
         STATE["peer_links"] = STATE.get("peer_links", 0) + 1  # (load_latest is collective: the same on every rank)
         self.link = Link(STATE["control"].store, f"clusterddp-peer/{STATE['peer_links']}", rank(), self.buddy,
                          self.source, env.master_addr)
@@ -158,9 +159,16 @@ class Keeper:
 
     def ended(self) -> None:
         """A step ended (should_stop()): the stateful extras' states now are the last completed step's, where no
-        optimizer step is in flight (a failure before the next should_stop() leaves them behind: not used)."""
-        if self.live and not self.stepping:
-            self.extras = (self.offset + self.taken, peerstate.snapshot(self.live))
+        optimizer step is in flight (a failure before the next should_stop() leaves them behind: not used). Where
+        they changed with no optimizer step since (a GradScaler that skipped one: its scale halved, the batch
+        consumed), they belong to no optimizer step: none are kept until the next one."""
+        if not self.live or self.stepping:
+            return
+        step, now = self.offset + self.taken, peerstate.snapshot(self.live)
+        if step == self.extras[0] and digest(now) != digest(self.extras[1]) or step == self.skipped:
+            self.extras, self.skipped = (-1, {}), step
+        else:
+            self.extras = (step, now)
 
     def _off(self, why: str) -> None:
         self.trusted, self.off_why = False, why

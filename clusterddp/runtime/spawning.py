@@ -17,19 +17,23 @@ def spawn(fn: Any, nprocs: Optional[int] = None, args: tuple = ()) -> None:
     import torch.multiprocessing as mp
 
     n = nprocs or int(os.environ.get(contract.PROCS_PER_NODE, "1"))
-    context = mp.start_processes(_spawned, args=(fn, args), nprocs=n, join=False, start_method="spawn")
-    if threading.current_thread() is threading.main_thread():
-        # A stop request (SIGTERM, SIGUSR2: a time limit, the local runner ending an attempt) is the ranks' to
-        # answer: passed on, and this process waits for them. By default it would die at once, and its ranks with
-        # it (SIGINT, torch's parent-death signal) before a checkpoint at the limit or a lost peer's state is kept.
-        def forward(signum: int, frame: Any) -> None:
-            for proc in context.processes:
-                if proc.is_alive() and proc.pid:
-                    os.kill(proc.pid, signum)  # (a rank that also got it from its process group: the same request)
-        for sig in (signal.SIGTERM, signal.SIGUSR2):
-            signal.signal(sig, forward)
-    while not context.join():
-        pass
+    started: list = []
+    # A stop request (SIGTERM, SIGUSR2: a time limit, the local runner ending an attempt) is the ranks' to answer:
+    # passed on, and this process waits for them. By default it would die at once, and its ranks with it (SIGINT,
+    # torch's parent-death signal) before a checkpoint at the limit or a lost peer's state is kept.
+    def forward(signum: int, frame: Any) -> None:
+        for proc in started[0].processes if started else []:
+            if proc.is_alive() and proc.pid:
+                os.kill(proc.pid, signum)  # (a rank that also got it from its process group: the same request)
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGUSR2)} if main else {}
+    try:
+        started.append(mp.start_processes(_spawned, args=(fn, args), nprocs=n, join=False, start_method="spawn"))
+        while not started[0].join():
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _spawned(local_rank: int, fn: Any, args: tuple) -> None:

@@ -57,7 +57,8 @@ def main():
             if runtime.is_main():
                 with open(args.steps_log, "a") as fh:
                     fh.write(f"{restart} {step}\n")
-            if args.flip_bit_when and runtime.rank() == 0 and os.path.exists(args.flip_bit_when):
+            if args.flip_bit_when and runtime.rank() == 0 and os.path.exists(args.flip_bit_when) and \
+                    step % max(1, args.ckpt_every):  # (never where a save follows: the checkpoint stays clean)
                 with torch.no_grad():
                     next(model.parameters()).view(-1).view(torch.int32)[0] ^= 1
                 os.rename(args.flip_bit_when, args.flip_bit_when + ".done")
