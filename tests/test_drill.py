@@ -54,8 +54,8 @@ def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
     # scheduler with it (as a value, extra= turns peer heal off: tests/test_peer_heal.py; the checkpoint's line there)
     for name in ("kill-node1", "kill-node0"):
         assert found[name]["identical"] and re.search(
-            r"a step after the first checkpoint, retried on a spare: bit-identical \(resumed from the survivors' memory "
-            r"\(peer heal\) at step \d+, 0 step\(s\) redone\)$", found[name]["why"]), found[name]
+            r"a step after the first checkpoint, retried on a spare: bit-identical \(resumed from the survivors' "
+            r"memory \(peer heal\) at step \d+, 0 step\(s\) redone\)$", found[name]["why"]), found[name]
     assert json.loads(proc.stdout)["steps"] == 12  # 2 epochs x 48 samples / (2 ranks x batch 4)
 
 
