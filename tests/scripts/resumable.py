@@ -29,7 +29,7 @@ def main():
     p.add_argument("--save-extra", action="store_true", help="save(..., epoch=E): more than a peer state keeps")
     p.add_argument("--static-graph", action="store_true", help="runtime.wrap(..., static_graph=True)")
     p.add_argument("--flip-bit-when", default="", help="once this file exists, rank 0 flips one bit of a parameter "
-                   "after its step (silent data corruption), renames the file to FILE.done and waits 1.5 s")
+                   "after its step (silent data corruption), renames the file to FILE.done and waits 2 s")
     args = p.parse_args()
     runtime.init(timeout=120, allow_single=True)
     torch.manual_seed(1234)
@@ -62,7 +62,7 @@ def main():
                 with torch.no_grad():
                     next(model.parameters()).view(-1).view(torch.int32)[0] ^= 1
                 os.rename(args.flip_bit_when, args.flip_bit_when + ".done")
-                time.sleep(1.5)  # (the test kills a node in the meantime; under the runner's 5-s grace)
+                time.sleep(2)  # (the test kills a node in the meantime; under the local runner's 5-s grace)
             time.sleep(args.step_sleep)
             if args.ckpt_every and step % args.ckpt_every == 0:
                 ckpt.save(step, model, opt, batches, **({"epoch": _epoch} if args.save_extra else {}))
