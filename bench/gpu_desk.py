@@ -46,7 +46,7 @@ if phase == "save":
         opt.step()
         out["sparse"] = "ok"
     except Exception as exc:
-        out["sparse"] = f"{type(exc).__name__}: {exc}"[:200]
+        out["sparse"] = f"{type(exc).__name__}: {exc}"[:300]
     try:
         plain = runtime.wrap(torch.nn.Linear(8, 1), device_ids=None)
         plain(torch.randn(4, 8, device=dev)).sum().backward()
@@ -120,10 +120,12 @@ def check_per_rank(rows: List[Row], n: int, work: Path) -> None:
     ids = visible(n)
     saved = ranks(script, ["save", str(ckpt)], [",".join(ids)] * n, work)  # gpus-per-node: every rank sees all
     resumed = ranks(script, ["load", str(ckpt)], ids, work)                 # gpus-per-task: one each
-    bad = [r for r in saved if r["sparse"] != "ok"]
+    # NCCL cannot all-reduce sparse tensors (torch 2.11, H100): wrap() refuses such a model, saying what to do.
+    refused = [r for r in saved if r["sparse"].startswith("RuntimeEnvError: runtime.wrap()")]
+    bad = [r for r in saved if r["sparse"] != "ok" and r not in refused]
     rows.append(("wrap() of a model with sparse gradients (nn.Embedding(sparse=True)), NCCL",
-                 f"{n - len(bad)} of {n} ranks ok" + (f"; {bad[0]['sparse']}" if bad else ""),
-                 "FAILED" if bad else "ok"))
+                 f"{n - len(bad) - len(refused)} of {n} ranks trained, {len(refused)} refused in wrap()"
+                 + (f"; {(bad or refused)[0]['sparse']}" if bad or refused else ""), "FAILED" if bad else "ok"))
     bad = [r for r in saved if r["device_ids_none"] != "ok"]
     rows.append(("wrap(model, device_ids=None) on every rank", f"{n - len(bad)} of {n} ranks ok"
                  + (f"; {bad[0]['device_ids_none']}" if bad else ""), "FAILED" if bad else "ok"))

@@ -18,7 +18,7 @@ from train_ddp import Denoiser, ProceduralPatches  # noqa: E402
 def main():
     p = argparse.ArgumentParser()
     for name, default in (("--images", 16), ("--image-size", 512), ("--patch", 128), ("--width", 32), ("--depth", 6),
-                          ("--batch-size", 8), ("--epochs", 2), ("--seed", 0)):
+                          ("--batch-size", 8), ("--epochs", 2), ("--seed", 0), ("--workers", 0)):
         p.add_argument(name, type=int, default=default)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--noise", type=float, default=0.2)
@@ -36,7 +36,8 @@ def main():
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     data = ProceduralPatches(args.images, args.image_size, args.patch, args.noise, args.seed)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=args.seed)
-    batches = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
+    batches = DataLoader(data, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
+                         pin_memory=cuda)  # as the example's runtime.loader
     images, elapsed = 0, 0.0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)

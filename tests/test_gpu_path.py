@@ -121,6 +121,29 @@ def test_wrap_with_sparse_gradients(tmp_path):
     assert "sparse ok True" in out and "sparse gradients (nn.Embedding(sparse=True))" in out
 
 
+def test_sparse_gradients_on_nccl_are_refused_before_anything_is_built():
+    """make gpu-check on an H100 (torch 2.11): NCCL cannot all-reduce sparse tensors, so the first backward failed
+    on every rank with torch's message. wrap() now refuses such a model on NCCL, naming the modules and what to do;
+    gloo (which all-reduces them) and dense models pass."""
+    import torch
+
+    from clusterddp.errors import RuntimeEnvError
+    from clusterddp.runtime.group import sparse_on_nccl
+
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Flatten(),
+                                torch.nn.EmbeddingBag(10, 4, sparse=True), torch.nn.Embedding(10, 4))
+    with pytest.raises(RuntimeEnvError) as caught:
+        sparse_on_nccl("nccl", model)
+    text = str(caught.value)
+    assert "'0', '2' have sparse gradients" in text and "NCCL cannot all-reduce sparse" in text
+    assert "sparse=False" in text and "--gpus 0" in text and "'3'" not in text
+    with pytest.raises(RuntimeEnvError, match="'Embedding' has sparse"):
+        sparse_on_nccl("nccl", torch.nn.Embedding(10, 4, sparse=True))
+    sparse_on_nccl("gloo", model)
+    sparse_on_nccl(None, model)
+    sparse_on_nccl("nccl", torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1)))
+
+
 @pytest.mark.ranks
 def test_set_static_graph_after_wrap_says_what_to_do(tmp_path):
     """Desk check 7: torch's own error named the training loop; ours names the keyword that works."""

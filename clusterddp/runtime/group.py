@@ -241,6 +241,7 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dev = device()
+    sparse_on_nccl(STATE.get("backend"), model)
     model = model.to(dev)
     ddp_kwargs = ddp_arguments(dev, ddp_kwargs)
     wrapped = DDP(model, **ddp_kwargs)
@@ -270,6 +271,21 @@ def ddp_arguments(dev: Any, given: Mapping[str, Any]) -> Dict[str, Any]:
         out["device_ids"] = [dev.index]
         out.setdefault("output_device", dev.index)
     return out
+
+
+def sparse_on_nccl(backend: Optional[str], model: Any) -> None:
+    """Refuse a model with sparse gradients on NCCL before anything is built: NCCL cannot all-reduce sparse
+    tensors, so DDP's first backward would fail on every rank (torch 2.11 on an H100: "NCCL does not support
+    all_reduce with sparse tensors"; make gpu-check)."""
+    if backend != "nccl":
+        return
+    names = [name or type(model).__name__ for name, m in model.named_modules() if _sparse_gradient(m)]
+    if names:
+        raise RuntimeEnvError(f"runtime.wrap(): {', '.join(repr(n) for n in names[:3])} "
+                              f"{'has' if len(names) == 1 else 'have'} sparse gradients (sparse=True), and NCCL "
+                              "cannot all-reduce sparse tensors, so the first backward would fail on every rank. "
+                              "Make it dense (nn.Embedding(..., sparse=False), and an optimizer such as Adam "
+                              "instead of SparseAdam), or train on the CPU with gloo (--gpus 0)")
 
 
 def _sparse_gradient(module: Any) -> bool:
