@@ -176,3 +176,38 @@ def test_set_up_collectives_leave_the_start_up_window_open_until_the_first_step_
     assert limit_after(["stop"]) == 2.0  # (a loop may ask should_stop() before its first step's work)
     assert limit_after(["stop", "forward", "stop"]) == 1.0  # the second should_stop(): a step ended
     assert limit_after(["user", "user"]) == 1.0     # a loop of the user's own that calls heartbeat()
+
+
+def test_after_a_hang_no_rank_exits_before_every_rank_that_answered_has_kept_its_state(tmp_path, monkeypatch):
+    """Issue 55, CI on Slurm 22.05: the first rank to exit ends the step (srun --kill-on-bad-exit), and a survivor
+    whose watchdog fired 2 s later was still writing its state at the SIGKILL (KillWait): the retry resumed from the
+    checkpoint. Each rank now marks its state kept and waits (bounded) for the marks of every rank that answered."""
+    import threading
+    import time
+
+    from clusterddp import contract
+    from clusterddp.runtime import control
+    from clusterddp.runtime.env import DistEnv
+
+    def watcher(rank: int) -> "control.Control":
+        watch = control.Control(DistEnv(rank, rank, 2, 2, 0, 1, "node1", 20001, "srun"), str(tmp_path), 60.0, {})
+        watch.answered = {0, 1}
+        return watch
+
+    first, second = watcher(0), watcher(1)
+    (tmp_path / contract.HANG_DIR.format(restarts=0)).mkdir(parents=True)
+    done = []
+    waiting = threading.Thread(target=lambda: (first.wait_all_kept(), done.append(time.monotonic())))
+    begun = time.monotonic()
+    waiting.start()
+    time.sleep(0.8)
+    assert not done  # rank 1 has not kept its state yet
+    second.wait_all_kept()  # both marks there: returns at once
+    waiting.join(5)
+    assert done and 0.8 <= done[0] - begun < 2.0, done
+    monkeypatch.setattr(control, "COLLECT_S", 0.5)
+    alone = watcher(0)
+    alone.answered = {0, 1, 3}  # rank 3 answered and never marks: the wait is bounded
+    begun = time.monotonic()
+    alone.wait_all_kept()
+    assert 0.4 < time.monotonic() - begun < 2.0

@@ -148,9 +148,9 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert job.returncode == 0, err
     job_id = out.split()[0]
     assert f"job {job_id} ended COMPLETED, exit code 0" in err
-    same_as_reference(work, reference, peer=True)
     run_dir = work / "clusterddp-runs" / f"resumable-{job_id}"
-    healed = peer_healed(run_dir, "node1")
+    healed = peer_healed(run_dir, "node1")  # (first: its failure shows the reason said)
+    same_as_reference(work, reference, peer=True)
     first, second = attempts.read(run_dir)
     # Issue 53: every rank of node2 killed, nothing from Slurm: a suspect, moved to the spare, never quarantined
     assert first.nodes == ("node1", "node2") and first.fault == "suspect" and first.fault_nodes == ("node2",)
@@ -240,8 +240,9 @@ def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work,
         raise AssertionError("the job did not requeue itself")
     final = slurm.wait(job_id)
     assert final.state == "COMPLETED" and final.node_list == "node[1,3]", final
-    same_as_reference(work, reference, peer=True)  # node1's ranks kept their state across Slurm's requeue
+    # node1's ranks kept their state across Slurm's requeue (peer_healed first: its failure shows the reason said)
     peer_healed(work / "clusterddp-runs" / f"resumable-{job_id}", "node1")
+    same_as_reference(work, reference, peer=True)
     first, second = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
     assert (first.restart, first.fault, first.fault_nodes, first.next) == (0, "infrastructure", ("node2",), "requeue")
     assert "rank(s) 2,3 on node2 did not answer the roll call that every other rank answered" in first.why, first
@@ -412,8 +413,9 @@ def test_a_node_that_dies_whole_is_left_out_by_slurm_s_own_requeue_and_quarantin
     finally:
         subprocess.run([str(CLUSTER_SH), "revive-node", "node2"], check=True, env=release, capture_output=True)
     assert final.state == "COMPLETED" and final.node_list == "node[1,3]", final
-    same_as_reference(work, reference, peer=True)  # node1's ranks kept their state across Slurm's requeue
+    # node1's ranks kept their state across Slurm's requeue (peer_healed first: its failure shows the reason said)
     peer_healed(work / "clusterddp-runs" / f"resumable-{job_id}", "node1")
+    same_as_reference(work, reference, peer=True)
     first, second = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
     assert (first.restart, first.fault, first.fault_nodes, first.next) == (0, "infrastructure", ("node2",), "requeue")
     assert first.why == "Slurm reported a node failure" and \

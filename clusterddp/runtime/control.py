@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Set
 
 from .. import contract, rollcall
 from ..datafiles import write_atomic
@@ -139,6 +139,7 @@ class Control:
         secret = self.environ.get(contract.WATCH_KEY, "")
         self.key = f"{_STORE_KEY}/{secret}" if re.fullmatch(r"[0-9a-f]{32}", secret) else _STORE_KEY
         self.store: Any = None
+        self.answered: Set[int] = set()  # the ranks that answered a hang's roll call
         self.stopping, self.started = threading.Event(), time.monotonic()
         self.thread = threading.Thread(target=self._run, name="clusterddp-control", daemon=True)
 
@@ -266,7 +267,23 @@ class Control:
             keeper = STATE.get("peer")  # issue 55: a lost node's survivor keeps its state (its main thread waits)
             if keeper is not None:
                 keeper.on_hang()
+                self.wait_all_kept()
             os._exit(contract.HANG_EXIT)
+
+    def wait_all_kept(self) -> None:
+        """Wait (bounded) until every rank that answered the roll call has kept its state: the first rank to exit
+        ends the step (srun --kill-on-bad-exit, torchrun), and a survivor still writing then meets the SIGKILL after
+        KillWait on a loaded machine (CI, Slurm 22.05: the retry resumed from the checkpoint)."""
+        if self.run_dir is None:
+            return
+        directory = self.run_dir / contract.HANG_DIR.format(restarts=self.restart)
+        try:
+            (directory / f"kept-{self.env.rank}").touch()
+        except OSError:
+            return
+        deadline = time.monotonic() + COLLECT_S
+        while time.monotonic() < deadline and not all((directory / f"kept-{r}").exists() for r in self.answered):
+            time.sleep(0.2)
 
     def _roll_call(self, idle: float, since: str) -> None:
         rank, world = self.env.rank, self.env.world_size
@@ -278,14 +295,15 @@ class Control:
         directory = self.run_dir / contract.HANG_DIR.format(restarts=self.restart)
         write_dump(directory, dump)
         _flight_recorder_dump(self.run_dir, rank)
-        deadline = time.monotonic() + COLLECT_S
-        while time.monotonic() < deadline and len(list(directory.glob("rank-*.json"))) < world:
+        deadline, final = time.monotonic() + COLLECT_S, directory / "rollcall.txt"
+        # (a rank whose watchdog fired later stops waiting once the first rank's roll call is out)
+        while time.monotonic() < deadline and len(list(directory.glob("rank-*.json"))) < world and \
+                not final.exists():
             time.sleep(0.5)
         dumps = read_dumps(directory)
-        final = directory / "rollcall.txt"
-        if rank == min((d["rank"] for d in dumps), default=rank):
+        self.answered = answered = {d["rank"] for d in dumps}
+        if rank == min(answered, default=rank):
             hellos = read_hellos(self.run_dir, self.restart)
-            answered = {d["rank"] for d in dumps}
             missing = {r: (f"{node_of(r, self.env, hellos, self.environ)}: no dump; busy in native code holding "
                            "Python's lock, stopped, or gone" if r in hellos else
                            f"{node_of(r, self.env, hellos, self.environ)}: never started")
