@@ -87,12 +87,20 @@ def test_each_mistake_is_named(tmp_path, mistake, scenario, expected):
 @ranks
 def test_a_stop_that_fails_in_the_kill_s_job_is_run_alone_and_named_alone(tmp_path):
     """The stop rides on node 0's kill; where that job differs from the reference, each scenario runs alone, so the
-    verdicts name the one that fails (here the stop's own save, which leaves the scheduler out) and pass the other."""
-    proc = drill(tmp_path, "--mistake", "stopsave", shape=("--nodes", "2", "--procs-per-node", "1"))
+    verdicts name the one that fails and pass the other. Here the scheduler is stepped after should_stop() (a
+    practitioner's case): the stop's save holds it a step behind the periodic saves, which come after the update.
+    Peer heal's copy, taken at should_stop(), would be as wrong: the first save finds its step's should_stop() and
+    save() saw other states, so peer heal goes off and the kill resumes, right, from the checkpoint; the stop's
+    verdict names the ordering, not "state outside the checkpoint" (the scheduler is in it)."""
+    proc = drill(tmp_path, "--mistake", "schedafter", shape=("--nodes", "2", "--procs-per-node", "1"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     found = verdicts(proc)
-    assert not found["stop"]["identical"] and "state outside the checkpoint (an LR scheduler" in found["stop"]["why"]
-    assert found["kill-node0"]["identical"], found
+    assert not found["stop"]["identical"], found
+    assert ("sched changed between step 3's should_stop() and its save() (a sched.step() or scaler.update() between "
+            "them); a save at should_stop() (the stop's) then holds another state") in found["stop"]["why"], found
+    assert found["kill-node0"]["identical"] and "from its checkpoint" in found["kill-node0"]["why"], found
+    logs = "".join(p.read_text() for p in tmp_path.glob("clusterddp-drill/*/kill-node0/*.log"))
+    assert "peer heal is off for this run: sched changed between step 3's should_stop() and its save()" in logs
     assert "differs from the reference; now each alone, to name the cause" in proc.stderr, proc.stderr
     dirs = {p.parent.name for p in tmp_path.glob("clusterddp-drill/*/*/*.log")}
     assert dirs == {"reference", "kill-node0-then-stop", "stop", "kill-node0"}, dirs

@@ -217,6 +217,17 @@ def test_a_spare_s_rank_resumes_from_the_survivors_files_with_its_own_random_sta
                     "(digests agree); nothing read from the checkpoint directory"]
 
 
+def test_one_survivor_that_could_not_tell_its_state_makes_the_attempt_resume_from_the_checkpoint(job, monkeypatch):
+    """Rank 0 kept step 7; rank 1, beside it, wrote why it could not (its scheduler changed after should_stop()):
+    the others' states would cover every rank, yet none is used, and the reason is rank 1's."""
+    write_state(job, "run-d", "n1", 0, 2, 4, 7)
+    declined = {"run": "run-d", "uid": os.getuid(), "node": "n1", "rank": 1, "declined": "sched changed after ..."}
+    torch.save(declined, job / peerheal.run_key("run-d") / "n1" / "rank-1.pt")
+    got, said, _ = next_attempt(monkeypatch, "run-d", ["n1", "n3"], 2, newest=4)
+    assert got is None and said == ["clusterddp: peer heal not used: rank 1 on n1 kept no state: sched changed after "
+                                    "...; resuming from the last checkpoint"], said
+
+
 def test_eight_ranks_a_node_each_read_a_different_one_of_their_own_node_s_files(job, monkeypatch):
     """CLUSTERDDP_PEER_DIR on a shared filesystem, 2x8: node n1 (old ranks 8-15) reads its 8 files (rank-10 sorts
     before rank-8: every one is still read once) and none of n0's, written beside them."""
@@ -437,6 +448,57 @@ def test_extras_that_change_without_an_optimizer_step_are_not_kept_until_the_nex
     keeper.ended()
     kept = torch.load(keeper.on_exception(LOST), weights_only=True)["shared"]
     assert kept["step"] == 2 and kept["extra"]["scaler"]["scale"] == 4.0
+
+
+@pytest.mark.parametrize("order, said", [
+    ("update, should_stop, save", None),
+    ("should_stop, update, save", "sched changed between step 1's should_stop() and its save()"),
+    ("save, update, should_stop", "sched changed between step 1's save() and its should_stop()"),
+])
+def test_a_step_s_save_and_its_should_stop_must_see_the_same_extras_from_the_first_save_on(keeping, capsys, order,
+                                                                                          said):
+    """A practitioner's case: sched.step() after should_stop(). The checkpoints (saved after the update) are right;
+    peer heal's copy, taken at should_stop(), is a step behind, and a node lost in that should_stop()'s collective
+    cannot show it. So a step's save() and should_stop() are compared, from the first save on (load_latest's objects
+    are watched from the start): where they differ, peer heal goes off, once, saying why (the checkpoint then)."""
+    model, opt, _ = keeping(rank=0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
+    peerload.started("run-k", model, opt, None, 0, "fresh", objects={"sched": sched})
+    keeper = STATE["peer"]
+    train(model, opt, 1)
+    for part in order.split(", "):
+        {"update": sched.step, "should_stop": keeper.ended,
+         "save": lambda: peerheal.saved(1, {"sched": sched}, None)}[part]()
+    out = capsys.readouterr().out
+    if said is None:
+        assert keeper.trusted and "peer heal is off" not in out, out
+    else:
+        assert keeper.trusted is False and out.count("peer heal is off for this run: " + said) == 1, out
+        assert "so the state peer heal copies at should_stop() is not the checkpoint's" in out
+
+
+def test_a_survivor_that_cannot_tell_its_extras_keeps_why_and_the_next_attempt_says_it(keeping, job):
+    """The scheduler changed after the last completed step's should_stop() with no optimizer step since (stepped at
+    a step's start, or after should_stop() on steps without a save): which state that step ended with cannot be told.
+    The survivor writes why instead of a state, and the next attempt's line says it."""
+    model, opt, _ = keeping()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
+    peerload.started("run-k", model, opt, None, 0, "fresh", objects={"sched": sched})
+    keeper = STATE["peer"]
+    train(model, opt, 1)
+    sched.step()
+    keeper.ended()
+    peerheal.saved(1, {"sched": sched}, None)
+    train(model, opt, 1)
+    sched.step()
+    keeper.ended()
+    assert keeper.declined() is None
+    sched.step()  # at the next step's start; then a peer lost in its backward
+    assert keeper.on_exception(LOST) is None
+    state, note = peerload._mine("run-k")
+    assert state is None and note == ("rank 2 on n2 kept no state: sched changed after step 2's should_stop() with "
+                                      "no optimizer step since, so which state that step ended with cannot be told "
+                                      "(update it before should_stop(), as the checkpoints are saved)"), note
 
 
 def test_a_resume_keeps_at_once_only_where_load_latest_was_given_the_state_s_extra_objects(keeping):

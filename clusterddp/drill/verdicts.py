@@ -129,6 +129,11 @@ def compare(name: str, what: str, ref: Run, runs: Sequence[Run], interrupted: in
                        f"load_latest(model, optimizer, loader))", first)
     if first is not None:
         resumed = loads[0]["step"] if loads else "?"
+        order = [e for r in [ref, *runs] for e in r.events.get(0, []) if e["e"] == "order"]
+        if order:  # (peer heal compares a step's save() with its should_stop(): runtime/peerheal.py)
+            return Verdict(name, False, f"{what}: differs after the resume (step {first}, resumed from step "
+                           f"{resumed}): {order[0]['why']}; a save at should_stop() (the stop's) then holds another "
+                           "state than the other saves", first)
         return Verdict(name, False, f"{what}: " + OUTSIDE.format(step=first, resumed=resumed), first)
     return Verdict(name, False, f"{what}: every reported value matches, but the last checkpoint differs in the {part}")
 

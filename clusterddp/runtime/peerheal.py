@@ -23,7 +23,7 @@ import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .. import contract
-from . import peerstate
+from . import drill, peerstate
 from .group import print0, unwrap
 from .peerlink import Link, LostPeer
 from .peerstate import digest, pack_rng, unpack_rng
@@ -93,6 +93,7 @@ class Keeper:
         self.live: Dict[str, Any] = {}  # stateful extra= objects (save()'s), and their states at a step's end
         self.extras: Tuple[int, Dict[str, Any]] = (-1, {})
         self.skipped = -1  # an optimizer step count at whose should_stop() the extras changed without a step
+        self.at_save: Tuple[int, Dict[str, Any]] = (-1, {})  # the extras' states at a save before its should_stop()
         STATE["peer_links"] = STATE.get("peer_links", 0) + 1  # (load_latest is collective: the same on every rank)
         self.link = Link(STATE["control"].store, f"clusterddp-peer/{STATE['peer_links']}", rank(), self.buddy,
                          self.source, env.master_addr)
@@ -156,6 +157,21 @@ class Keeper:
             self._off(why)
         else:
             self.trusted, self.live = True, dict(extra)
+            if self.extras[0] == int(step):  # this step's should_stop() came first
+                self._agree(int(step), self.extras[1], peerstate.snapshot(self.live), "should_stop()", "save()")
+            else:
+                self.at_save = (int(step), peerstate.snapshot(self.live))  # compared at its should_stop() (ended)
+
+    def _agree(self, step: int, at_stop: Dict[str, Any], at_save: Dict[str, Any], first: str, then: str) -> None:
+        """A step's save() and its should_stop() must see the same extras' states: peer heal resumes exactly what
+        a checkpoint of that step would, or not at all."""
+        changed = _changed(at_stop, at_save)
+        if changed:
+            why = (f"{', '.join(changed)} changed between step {step}'s {first} and its {then} (a sched.step() or "
+                   "scaler.update() between them)")
+            drill.record({"e": "order", "why": why})  # (the drill's verdict names it)
+            self._off(f"{why}, so the state peer heal copies at should_stop() is not the checkpoint's; update them "
+                      "before both")
 
     def ended(self) -> None:
         """A step ended (should_stop()): the stateful extras' states now are the last completed step's, where no
@@ -165,6 +181,9 @@ class Keeper:
         if not self.live or self.stepping:
             return
         step, now = self.offset + self.taken, peerstate.snapshot(self.live)
+        if self.at_save[0] == step:
+            saved, self.at_save = self.at_save[1], (-1, {})
+            self._agree(step, now, saved, "save()", "should_stop()")
         if step == self.extras[0] and digest(now) != digest(self.extras[1]) or step == self.skipped:
             self.extras, self.skipped = (-1, {}), step
         else:
@@ -192,11 +211,29 @@ class Keeper:
                   flush=True)
             return None
 
+    def declined(self) -> Optional[str]:
+        """Why the last completed step's state cannot be told exactly, at a lost peer (None: it can, or peer heal
+        does not apply here: off, said when it was turned off, or no save yet to check the step count)."""
+        if not self.trusted or self.done is None:
+            return None
+        if self.stepping:
+            return "the peer was lost inside an optimizer step"
+        if not self.live:
+            return None
+        if self.extras[0] != self.done["step"]:
+            return (f"the peer was lost after optimizer step {self.done['step']} and before its should_stop(), where "
+                    f"the states of {', '.join(sorted(self.live))} are taken")
+        changed = _changed(self.extras[1], peerstate.snapshot(self.live))
+        if changed:  # (sched.step() after should_stop(): the copy is a step behind; at a step's start: it is right)
+            return (f"{', '.join(changed)} changed after step {self.done['step']}'s should_stop() with no optimizer "
+                    "step since, so which state that step ended with cannot be told (update it before "
+                    "should_stop(), as the checkpoints are saved)")
+        return None
+
     def state(self) -> Optional[Dict[str, Any]]:
-        """The last completed step's state, or None where it cannot be told exactly."""
-        if not self.trusted or self.stepping or self.done is None or \
-                (self.live and self.extras[0] != self.done["step"]):
-            return None  # (the extras' states are not the last completed step's: that step's should_stop() not yet)
+        """The last completed step's state, or None where it cannot be told exactly (``declined`` says why)."""
+        if not self.trusted or self.done is None or self.declined() is not None:
+            return None
         shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(),
                   "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"], "extra": self.extras[1]}
         whole = not STATE["env"].local_rank  # one copy a node (local rank 0's): the others keep what is theirs
@@ -207,6 +244,11 @@ class Keeper:
                                              "parameters": parameters(self.model)}),
                 "buffers": buffered(self.model, shared["model"]), "digest": digest(shared) if whole else None,
                 "shared": shared if whole else None}
+
+
+def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list:
+    """The extras, of those both hold, whose states differ (by digest)."""
+    return sorted(k for k in set(before) & set(after) if digest(before[k]) != digest(after[k]))
 
 
 def buffered(model: Any, state: Mapping[str, Any]) -> bool:
@@ -236,9 +278,11 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
         return
     keeper = STATE["peer"] = Keeper(run, model, optimizer, loader, step)
     objects = dict(objects or {})
-    if trusted and set(held) <= set(objects) and not peerstate.unkeepable(objects, None):
-        # resumed from a state that was kept only where the step count was checked, its extras given as objects
-        keeper.trusted, keeper.live = True, objects
+    if not peerstate.unkeepable(objects, None):
+        keeper.live = objects  # their states are taken from the first should_stop(): the first save compares them
+        if trusted and set(held) <= set(objects):
+            # resumed from a state that was kept only where the step count was checked, its extras given as objects
+            keeper.trusted = True
 
 
 def checked() -> bool:
@@ -266,7 +310,9 @@ def lost_peer(exc: BaseException) -> bool:
 def write(keeper: Keeper) -> Optional[str]:
     import torch
 
-    state = keeper.state()
+    why = keeper.declined()
+    state = keeper.state() if why is None else {"run": keeper.run, "uid": os.getuid(), "node": node_name(),
+                                                "rank": rank(), "declined": why}
     where = node_dir(keeper.run)
     if state is None or where is None:
         return None
@@ -281,5 +327,8 @@ def write(keeper: Keeper) -> Optional[str]:
     except BaseException:
         os.unlink(temp)  # (node memory: a /dev/shm full of a half-written state would hold it until a reboot)
         raise
+    if why is not None:  # (written all the same: the next attempt says why it resumes from the checkpoint)
+        print(f"clusterddp: peer heal: rank {rank()} kept no state: {why}", flush=True)
+        return None
     print(f"clusterddp: peer heal: rank {rank()} kept the state of step {state['step']} in {path}", flush=True)
     return path

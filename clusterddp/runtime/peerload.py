@@ -90,6 +90,8 @@ def _read(path: str) -> Dict[str, Any]:
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
             raise ValueError("not a regular file of this user's")
         state = torch.load(fh, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("declined"), str):
+        return state  # a survivor that could not tell its state, and why (peerheal.write)
     shared = state.get("shared") if isinstance(state, dict) else None
     if not isinstance(state, dict) or not REQUIRED <= state.keys() or not isinstance(shared, (dict, type(None))) \
             or not isinstance(state.get("step", (shared or {}).get("step")), int):
@@ -115,6 +117,8 @@ def _mine(run: str) -> tuple:
         return None, f"{path}: {type(exc).__name__}: {str(exc)[:200]}"
     if state.get("run") != run or state.get("uid") != os.getuid() or state.get("node") != peerheal.node_name():
         return None, f"{path}: another run's, user's or node's"
+    if "declined" in state:
+        return None, f"rank {state.get('rank')} on {state['node']} kept no state: {state['declined'][:400]}"
     return state, None
 
 
@@ -182,8 +186,9 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
     entries, notes = [g["entry"] for g in gathered], [g["note"] for g in gathered if g["note"]]
     _clean(run)
     verdict = decide(entries, world_size(), gathered[0]["newest"])
-    if verdict is None or isinstance(verdict, str):
-        why = verdict or (f"a kept state could not be used ({notes[0]})" if notes else None)
+    declines = [n for n in notes if " kept no state: " in n]
+    if declines or verdict is None or isinstance(verdict, str):  # (one survivor that could not tell: none is used)
+        why = (declines or [verdict])[0] or (f"a kept state could not be used ({notes[0]})" if notes else None)
         if why:
             print0(f"clusterddp: peer heal not used: {why}; resuming from the last checkpoint")
             drill.record({"e": "peer", "used": False, "why": why})

@@ -9,6 +9,8 @@
 --mistake fails      raises at step 3
 --mistake crash-resumed  a resumed run raises after its last checkpoint
 --mistake stopsave   its save at should_stop() (a path of its own) leaves the LR scheduler out
+--mistake schedafter steps its LR scheduler after should_stop() (as the object, --live): its stop save holds it a step
+                     behind its other saves, which come after the update
 --live               (no mistake) gives its scheduler to save() and load_latest() as the object: peer heal keeps it
 Reports the mean loss of every step through runtime.all_reduce_mean; checkpoints every 3 steps and when asked to stop.
 """
@@ -27,6 +29,8 @@ p.add_argument("--ckpt-dir", default="ckpt")
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--live", action="store_true")
 args = p.parse_args()
+args.live = args.live or args.mistake == "schedafter"
+after = args.mistake == "schedafter"
 runtime.init(timeout=120, allow_single=True)
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(5)
@@ -62,17 +66,22 @@ for _epoch in range(batches.next_epoch, args.epochs):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        sched.step()
+        if not after:
+            sched.step()
         step += 1
         if args.mistake == "fails" and step == 3:
             raise RuntimeError("deliberate failure at step 3")
         runtime.all_reduce_mean(loss.detach())
-        if step % 3 == 0:
+        if step % 3 == 0 and not after:
             save(step)
         if runtime.should_stop():
             save(step, stopping=True)
             runtime.shutdown()
             raise SystemExit(0)
+        if after:
+            sched.step()
+            if step % 3 == 0:
+                save(step)
 save(step)
 runtime.shutdown()
 if args.mistake == "crash-resumed" and state:
