@@ -39,8 +39,11 @@ def verdicts(proc: subprocess.CompletedProcess) -> dict:
 @ranks
 def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
     """(drill_case.py --live: its LR scheduler, whose rate decays each step so that a scheduler restored a step off
-    changes every later loss, given to save() and load_latest() as the object; issue 55: peer heal keeps it.)"""
-    proc = drill(tmp_path, "--live", shape=("--nodes", "2", "--procs-per-node", "1"), options=("--every-node",))
+    changes every later loss, given to save() and load_latest() as the object; issue 55: peer heal keeps it. A
+    GradScaler skips step 8 (an overflow), after the kills: the script counts iterations, one more than optimizer
+    steps from there, which its save at step 9 tells peer heal, which stays on.)"""
+    proc = drill(tmp_path, "--live", "--scaler-skip", "8", shape=("--nodes", "2", "--procs-per-node", "1"),
+                 options=("--every-node",))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = verdicts(proc)
     assert set(found) == {"stop", "kill-node1", "kill-node0"}, found  # (--every-node: each node in turn)
@@ -57,6 +60,8 @@ def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
             r"a step after the first checkpoint, retried on a spare: bit-identical \(resumed from the survivors' "
             r"memory \(peer heal\) at step \d+, 0 step\(s\) redone\)$", found[name]["why"]), found[name]
     assert json.loads(proc.stdout)["steps"] == 12  # 2 epochs x 48 samples / (2 ranks x batch 4)
+    logs = "".join(p.read_text() for p in tmp_path.glob("clusterddp-drill/*/*/*.log"))
+    assert "peer heal is off" not in logs and "kept no state" not in logs, logs[-3000:]
 
 
 @ranks
@@ -257,6 +262,12 @@ def test_the_part_of_the_last_checkpoint_that_differs_is_named(tmp_path):
     assert component(same, path("opt", optimizer=lambda _: momentum)) == "optimizer"
     assert component(same, path("loader", loader=lambda d: {**d, "batches_done": 4})) == "loader position"
     assert component(same, path("extra", extra=lambda _: {"best": torch.tensor(0.25)})) == "extra entry 'best'"
+    # a scheduler whose rate has not changed yet, one step behind: only an int differs (a practitioner's case)
+    sched = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([torch.zeros(1)], lr=0.1), step_size=50)
+    before = sched.state_dict()
+    sched.step()
+    plain = path("sched", extra=lambda e: {**e, "sched": before})
+    assert component(plain, path("sched1", extra=lambda e: {**e, "sched": sched.state_dict()})) == "extra entry 'sched'"
     assert component(same, path("mine", per_rank=lambda _: [{"running": 1.25}])) == "per-rank entries"
     unseeded = path("rng", rng=lambda r: [{**r[0], "torch": torch.Generator().manual_seed(7).get_state()}])
     assert component(same, unseeded) is None  # a generator alone is not a difference of the run

@@ -437,7 +437,11 @@ def test_extras_that_change_without_an_optimizer_step_are_not_kept_until_the_nex
     peerheal.saved(0, {"scaler": scaler}, None)
     train(model, opt, 1)
     keeper.ended()
-    keeper.ended()  # (should_stop() per micro-batch: nothing changed, still kept)
+    keeper.ended()  # (should_stop() per micro-batch: which count the script keeps is told at its next save)
+    assert keeper.on_exception(LOST) is None and "the step the script counts is not known" in keeper.declined()
+    peerheal.saved(1, {"scaler": scaler}, None)  # the optimizer's: the calls with no step since are not counted
+    assert keeper.numbering == "optimizer" and keeper.trusted
+    keeper.ended()
     assert torch.load(keeper.on_exception(LOST), weights_only=True)["shared"]["extra"]["scaler"]["scale"] == 8.0
     scaler.update(4.0)  # a skipped step: the scale halved, no optimizer step
     keeper.ended()
@@ -532,6 +536,33 @@ def test_fp16_training_with_a_skipped_step_counts_iterations_not_optimizer_steps
     peerheal.saved(4, {}, None)
     assert "save() was given step 4 after 3 optimizer steps" in capsys.readouterr().out
     assert keeper.on_exception(LOST) is None
+
+
+def test_fp16_iterations_counted_across_skipped_steps_are_learnt_at_a_save_and_kept_after(keeping, capsys):
+    """A practitioner's drill (GradScaler, an inf loss at step 6, the script counting iterations): the kill right
+    after the skip resumed at the optimizer's count, one step short of the script's, and the run differed. A
+    should_stop() with no optimizer step since the one before now leaves the count unknown (nothing kept) until a
+    save tells it; then each such call moves it, and a state is kept at the script's step."""
+    model, opt, keeper = keeping(rank=0)
+
+    def iterations(n, skip=()):
+        for i in range(n):
+            train(model, opt, 1, skip={0} if i in skip else ())
+            keeper.ended()
+
+    iterations(2)
+    peerheal.saved(2, {}, None)
+    iterations(3, skip={0})  # step 3 skipped, then a peer lost after step 5
+    assert keeper.on_exception(LOST) is None and "1 should_stop() call(s) since the last save" in keeper.declined()
+    peerheal.saved(5, {}, None)  # 4 optimizer steps, 5 iterations: the script counts iterations
+    assert keeper.numbering == "iterations" and keeper.trusted and "peer heal is off" not in capsys.readouterr().out
+    iterations(2, skip={0})  # step 6 skipped, step 7 taken
+    assert torch.load(keeper.on_exception(LOST), weights_only=True)["step"] == 7
+    peerheal.saved(7, {}, None)
+    assert keeper.trusted and keeper.declined() is None
+    peerheal.saved(8, {}, None)  # neither count
+    said = capsys.readouterr().out
+    assert not keeper.trusted and "save() was given step 8 after 7 optimizer steps and skipped ones" in said
 
 
 def test_a_resume_from_a_checked_checkpoint_keeps_at_once_and_from_an_unchecked_one_after_the_next_save(keeping):

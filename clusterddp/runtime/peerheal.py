@@ -94,6 +94,10 @@ class Keeper:
         self.extras: Tuple[int, Dict[str, Any]] = (-1, {})
         self.skipped = -1  # an optimizer step count at whose should_stop() the extras changed without a step
         self.at_save: Tuple[int, Dict[str, Any]] = (-1, {})  # the extras' states at a save before its should_stop()
+        # should_stop() calls with no optimizer step since the one before (a GradScaler's skipped step, or one call
+        # per micro-batch): whether the script counts them is told by a save ("iterations": they move the offset)
+        self.numbering: Optional[str] = None
+        self.idle, self.at_end = 0, 0
         STATE["peer_links"] = STATE.get("peer_links", 0) + 1  # (load_latest is collective: the same on every rank)
         self.link = Link(STATE["control"].store, f"clusterddp-peer/{STATE['peer_links']}", rank(), self.buddy,
                          self.source, env.master_addr)
@@ -144,15 +148,19 @@ class Keeper:
         return out
 
     def saved(self, step: int, extra: Mapping[str, Any], per_rank: Any) -> None:
-        """A checkpoint was saved at ``step``: the script's step count must be the optimizer's (else the step a
-        peer state resumes at would not be the script's), and the state must be all that a save keeps (stateful
-        extra= objects are: their state is taken at each step's end)."""
+        """A checkpoint was saved at ``step``: the script's step count must be peer heal's (else a peer state would
+        resume at another step), and the state all that a save keeps (stateful extras: taken at each step's end)."""
         if self.trusted is False:
             return
-        why = peerstate.unkeepable(extra, per_rank)
-        if int(step) != self.offset + self.taken:
-            self._off(f"save() was given step {step} after {self.offset + self.taken} optimizer steps (peer heal "
-                      "resumes at the optimizer's step count: a count of micro-batches or epochs is not it)")
+        why, count, idle, self.idle = peerstate.unkeepable(extra, per_rank), self.offset + self.taken, self.idle, 0
+        if idle and int(step) in (count, count + idle) and self.numbering is None:
+            self.numbering = "optimizer" if int(step) == count else "iterations"  # (iterations: the skips count)
+            self.offset += int(step) - count
+            count = int(step)
+        if int(step) != count:
+            skips = " and skipped ones" if self.numbering == "iterations" else ""
+            self._off(f"save() was given step {step} after {count} optimizer steps{skips} (peer heal resumes at that "
+                      "count, a skipped step counted where the script counts it: micro-batches or epochs are not it)")
         elif why:
             self._off(why)
         else:
@@ -165,7 +173,7 @@ class Keeper:
     def _agree(self, step: int, at_stop: Dict[str, Any], at_save: Dict[str, Any], first: str, then: str) -> None:
         """A step's save() and its should_stop() must see the same extras' states: peer heal resumes exactly what
         a checkpoint of that step would, or not at all."""
-        changed = _changed(at_stop, at_save)
+        changed = peerstate.changed(at_stop, at_save)
         if changed:
             why = (f"{', '.join(changed)} changed between step {step}'s {first} and its {then} (a sched.step() or "
                    "scaler.update() between them)")
@@ -178,9 +186,18 @@ class Keeper:
         optimizer step is in flight (a failure before the next should_stop() leaves them behind: not used). Where
         they changed with no optimizer step since (a GradScaler that skipped one: its scale halved, the batch
         consumed), they belong to no optimizer step: none are kept until the next one."""
-        if not self.live or self.stepping:
+        if self.stepping:
             return
-        step, now = self.offset + self.taken, peerstate.snapshot(self.live)
+        idle, self.at_end = self.taken == self.at_end, self.taken
+        if self.live:
+            self._extras_at_end(self.offset + self.taken)
+        if idle and self.numbering == "iterations":
+            self.offset += 1  # a skipped optimizer step: the script counted it
+        elif idle and self.numbering is None:
+            self.idle += 1
+
+    def _extras_at_end(self, step: int) -> None:
+        now = peerstate.snapshot(self.live)
         if self.at_save[0] == step:
             saved, self.at_save = self.at_save[1], (-1, {})
             self._agree(step, now, saved, "save()", "should_stop()")
@@ -218,12 +235,16 @@ class Keeper:
             return None
         if self.stepping:
             return "the peer was lost inside an optimizer step"
+        if self.idle:
+            return (f"{self.idle} should_stop() call(s) since the last save came with no optimizer step since the one "
+                    "before (a skipped optimizer step, or one call per micro-batch), so the step the script counts "
+                    "is not known until its next save")
         if not self.live:
             return None
         if self.extras[0] != self.done["step"]:
             return (f"the peer was lost after optimizer step {self.done['step']} and before its should_stop(), where "
                     f"the states of {', '.join(sorted(self.live))} are taken")
-        changed = _changed(self.extras[1], peerstate.snapshot(self.live))
+        changed = peerstate.changed(self.extras[1], peerstate.snapshot(self.live))
         if changed:  # (sched.step() after should_stop(): the copy is a step behind; at a step's start: it is right)
             return (f"{', '.join(changed)} changed after step {self.done['step']}'s should_stop() with no optimizer "
                     "step since, so which state that step ended with cannot be told (update it before "
@@ -244,11 +265,6 @@ class Keeper:
                                              "parameters": parameters(self.model)}),
                 "buffers": buffered(self.model, shared["model"]), "digest": digest(shared) if whole else None,
                 "shared": shared if whole else None}
-
-
-def _changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> list:
-    """The extras, of those both hold, whose states differ (by digest)."""
-    return sorted(k for k in set(before) & set(after) if digest(before[k]) != digest(after[k]))
 
 
 def buffered(model: Any, state: Mapping[str, Any]) -> bool:

@@ -9,7 +9,7 @@ import copy
 import ctypes
 import hashlib
 import json
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from .ckptstate import numpy_module, rank_device
 
@@ -164,3 +164,8 @@ def restore_objects(objects: Mapping[str, Any], extra: Optional[Mapping[str, Any
     if missing:
         print0(f"clusterddp: {where} holds no extra= entry {', '.join(missing)}: load_latest left "
                f"{'it' if len(missing) == 1 else 'them'} as given (saved before it was passed to save()?)")
+
+
+def changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str]:
+    """The extras, of those both hold, whose states differ (by digest)."""
+    return sorted(k for k in set(before) & set(after) if digest(before[k]) != digest(after[k]))

@@ -57,7 +57,7 @@ def should_stop() -> bool:
     state["polled"] = True
     heartbeat("stop")
     keeper = STATE.get("peer")  # peer heal's: a step ended (before the collective below: a peer lost in it leaves
-    if keeper is not None and keeper.live:  # this step's stateful extras kept)
+    if keeper is not None:  # this step's stateful extras kept)
         keeper.ended()
     stop_file = os.environ.get(contract.STOP_FILE)
     local = state["signal"] is not None or bool(stop_file and os.path.exists(stop_file))

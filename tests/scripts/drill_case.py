@@ -12,6 +12,7 @@
 --mistake schedafter steps its LR scheduler after should_stop() (as the object, --live): its stop save holds it a step
                      behind its other saves, which come after the update
 --live               (no mistake) gives its scheduler to save() and load_latest() as the object: peer heal keeps it
+--scaler-skip N      (no mistake) trains through a GradScaler (saved as scaler=) whose step N overflows: skipped
 Reports the mean loss of every step through runtime.all_reduce_mean; checkpoints every 3 steps and when asked to stop.
 """
 import argparse
@@ -28,6 +29,7 @@ p.add_argument("--mistake", default="none")
 p.add_argument("--ckpt-dir", default="ckpt")
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--live", action="store_true")
+p.add_argument("--scaler-skip", type=int, default=0)
 args = p.parse_args()
 args.live = args.live or args.mistake == "schedafter"
 after = args.mistake == "schedafter"
@@ -39,6 +41,8 @@ model = runtime.wrap(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)  # closed form: a fresh one starts over
 batches = runtime.loader(data, batch_size=4, seed=3)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, enabled=bool(args.scaler_skip))
+scaled = {"scaler": scaler} if args.scaler_skip else {}
 ckpt = runtime.Checkpointer(args.ckpt_dir, keep=2)
 
 
@@ -47,13 +51,13 @@ def save(step, stopping=False):
         return
     extra = {} if args.mistake == "scheduler" or (stopping and args.mistake == "stopsave") else \
         {"sched": sched if args.live else sched.state_dict()}
-    ckpt.save(step, model, opt, batches, **extra)
+    ckpt.save(step, model, opt, batches, **extra, **scaled)
 
 
 step, state = 0, None
 if args.mistake != "noload":
     restore = (model, opt) if args.mistake == "loader" else (model, opt, batches)
-    state = ckpt.load_latest(*restore, **({"sched": sched} if args.live else {}))
+    state = ckpt.load_latest(*restore, **({"sched": sched} if args.live else {}), **scaled)
     if state:
         step = state["step"]
         if "sched" in state["extra"] and not args.live:
@@ -64,8 +68,9 @@ for _epoch in range(batches.next_epoch, args.epochs):
             x = x + random.random()
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
-        loss.backward()
-        opt.step()
+        scaler.scale(loss * (float("inf") if step + 1 == args.scaler_skip else 1.0)).backward()
+        scaler.step(opt)  # (disabled: opt.step(); at the overflow: no optimizer step, the scale halved)
+        scaler.update()
         if not after:
             sched.step()
         step += 1
