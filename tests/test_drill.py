@@ -191,6 +191,11 @@ def test_a_partial_drill_says_what_it_did_not_prove():
     assert report(spec, 12, good, ("stop",)).splitlines()[-1] == (
         "clusterddp drill: every scenario run (stop only) bit-identical; drill without --only to prove the rest")
     assert report(spec, 12, good).splitlines()[-1].endswith("every scenario bit-identical: the script resumes exactly")
+    killed = good + [Verdict("kill-node0", True, "... bit-identical (resumed from its checkpoint at step 4, ...)")]
+    said = report(spec, 12, killed).splitlines()  # (a practitioner: a green 1-node drill never ran peer heal)
+    assert said[-2] == ("clusterddp drill: one node: the kill resumed from a checkpoint; a job of 2 or more nodes that "
+                        "loses one resumes from the survivors' memory (peer heal), which --nodes 2 drills"), said
+    assert "one node" not in report(JobSpec(script="train.py", nodes=2), 12, killed)
     bad = [good[0]._replace(identical=False, why="...")]
     assert report(spec, 12, bad, ("stop",)).splitlines()[-1].startswith("clusterddp drill: fix the first difference")
 

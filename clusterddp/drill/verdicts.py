@@ -144,6 +144,9 @@ def report(spec: JobSpec, steps: int, verdicts: Sequence[Verdict], only: Sequenc
     for v in verdicts:
         lines.append(f"  {'PASS' if v.identical else 'FAIL'}  {v.scenario}: {v.why}")
     good = all(v.identical for v in verdicts)
+    if good and spec.nodes == 1 and any(v.scenario.startswith("kill") for v in verdicts):
+        lines.append("clusterddp drill: one node: the kill resumed from a checkpoint; a job of 2 or more nodes that "
+                     "loses one resumes from the survivors' memory (peer heal), which --nodes 2 drills")
     if good and set(only) != set(SCENARIOS):  # a partial drill proves only what it ran
         lines.append(f"clusterddp drill: every scenario run ({', '.join(only)} only) bit-identical; drill without "
                      "--only to prove the rest")
