@@ -151,6 +151,23 @@ def _run(code, *attempts):
     return Run(code, {0: events}, Path("x.log"))
 
 
+@pytest.mark.parametrize("given, named", [(12, False), (11, True)])
+def test_a_stop_saved_before_the_step_s_work_is_named_as_such(given, named):
+    """A practitioner's case: should_stop() at the top of the loop, its batch already drawn. The stop's save (step
+    11 at the 12th call) holds a loader position a batch ahead; the resumed run skips that batch. The verdict said
+    "state outside the checkpoint"; it now names the question asked too early."""
+    from clusterddp.drill.verdicts import compare
+
+    ref = _run(0, (None, 1, 20, 0, False))
+    stopped = _run(0, (None, 1, 12, 0, True))
+    stopped.events[0].append({"e": "save", "step": given, "path": "/nonexistent", "n": 12})
+    resumed = _run(0, (12, 13, 20, 1, False))  # (values differ from step 13 on)
+    verdict = compare("stop", "stopped at step 12", ref, [stopped, resumed], 12)
+    assert not verdict.identical and verdict.step == 13
+    assert ("its save at the stop was given step 11 at should_stop() call 12: should_stop() was asked before the "
+            "step's work" in verdict.why) == named, verdict.why
+
+
 @pytest.mark.parametrize("case, ok", [
     ("right", True),
     ("the stopped run failed", False),   # its save at the stop crashed: the resume from the checkpoint before hides it

@@ -43,6 +43,20 @@ def stopped_at(runs: Sequence[Run]) -> Optional[int]:
     return None
 
 
+def _stop_save(runs: Sequence[Run]) -> Optional[Tuple[int, int]]:
+    """(the step the save at the stop was given, the step count at that should_stop()) where they differ (rank 0's):
+    should_stop() asked before the step's work, its batch already drawn."""
+    offset, stop = 0, None
+    for e in (e for run in runs for e in run.events.get(0, [])):
+        if e["e"] == "load":
+            offset = int(e.get("step") or 0) - int(e.get("n") or 0)
+        elif e["e"] == "stop":
+            stop = offset + int(e.get("n") or 0)
+        elif e["e"] == "save" and stop is not None:
+            return (int(e["step"]), stop) if int(e["step"]) != stop else None
+    return None
+
+
 def resumes(runs: Sequence[Run]) -> str:
     """Where a scenario's runs resumed (rank 0's loads) and how many steps each redid: ' (resumed ...)'."""
     said, done, offset = [], 0, 0
@@ -127,6 +141,12 @@ def compare(name: str, what: str, ref: Run, runs: Sequence[Run], interrupted: in
         return Verdict(name, False, f"{what}: differs after the resume (step {first}): the checkpoint holds the "
                        f"{' and '.join(missing)} but load_latest did not restore it (pass it: "
                        f"load_latest(model, optimizer, loader))", first)
+    early = _stop_save(runs)
+    if first is not None and early:
+        return Verdict(name, False, f"{what}: differs after the resume (step {first}): its save at the stop was given "
+                       f"step {early[0]} at should_stop() call {early[1]}: should_stop() was asked before the step's "
+                       "work, with its batch already drawn, which the checkpoint counts as done and the resumed run "
+                       "skips; ask it after optimizer.step()", first)
     if first is not None:
         resumed = loads[0]["step"] if loads else "?"
         order = [e for r in [ref, *runs] for e in r.events.get(0, []) if e["e"] == "order"]
