@@ -128,6 +128,11 @@ def test_a_script_the_drill_cannot_use_is_one_line(tmp_path, mistake, expected):
 def test_too_few_steps_and_an_absolute_checkpoint_directory_are_one_line(tmp_path):
     short = drill(tmp_path, "--epochs", "0")
     assert short.returncode == 1 and "the script ran 0 step(s) (should_stop() calls)" in short.stderr.splitlines()[-1]
+    late = drill(tmp_path, "--epochs", "1", "--ckpt-every", "12")  # 12 steps on one rank, the first save at 12
+    assert late.returncode == 1 and late.stderr.splitlines()[-1].endswith(
+        "saved its first checkpoint at step 12: the drill stops a run 2 steps after its first checkpoint, before its "
+        "end; give it more steps (a short epoch) or checkpoint earlier (this script's --ckpt-every, e.g. after -- add "
+        "--ckpt-every 3)"), late.stderr
     outside = drill(tmp_path, "--ckpt-dir", str(tmp_path / "abs"))
     assert outside.returncode == 1, outside.stderr
     refusal = outside.stderr.splitlines()[-1]

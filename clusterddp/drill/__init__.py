@@ -162,13 +162,13 @@ class Drill:
         if not saves:
             raise DrillError("the script saved no checkpoint through clusterddp.runtime.Checkpointer (ckpt.save(step, "
                              "model, optimizer, loader)): the drill compares the checkpoints it writes")
-        if steps < 3 or saves[0]["n"] >= steps:
+        if steps < 3 or saves[0]["n"] + 2 > steps:  # (the kill comes at the 2nd should_stop() after the save)
             flag = checkpoint_flag(Path(self.spec.script))
             earlier = (f"checkpoint earlier (this script's {flag}, e.g. after -- add {flag} {max(1, steps // 4)})"
                        if flag and steps >= 3 else "checkpoint earlier")
             raise DrillError(f"the script ran {steps} step(s) (should_stop() calls) and saved its first checkpoint at "
-                             f"step {saves[0]['n']}: the drill stops a run after its first checkpoint and before its "
-                             f"end; give it more steps (a short epoch) or {earlier}")
+                             f"step {saves[0]['step']}: the drill stops a run 2 steps after its first checkpoint, "
+                             f"before its end; give it more steps (a short epoch) or {earlier}")
         if not all(self._in_reference(e["path"]) for e in saves):
             raise DrillError(f"the script writes its checkpoints outside the directory it runs in ({saves[0]['path']}):"
                              " each scenario runs in a directory of its own, so keep them under $CLUSTERDDP_RUN_DIR "

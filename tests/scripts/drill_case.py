@@ -28,6 +28,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--mistake", default="none")
 p.add_argument("--ckpt-dir", default="ckpt")
 p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--ckpt-every", type=int, default=3, help="checkpoint every N steps")
 p.add_argument("--live", action="store_true")
 p.add_argument("--scaler-skip", type=int, default=0)
 args = p.parse_args()
@@ -77,7 +78,7 @@ for _epoch in range(batches.next_epoch, args.epochs):
         if args.mistake == "fails" and step == 3:
             raise RuntimeError("deliberate failure at step 3")
         runtime.all_reduce_mean(loss.detach())
-        if step % 3 == 0 and not after:
+        if step % args.ckpt_every == 0 and not after:
             save(step)
         if runtime.should_stop():
             save(step, stopping=True)
@@ -85,7 +86,7 @@ for _epoch in range(batches.next_epoch, args.epochs):
             raise SystemExit(0)
         if after:
             sched.step()
-            if step % 3 == 0:
+            if step % args.ckpt_every == 0:
                 save(step)
 save(step)
 runtime.shutdown()
