@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .. import contract
 from ..job.spec import JobSpec
@@ -32,26 +32,29 @@ class Verdict(NamedTuple):
         return self._asdict()
 
 
+def numbered(runs: Sequence[Run], rank: int = 0) -> Iterator[Tuple[dict, int]]:
+    """Each event of a scenario's runs (one rank's) with the step count at it: a process counts its should_stop()
+    calls from the step it loaded (a new process, a retry's too; one that never loads, from 0)."""
+    for run in runs:
+        offset = 0
+        for e in run.events.get(rank, []):
+            if e["e"] == "load":
+                offset = int(e.get("step") or 0) - int(e.get("n") or 0)
+            yield e, offset + int(e.get("n") or 0)
+
+
 def stopped_at(runs: Sequence[Run]) -> Optional[int]:
     """The step the drill's stop (should_stop() True) came at in these runs (rank 0's), None where none came."""
-    offset = 0
-    for e in (e for run in runs for e in run.events.get(0, [])):
-        if e["e"] == "load":  # (a new process counts from 0: the step it loaded first)
-            offset = int(e.get("step") or 0) - int(e.get("n") or 0)
-        elif e["e"] == "stop":
-            return offset + int(e.get("n") or 0)
-    return None
+    return next((at for e, at in numbered(runs) if e["e"] == "stop"), None)
 
 
 def _stop_save(runs: Sequence[Run]) -> Optional[Tuple[int, int]]:
     """(the step the save at the stop was given, the step count at that should_stop()) where they differ (rank 0's):
     should_stop() asked before the step's work, its batch already drawn."""
-    offset, stop = 0, None
-    for e in (e for run in runs for e in run.events.get(0, [])):
-        if e["e"] == "load":
-            offset = int(e.get("step") or 0) - int(e.get("n") or 0)
-        elif e["e"] == "stop":
-            stop = offset + int(e.get("n") or 0)
+    stop = None
+    for e, at in numbered(runs):
+        if e["e"] == "stop":
+            stop = at
         elif e["e"] == "save" and stop is not None:
             return (int(e["step"]), stop) if int(e["step"]) != stop else None
     return None
@@ -59,15 +62,13 @@ def _stop_save(runs: Sequence[Run]) -> Optional[Tuple[int, int]]:
 
 def resumes(runs: Sequence[Run]) -> str:
     """Where a scenario's runs resumed (rank 0's loads) and how many steps each redid: ' (resumed ...)'."""
-    said, done, offset = [], 0, 0
-    for e in [e for run in runs for e in run.events.get(0, [])]:
-        if e["e"] == "load":
-            if e.get("step") is not None and done:
-                how = "from the survivors' memory (peer heal)" if e.get("peer") else "from its checkpoint"
-                said.append(f"resumed {how} at step {e['step']}, {max(0, done - int(e['step']))} step(s) redone")
-            offset = int(e.get("step") or 0) - int(e.get("n") or 0)
+    said, done = [], 0
+    for e, at in numbered(runs):
+        if e["e"] == "load" and e.get("step") is not None and done:
+            how = "from the survivors' memory (peer heal)" if e.get("peer") else "from its checkpoint"
+            said.append(f"resumed {how} at step {e['step']}, {max(0, done - int(e['step']))} step(s) redone")
         elif e["e"] == "step":
-            done = offset + int(e.get("n") or 0)
+            done = at
     return f" ({'; '.join(said)})" if said else ""
 
 
@@ -83,14 +84,11 @@ def _values(runs: Sequence[Run], rank: int) -> Tuple[Dict[int, List[list]], Opti
     """Global step -> the values reported at it, over the runs of a scenario (a resumed run counts from the step
     it loaded); and why it did not resume, if it did not."""
     out: Dict[int, List[list]] = {}
+    for e, at in numbered(runs, rank):
+        if e["e"] == "value":  # reported during step n + 1 (n: the should_stop() calls before it)
+            out.setdefault(at + 1, []).append(e["v"])
     problem = None
     for run in runs:
-        offset = 0
-        for e in run.events.get(rank, []):
-            if e["e"] == "load":  # a new process (a retry's too) counts its steps from 0: the step it loaded first
-                offset = int(e.get("step") or 0) - e["n"]
-            elif e["e"] == "value":  # reported during step n + 1 (n: the should_stop() calls before it)
-                out.setdefault(offset + e["n"] + 1, []).append(e["v"])
         if run is not runs[0] or len(runs) == 1:
             resumed = any(e["e"] == "load" and e.get("step") is not None for e in run.events.get(rank, []))
             if not resumed and problem is None:
