@@ -556,6 +556,8 @@ def test_fp16_iterations_counted_across_skipped_steps_are_learnt_at_a_save_and_k
     assert keeper.on_exception(LOST) is None and "1 should_stop() call(s) since the last save" in keeper.declined()
     peerheal.saved(5, {}, None)  # 4 optimizer steps, 5 iterations: the script counts iterations
     assert keeper.numbering == "iterations" and keeper.trusted and "peer heal is off" not in capsys.readouterr().out
+    kept = torch.load(keeper.on_exception(LOST), weights_only=True)  # lost right after that save: step 5, renumbered
+    assert kept["step"] == 5 and torch.equal(kept["shared"]["model"]["weight"], model.weight.detach())
     iterations(2, skip={0})  # step 6 skipped, step 7 taken
     assert torch.load(keeper.on_exception(LOST), weights_only=True)["step"] == 7
     peerheal.saved(7, {}, None)

@@ -25,12 +25,11 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from .. import contract
 from . import drill, peerstate
 from .group import print0, unwrap
-from .peerlink import Link, LostPeer
+from .peerlink import Link, LostPeer, lost_peer
 from .peerstate import digest, pack_rng, unpack_rng
 from .state import STATE, rank, world_size
 
 STALE_S = 24 * 3600       # this user's states of other runs older than this are removed at the next load
-_LOST_PEER = re.compile(r"Connection (closed|reset) by peer|Broken pipe|gloo|NCCL|c10d|[Ss]ocket|timed out")
 
 
 def enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
@@ -155,7 +154,7 @@ class Keeper:
         why, count, idle, self.idle = peerstate.unkeepable(extra, per_rank), self.offset + self.taken, self.idle, 0
         if idle and int(step) in (count, count + idle) and self.numbering is None:
             self.numbering = "optimizer" if int(step) == count else "iterations"  # (iterations: the skips count)
-            self.offset += int(step) - count
+            self._renumber(int(step) - count)
             count = int(step)
         if int(step) != count:
             skips = " and skipped ones" if self.numbering == "iterations" else ""
@@ -169,6 +168,15 @@ class Keeper:
                 self._agree(int(step), self.extras[1], peerstate.snapshot(self.live), "should_stop()", "save()")
             else:
                 self.at_save = (int(step), peerstate.snapshot(self.live))  # compared at its should_stop() (ended)
+
+    def _renumber(self, by: int) -> None:
+        """The script counts the skipped steps: what is numbered so far moves with them (the last completed step,
+        its extras, the random states held for it; a frame still in flight keeps its old number: not used)."""
+        self.offset += by
+        if by and self.done is not None:
+            self.done = dict(self.done, step=self.done["step"] + by)
+            self.extras = (self.extras[0] + by, self.extras[1]) if self.extras[0] >= 0 else self.extras
+            self.link.frames = {k + by: v for k, v in self.link.frames.items()}
 
     def _agree(self, step: int, at_stop: Dict[str, Any], at_save: Dict[str, Any], first: str, then: str) -> None:
         """A step's save() and its should_stop() must see the same extras' states: peer heal resumes exactly what
@@ -312,15 +320,6 @@ def saved(step: int, extra: Mapping[str, Any], per_rank: Any) -> None:
     keeper = STATE.get("peer")
     if keeper is not None:
         keeper.saved(step, extra, per_rank)
-
-
-def lost_peer(exc: BaseException) -> bool:
-    """The exception ending this rank is a lost peer's (what a survivor of a lost node meets)."""
-    import torch.distributed as dist
-
-    kinds = tuple(k for k in (getattr(dist, "DistError", None), LostPeer) if k is not None)
-    return bool(kinds and isinstance(exc, kinds)) or (isinstance(exc, RuntimeError) and bool(_LOST_PEER.search(
-        str(exc)[:2000])))
 
 
 def write(keeper: Keeper) -> Optional[str]:

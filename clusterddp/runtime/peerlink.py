@@ -9,6 +9,7 @@ connection that does not is closed unread. What arrives is data (peerheal.unpack
 from __future__ import annotations
 
 import os
+import re
 import socket
 import struct
 import time
@@ -133,3 +134,15 @@ class Link:
                 sock.close()
             except OSError:
                 pass
+
+
+_LOST_PEER = re.compile(r"Connection (closed|reset) by peer|Broken pipe|gloo|NCCL|c10d|[Ss]ocket|timed out")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """The exception ending this rank is a lost peer's (what a survivor of a lost node meets)."""
+    import torch.distributed as dist
+
+    kinds = tuple(k for k in (getattr(dist, "DistError", None), LostPeer) if k is not None)
+    return bool(kinds and isinstance(exc, kinds)) or (isinstance(exc, RuntimeError) and bool(_LOST_PEER.search(
+        str(exc)[:2000])))
