@@ -142,6 +142,8 @@ def test_sparse_gradients_on_nccl_are_refused_before_anything_is_built():
     sparse_on_nccl("gloo", model)
     sparse_on_nccl(None, model)
     sparse_on_nccl("nccl", torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1)))
+    frozen = torch.nn.Embedding(10, 4, sparse=True).requires_grad_(False)  # (no gradient: nothing to all-reduce)
+    sparse_on_nccl("nccl", torch.nn.Sequential(frozen, torch.nn.Linear(4, 1)))
 
 
 @pytest.mark.ranks

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterddp.runtime import peerheal, peerload
+from clusterddp.runtime import peerheal, peerload, peerpaths
 
 from .conftest import SCRIPTS, reference_run, run_cli
 from .procs import children
@@ -104,16 +104,16 @@ def test_a_state_s_digest_covers_every_tensor_byte_and_key():
 
 def test_the_state_directory_is_private_and_never_one_planted(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTERDDP_PEER_DIR", str(tmp_path))
-    mine = peerheal.root()
+    mine = peerpaths.root()
     assert mine == str(tmp_path / f"clusterddp-{os.getuid()}") and os.stat(mine).st_mode & 0o777 == 0o700
     os.chmod(mine, 0o755)  # readable by others (made so by someone, or an umask): not used
-    assert peerheal.root() is None
+    assert peerpaths.root() is None
     os.rmdir(mine)
     os.symlink(tmp_path / "elsewhere", mine)  # a link planted under the expected name
     (tmp_path / "elsewhere").mkdir(mode=0o700)
-    assert peerheal.root() is None
-    assert not peerheal.enabled({"CLUSTERDDP_PEER_HEAL": "0"}) and peerheal.enabled({})
-    assert peerheal.node_name({"SLURMD_NODENAME": "../node2"}) == ".._node2"
+    assert peerpaths.root() is None
+    assert not peerpaths.enabled({"CLUSTERDDP_PEER_HEAL": "0"}) and peerpaths.enabled({})
+    assert peerpaths.node_name({"SLURMD_NODENAME": "../node2"}) == ".._node2"
 
 
 # --- real runs on emulated nodes --------------------------------------------------------------------------------

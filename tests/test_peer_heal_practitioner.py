@@ -24,7 +24,7 @@ import types
 import pytest
 import torch
 
-from clusterddp.runtime import peerheal, peerload, peerstate
+from clusterddp.runtime import peerheal, peerload, peerpaths, peerstate
 from clusterddp.runtime.state import STATE
 
 # --- 1. what a fault leaves: the summaries the next attempt's ranks gather --------------------------------------
@@ -173,7 +173,7 @@ def write_state(top, run: str, at: str, rank: int, per_node: int, world: int, st
              "telemetry_steps": step, "rng": {str(r): true_rng(r) for r in (rank, (rank - per_node) % world)},
              "parameters_digest": f"p{step}", "buffers": False, "digest": peerheal.digest(shared), "step": step,
              "shared": shared if rank % per_node == 0 else None, **fields}
-    where = top / peerheal.run_key(run) / at
+    where = top / peerpaths.run_key(run) / at
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
     torch.save(state, where / f"rank-{rank}.pt")
     return str(where / f"rank-{rank}.pt")
@@ -222,7 +222,7 @@ def test_one_survivor_that_could_not_tell_its_state_makes_the_attempt_resume_fro
     the others' states would cover every rank, yet none is used, and the reason is rank 1's."""
     write_state(job, "run-d", "n1", 0, 2, 4, 7)
     declined = {"run": "run-d", "uid": os.getuid(), "node": "n1", "rank": 1, "declined": "sched changed after ..."}
-    torch.save(declined, job / peerheal.run_key("run-d") / "n1" / "rank-1.pt")
+    torch.save(declined, job / peerpaths.run_key("run-d") / "n1" / "rank-1.pt")
     got, said, _ = next_attempt(monkeypatch, "run-d", ["n1", "n3"], 2, newest=4)
     assert got is None and said == ["clusterddp: peer heal not used: rank 1 on n1 kept no state: sched changed after "
                                     "...; resuming from the last checkpoint"], said
@@ -273,12 +273,12 @@ def test_yesterday_s_run_of_the_same_script_is_not_read_and_its_states_go(job, m
     write_state(job, "script-yesterday", "n1", 0, 1, 2, 30)
     write_state(job, "script-an-hour-ago", "n1", 0, 1, 2, 30)
     old = time.time() - 25 * 3600
-    os.utime(job / peerheal.run_key("script-yesterday"), (old, old))
-    os.utime(job / peerheal.run_key("script-an-hour-ago"), (time.time() - 3600,) * 2)
+    os.utime(job / peerpaths.run_key("script-yesterday"), (old, old))
+    os.utime(job / peerpaths.run_key("script-an-hour-ago"), (time.time() - 3600,) * 2)
     got, said, entries = next_attempt(monkeypatch, "script-today", ["n1", "n2"], 1)
     assert got is None and said == [] and entries == [None, None]
-    assert not (job / peerheal.run_key("script-yesterday")).exists()
-    assert (job / peerheal.run_key("script-an-hour-ago")).exists()
+    assert not (job / peerpaths.run_key("script-yesterday")).exists()
+    assert (job / peerpaths.run_key("script-an-hour-ago")).exists()
 
 
 def test_a_single_process_job_s_load_leaves_node_memory_alone(job, monkeypatch):
@@ -286,9 +286,9 @@ def test_a_single_process_job_s_load_leaves_node_memory_alone(job, monkeypatch):
     touches nothing there. A case found by this file: the docs said "any later load".)"""
     write_state(job, "script-yesterday", "n1", 0, 1, 2, 30)
     old = time.time() - 25 * 3600
-    os.utime(job / peerheal.run_key("script-yesterday"), (old, old))
+    os.utime(job / peerpaths.run_key("script-yesterday"), (old, old))
     assert next_attempt(monkeypatch, "one-gpu-run", ["n1"], 1)[0] is None
-    assert (job / peerheal.run_key("script-yesterday")).exists()
+    assert (job / peerpaths.run_key("script-yesterday")).exists()
 
 
 # --- 3. one rank's training loop with the real keeping hooks (its buddy's link faked) -------------------------------
@@ -340,7 +340,7 @@ def test_a_survivor_keeps_the_last_completed_step_from_the_first_save_on(keeping
     train(model, opt, 2)
     assert keeper.on_exception(ValueError("a bug of the script's")) is None  # not a lost peer: nothing kept
     path = keeper.on_exception(LOST)
-    assert path == str(job / peerheal.run_key("run-k") / "n2" / "rank-2.pt") and os.stat(job).st_mode & 0o777 == 0o700
+    assert path == str(job / peerpaths.run_key("run-k") / "n2" / "rank-2.pt") and os.stat(job).st_mode & 0o777 == 0o700
     state, note = peerload._mine("run-k")
     assert note is None and (state["shared"]["step"], state["rank"], state["world_size"]) == (5, 2, 4)
     assert torch.equal(state["shared"]["model"]["weight"], model.weight.detach()) and set(state["rng"]) >= {"2"}
@@ -449,7 +449,9 @@ def test_extras_that_change_without_an_optimizer_step_are_not_kept_until_the_nex
     keeper.ended()  # (and so until an optimizer step)
     assert keeper.on_exception(LOST) is None
     train(model, opt, 1)
-    keeper.ended()
+    keeper.ended()  # (the count was the optimizer's so far: whether the script counts the skip, its next save says)
+    assert keeper.on_exception(LOST) is None and "the step the script counts is not known" in keeper.declined()
+    peerheal.saved(2, {"scaler": scaler}, None)  # it does not
     kept = torch.load(keeper.on_exception(LOST), weights_only=True)["shared"]
     assert kept["step"] == 2 and kept["extra"]["scaler"]["scale"] == 4.0
 
@@ -565,6 +567,53 @@ def test_fp16_iterations_counted_across_skipped_steps_are_learnt_at_a_save_and_k
     peerheal.saved(8, {}, None)  # neither count
     said = capsys.readouterr().out
     assert not keeper.trusted and "save() was given step 8 after 7 optimizer steps and skipped ones" in said
+
+
+class Batches:
+    """runtime.loader's position as peer heal reads it (its epoch and the batches handed out)."""
+
+    def __init__(self):
+        self.epoch, self.batches_done = 0, 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "batches_done": self.batches_done}
+
+
+def test_skips_are_numbered_where_they_happen_around_saves_and_an_epoch_s_extra_should_stop(keeping):
+    """(The review of the skip counting.) A loop that draws a batch, steps unless the step is skipped, and asks
+    should_stop(); saves before or after that question; an extra should_stop() at an epoch's end (no batch drawn) is
+    no skip. Each time, a state kept is the last completed step's, numbered as the script numbers it."""
+    model, opt, _ = keeping(rank=0)
+    batches = Batches()
+    peerload.started("run-k", model, opt, batches, 0, "fresh")
+    keeper = STATE["peer"]
+
+    def iteration(skip=False, ask=True):
+        batches.batches_done += 1
+        train(model, opt, 1, skip={0} if skip else ())
+        if ask:
+            keeper.ended()
+
+    def kept():
+        state = torch.load(keeper.on_exception(LOST), weights_only=True)
+        return state["step"], state["shared"]["loader"]["batches_done"]
+
+    iteration(), iteration()
+    keeper.ended()  # an epoch's end asked again: no batch drawn, no skip
+    peerheal.saved(2, {}, None)
+    assert keeper.trusted and keeper.numbering is None and kept() == (2, 2)
+    iteration(skip=True)
+    peerheal.saved(3, {}, None)  # after the skipped step's should_stop(): the script counts it
+    assert keeper.numbering == "iterations" and keeper.trusted
+    assert kept() == (2, 2)  # the last completed step is still 2 (it was numbered 3 before the review)
+    iteration()
+    assert kept() == (4, 4)
+    iteration(skip=True, ask=False)
+    peerheal.saved(5, {}, None)  # before the skipped step's should_stop(): it will count it
+    keeper.ended()
+    assert keeper.trusted and kept() == (4, 4)
+    iteration()
+    assert kept() == (6, 6)
 
 
 def test_a_resume_from_a_checked_checkpoint_keeps_at_once_and_from_an_unchecked_one_after_the_next_save(keeping):

@@ -279,7 +279,8 @@ def sparse_on_nccl(backend: Optional[str], model: Any) -> None:
     all_reduce with sparse tensors"; make gpu-check)."""
     if backend != "nccl":
         return
-    names = [name or type(model).__name__ for name, m in model.named_modules() if _sparse_gradient(m)]
+    names = [name or type(model).__name__ for name, m in model.named_modules()
+             if _sparse_gradient(m) and any(p.requires_grad for p in m.parameters())]  # (frozen: never reduced)
     if names:
         raise RuntimeEnvError(f"runtime.wrap(): {', '.join(repr(n) for n in names[:3])} "
                               f"{'has' if len(names) == 1 else 'have'} sparse gradients (sparse=True), and NCCL "

@@ -15,66 +15,18 @@ run and node; the next attempt reads it, uses it or not, and removes it.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-import stat
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .. import contract
 from . import drill, peerstate
 from .group import print0, unwrap
 from .peerlink import Link, LostPeer, lost_peer
+from .peerpaths import enabled, node_dir, node_name
 from .peerstate import digest, pack_rng, unpack_rng
 from .state import STATE, rank, world_size
 
 STALE_S = 24 * 3600       # this user's states of other runs older than this are removed at the next load
-
-
-def enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """On unless CLUSTERDDP_PEER_HEAL is 0 / off / false / no (``submit --no-peer-heal`` sets it)."""
-    environ = os.environ if environ is None else environ
-    return environ.get(contract.PEER_HEAL, "1").strip().lower() not in ("0", "off", "false", "no")
-
-
-def node_name(environ: Optional[Mapping[str, str]] = None) -> str:
-    """The node this rank runs on, as Slurm (or the local backend's emulation) names it: states are kept per node,
-    and a rank reads only its own node's (several emulated or test-cluster nodes share one machine's /dev/shm)."""
-    import socket
-
-    environ = os.environ if environ is None else environ
-    name = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "node"
-
-
-def root(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    """This user's private directory of states (made 0700 when missing), or None where it cannot be trusted."""
-    environ = os.environ if environ is None else environ
-    base = environ.get(contract.PEER_DIR) or "/dev/shm"
-    path = os.path.join(base, f"clusterddp-{os.getuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return None
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        return None  # planted by someone else, a link, or readable by others: never used
-    return path
-
-
-def run_key(run: str) -> str:
-    return hashlib.sha256(run.encode()).hexdigest()[:20]
-
-
-def node_dir(run: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
-    top = root(environ)
-    return None if top is None else os.path.join(top, run_key(run), node_name(environ))
 
 
 class Keeper:
@@ -95,8 +47,10 @@ class Keeper:
         self.at_save: Tuple[int, Dict[str, Any]] = (-1, {})  # the extras' states at a save before its should_stop()
         # should_stop() calls with no optimizer step since the one before (a GradScaler's skipped step, or one call
         # per micro-batch): whether the script counts them is told by a save ("iterations": they move the offset)
+        # (idle: such calls since the last save, the numbering unknown; after: since the last optimizer step; seen:
+        # the loader's position at the last should_stop(): a call with no batch drawn since, an epoch's end, is none)
         self.numbering: Optional[str] = None
-        self.idle, self.at_end = 0, 0
+        self.idle, self.after, self.at_end, self.seen, self.unsure = 0, 0, 0, self._position(), False
         STATE["peer_links"] = STATE.get("peer_links", 0) + 1  # (load_latest is collective: the same on every rank)
         self.link = Link(STATE["control"].store, f"clusterddp-peer/{STATE['peer_links']}", rank(), self.buddy,
                          self.source, env.master_addr)
@@ -126,7 +80,15 @@ class Keeper:
         if STATE.get("peer") is not self or not self.stepping:
             return
         self.taken += 1
-        self.done, self.stepping = self._completed(self.pending), False
+        self.done, self.stepping, self.after = self._completed(self.pending), False, 0
+
+    def _position(self) -> Any:
+        return (getattr(self.loader, "epoch", None), getattr(self.loader, "batches_done", None), self.taken) \
+            if self.loader is not None else None
+
+    def _idle_now(self) -> bool:
+        """A batch drawn since the last should_stop() and no optimizer step (a skipped one, or a micro-batch)."""
+        return self.taken == self.at_end and (self.loader is None or self._position() != self.seen)
 
     def _completed(self, own: bytes) -> Dict[str, Any]:
         from . import telemetry
@@ -151,11 +113,15 @@ class Keeper:
         resume at another step), and the state all that a save keeps (stateful extras: taken at each step's end)."""
         if self.trusted is False:
             return
-        why, count, idle, self.idle = peerstate.unkeepable(extra, per_rank), self.offset + self.taken, self.idle, 0
-        if idle and int(step) in (count, count + idle) and self.numbering is None:
+        why, count, idle, self.idle, self.unsure = peerstate.unkeepable(extra, per_rank), self.offset + self.taken, \
+            self.idle, 0, False
+        pending = int(self.loader is not None and self._idle_now())  # (a skip this step's should_stop() will count)
+        if idle + pending and int(step) in (count, count + idle + pending) and self.numbering is None:
             self.numbering = "optimizer" if int(step) == count else "iterations"  # (iterations: the skips count)
-            self._renumber(int(step) - count)
-            count = int(step)
+            if self.numbering == "iterations":
+                self._renumber(idle)
+                count = self.offset + self.taken
+        count += pending if self.numbering == "iterations" else 0
         if int(step) != count:
             skips = " and skipped ones" if self.numbering == "iterations" else ""
             self._off(f"save() was given step {step} after {count} optimizer steps{skips} (peer heal resumes at that "
@@ -173,6 +139,7 @@ class Keeper:
         """The script counts the skipped steps: what is numbered so far moves with them (the last completed step,
         its extras, the random states held for it; a frame still in flight keeps its old number: not used)."""
         self.offset += by
+        by -= self.after  # (the skips since the last optimizer step come after it)
         if by and self.done is not None:
             self.done = dict(self.done, step=self.done["step"] + by)
             self.extras = (self.extras[0] + by, self.extras[1]) if self.extras[0] >= 0 else self.extras
@@ -196,23 +163,29 @@ class Keeper:
         consumed), they belong to no optimizer step: none are kept until the next one."""
         if self.stepping:
             return
-        idle, self.at_end = self.taken == self.at_end, self.taken
-        if self.live:
-            self._extras_at_end(self.offset + self.taken)
+        idle = self._idle_now()
+        self.at_end, self.seen = self.taken, self._position()
+        skip = self._extras_at_end(self.offset + self.taken) if self.live and self.trusted is not False else False
+        self.after += idle
         if idle and self.numbering == "iterations":
             self.offset += 1  # a skipped optimizer step: the script counted it
         elif idle and self.numbering is None:
             self.idle += 1
+        elif idle and skip:  # counted as optimizer steps so far, yet a skipped one: is it counted? the next save says
+            self.unsure = True
 
-    def _extras_at_end(self, step: int) -> None:
+    def _extras_at_end(self, step: int) -> bool:
+        """The extras' states at this step's end; True where they changed with no optimizer step (a skip)."""
         now = peerstate.snapshot(self.live)
         if self.at_save[0] == step:
             saved, self.at_save = self.at_save[1], (-1, {})
             self._agree(step, now, saved, "save()", "should_stop()")
-        if step == self.extras[0] and digest(now) != digest(self.extras[1]) or step == self.skipped:
+        skip = step == self.extras[0] and digest(now) != digest(self.extras[1])
+        if skip or step == self.skipped:
             self.extras, self.skipped = (-1, {}), step
         else:
             self.extras = (step, now)
+        return skip
 
     def _off(self, why: str) -> None:
         self.trusted, self.off_why = False, why
@@ -243,10 +216,10 @@ class Keeper:
             return None
         if self.stepping:
             return "the peer was lost inside an optimizer step"
-        if self.idle:
-            return (f"{self.idle} should_stop() call(s) since the last save came with no optimizer step since the one "
-                    "before (a skipped optimizer step, or one call per micro-batch), so the step the script counts "
-                    "is not known until its next save")
+        if self.idle or self.unsure:
+            return (f"{self.idle or 1} should_stop() call(s) since the last save came with no optimizer step since the "
+                    "one before (a skipped optimizer step, or one call per micro-batch), so the step the script "
+                    "counts is not known until its next save")
         if not self.live:
             return None
         if self.extras[0] != self.done["step"]:
@@ -270,20 +243,9 @@ class Keeper:
                 "step": self.done["step"], "time": time.time(), "telemetry_steps": self.done["telemetry_steps"],
                 "rng": self.held(),
                 "parameters_digest": digest({**{k: v for k, v in shared.items() if k != "model"},
-                                             "parameters": parameters(self.model)}),
-                "buffers": buffered(self.model, shared["model"]), "digest": digest(shared) if whole else None,
+                                             "parameters": peerstate.parameters(self.model)}),
+                "buffers": peerstate.buffered(self.model, shared["model"]), "digest": digest(shared) if whole else None,
                 "shared": shared if whole else None}
-
-
-def buffered(model: Any, state: Mapping[str, Any]) -> bool:
-    """The model's state holds more than its parameters (BatchNorm statistics): a tied weight, listed once by
-    named_parameters() and twice by state_dict(), is no buffer."""
-    return bool(set(state) - {name for name, _ in unwrap(model).named_parameters(remove_duplicate=False)})
-
-
-def parameters(model: Any) -> Dict[str, Any]:
-    """What DDP keeps equal on every rank (buffers are rank 0's, broadcast at each forward)."""
-    return {name: p for name, p in unwrap(model).named_parameters()}
 
 
 def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int, trusted: bool = False,

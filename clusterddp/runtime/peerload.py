@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
 from .. import contract
-from . import drill, peerheal, peerstate, rundir, telemetry
+from . import drill, peerheal, peerpaths, peerstate, rundir, telemetry
 from .ckptstate import saved_rng, set_rng_state
 from .collect import gather_json
 from .group import print0, unwrap
@@ -103,7 +103,7 @@ def _read(path: str) -> Dict[str, Any]:
 
 def _mine(run: str) -> tuple:
     """The state this rank reads (its node's, by local rank), with a note where one was there but unusable."""
-    where = peerheal.node_dir(run)
+    where = peerpaths.node_dir(run)
     if where is None or not os.path.isdir(where):
         return None, None
     names = sorted(n for n in os.listdir(where) if n.startswith("rank-") and n.endswith(".pt"))
@@ -115,7 +115,7 @@ def _mine(run: str) -> tuple:
         state = _read(path)
     except Exception as exc:
         return None, f"{path}: {type(exc).__name__}: {str(exc)[:200]}"
-    if state.get("run") != run or state.get("uid") != os.getuid() or state.get("node") != peerheal.node_name():
+    if state.get("run") != run or state.get("uid") != os.getuid() or state.get("node") != peerpaths.node_name():
         return None, f"{path}: another run's, user's or node's"
     if "declined" in state:
         return None, f"rank {state.get('rank')} on {state['node']} kept no state: {state['declined'][:400]}"
@@ -132,17 +132,17 @@ def _summary(state: Dict[str, Any]) -> Dict[str, Any]:
 def _clean(run: str) -> None:
     """This run's states on this node go (every rank of the node has read its own: a collective came before), and
     this user's states of other runs left for a day (an attempt that never came)."""
-    where = peerheal.node_dir(run)
+    where = peerpaths.node_dir(run)
     if where is not None and STATE["env"].local_rank == 0:
         shutil.rmtree(where, ignore_errors=True)
-        top = peerheal.root() or ""
+        top = peerpaths.root() or ""
         for name in os.listdir(top) if top else []:
             path = os.path.join(top, name)
             try:
                 old = time.time() - os.lstat(path).st_mtime > peerheal.STALE_S
             except OSError:
                 continue
-            if old and name != peerheal.run_key(run):
+            if old and name != peerpaths.run_key(run):
                 shutil.rmtree(path, ignore_errors=True)
 
 
@@ -178,7 +178,7 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
     """The payload ``load_latest`` returns when the survivors' memory seeds this attempt, else None (collective).
     ``paths``: the checkpoints' paths (rank 0 reads their names: a kept state older than the newest is not used);
     ``objects``: load_latest's stateful extras, restored from the state's."""
-    if run is None or not peerheal.enabled() or world_size() < 2 or "env" not in STATE:
+    if run is None or not peerpaths.enabled() or world_size() < 2 or "env" not in STATE:
         return None
     state, note = _mine(run)
     gathered = gather_json({"entry": _summary(state) if state else None, "note": note,

@@ -12,6 +12,7 @@ import json
 from typing import Any, Dict, List, Mapping, Optional
 
 from .ckptstate import numpy_module, rank_device
+from .group import unwrap
 
 #: A stateful extra= value whose state is larger than this (an EMA copy of the model) is not copied at each step:
 #: peer heal is off for such a run (the checkpoint holds it).
@@ -169,3 +170,14 @@ def restore_objects(objects: Mapping[str, Any], extra: Optional[Mapping[str, Any
 def changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str]:
     """The extras, of those both hold, whose states differ (by digest)."""
     return sorted(k for k in set(before) & set(after) if digest(before[k]) != digest(after[k]))
+
+
+def buffered(model: Any, state: Mapping[str, Any]) -> bool:
+    """The model's state holds more than its parameters (BatchNorm statistics): a tied weight, listed once by
+    named_parameters() and twice by state_dict(), is no buffer."""
+    return bool(set(state) - {name for name, _ in unwrap(model).named_parameters(remove_duplicate=False)})
+
+
+def parameters(model: Any) -> Dict[str, Any]:
+    """What DDP keeps equal on every rank (buffers are rank 0's, broadcast at each forward)."""
+    return {name: p for name, p in unwrap(model).named_parameters()}
