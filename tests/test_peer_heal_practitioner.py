@@ -614,6 +614,13 @@ def test_skips_are_numbered_where_they_happen_around_saves_and_an_epoch_s_extra_
     assert keeper.trusted and kept() == (4, 4)
     iteration()
     assert kept() == (6, 6)
+    # (the review: what a save learnt is kept, in the checkpoint and in the state, for the attempt resumed from it)
+    assert peerheal.checked() == "iterations"
+    assert torch.load(keeper.on_exception(LOST), weights_only=True)["shared"]["numbering"] == "iterations"
+    peerload.started("run-k", model, opt, batches, 6, "checkpoint", checked="iterations")
+    assert STATE["peer"].trusted and STATE["peer"].numbering == "iterations"
+    peerload.started("run-k", model, opt, batches, 6, "checkpoint", checked="planted")
+    assert not STATE["peer"].trusted and STATE["peer"].numbering is None
 
 
 def test_a_resume_from_a_checked_checkpoint_keeps_at_once_and_from_an_unchecked_one_after_the_next_save(keeping):

@@ -321,7 +321,7 @@ class Checkpointer:
                       "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
                       "held": sorted(k for k in given if payload.get(k) is not None)})
         peerload.started(self.run, model, optimizer, loader, payload["step"], "checkpoint",
-                         checked=payload.get("peer_checked") is True, objects=objects, held=payload.get("extra") or {})
+                         checked=payload.get("peer_checked"), objects=objects, held=payload.get("extra") or {})
         return payload
 
     def _restore(self, payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:

@@ -236,7 +236,7 @@ class Keeper:
         """The last completed step's state, or None where it cannot be told exactly (``declined`` says why)."""
         if not self.trusted or self.done is None or self.declined() is not None:
             return None
-        shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(),
+        shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(), "numbering": self.numbering,
                   "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"], "extra": self.extras[1]}
         whole = not STATE["env"].local_rank  # one copy a node (local rank 0's): the others keep what is theirs
         return {"run": self.run, "uid": os.getuid(), "node": node_name(), "rank": rank(), "world_size": world_size(),
@@ -248,8 +248,11 @@ class Keeper:
                 "shared": shared if whole else None}
 
 
+NUMBERINGS = ("optimizer", "iterations")
+
+
 def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int, trusted: bool = False,
-         objects: Optional[Mapping[str, Any]] = None, held: Any = ()) -> None:
+         objects: Optional[Mapping[str, Any]] = None, held: Any = (), numbering: Any = None) -> None:
     """Start keeping (Checkpointer.load_latest, at a fresh start or after a resume), where it applies: a job of
     two nodes or more, a model and its optimizer, peer heal not turned off. ``objects``: load_latest's stateful
     extras; ``held``: the extras' names in the state resumed from (each must be among them to trust it at once)."""
@@ -263,6 +266,7 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
             or world_size() <= max(1, env.local_world_size) or world_size() % max(1, env.local_world_size)):
         return
     keeper = STATE["peer"] = Keeper(run, model, optimizer, loader, step)
+    keeper.numbering = numbering if numbering in NUMBERINGS else None  # (as the state resumed from learnt it)
     objects = dict(objects or {})
     if not peerstate.unkeepable(objects, None):
         keeper.live = objects  # their states are taken from the first should_stop(): the first save compares them
@@ -271,11 +275,11 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
             keeper.trusted = True
 
 
-def checked() -> bool:
+def checked() -> Any:
     """The step count was checked at a save of this attempt (a checkpoint saved now says so: a resume from it keeps
-    at once)."""
+    at once), and how the script counts skipped steps where a save told it (NUMBERINGS) in place of True."""
     keeper = STATE.get("peer")
-    return keeper is not None and keeper.trusted is True
+    return (keeper.numbering or True) if keeper is not None and keeper.trusted is True else False
 
 
 def saved(step: int, extra: Mapping[str, Any], per_rank: Any) -> None:

@@ -215,13 +215,14 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
     given = sorted(k for k, v in {"model": model, "optimizer": optimizer, "loader": loader}.items() if v is not None)
     drill.record({"e": "load", "step": verdict.step, "path": None, "peer": verdict.nodes, "restored": given,
                   "held": given})
-    started(run, model, optimizer, loader, verdict.step, "peer", verdict.nodes, objects=objects, held=extra)
+    started(run, model, optimizer, loader, verdict.step, "peer", verdict.nodes, checked=shared.get("numbering") or True,
+            objects=objects, held=extra)
     return {"step": verdict.step, "path": None, "peer": verdict.nodes, "extra": extra, "per_rank": None,
             "world_size": world_size()}
 
 
 def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: Optional[int], how: str,
-            nodes: Optional[List[str]] = None, checked: bool = False, objects: Optional[Dict[str, Any]] = None,
+            nodes: Optional[List[str]] = None, checked: Any = False, objects: Optional[Dict[str, Any]] = None,
             held: Any = ()) -> None:
     """Where this attempt started (``how``: peer, checkpoint or fresh): rank 0 records it in the run directory
     (contract.RECOVERY_FILE: status and report show it per attempt); then the keeping starts, at once where the
@@ -238,5 +239,6 @@ def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: O
                 fh.write(json.dumps(line) + "\n")
         except OSError:
             pass  # a help for status; the run goes on
-    peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer" or checked, objects=objects,
-                  held=held)
+    known = checked in peerheal.NUMBERINGS  # (checked: True, or how the script counts skipped steps, as learnt)
+    peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer" or checked is True or known,
+                  objects=objects, held=held, numbering=checked if known else None)
