@@ -144,7 +144,8 @@ def compare(name: str, what: str, ref: Run, runs: Sequence[Run], interrupted: in
         return Verdict(name, False, f"{what}: differs after the resume (step {first}): its save at the stop was given "
                        f"step {early[0]} at should_stop() call {early[1]}: should_stop() was asked before the step's "
                        "work, with its batch already drawn, which the checkpoint counts as done and the resumed run "
-                       "skips; ask it after optimizer.step()", first)
+                       "skips; ask it after optimizer.step() (or the count leaves out steps the calls count: a "
+                       "skipped one)", first)
     if first is not None:
         resumed = loads[0]["step"] if loads else "?"
         order = [e for r in [ref, *runs] for e in r.events.get(0, []) if e["e"] == "order"]
