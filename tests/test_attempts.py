@@ -300,3 +300,22 @@ def test_slurmstepd_s_oom_kill_event_alone_is_the_program_s(tmp_path):
     assert why.startswith("out of memory: Slurm detected 2 OOM kill(s) in the step: the program, not the node"), why
     assert recorded_attempt(run, f"srun: error: node2: tasks 2-3: Killed\n{said}\n").evidence == \
         f'srun-0.0.err: "{said}"'
+
+
+def test_after_a_sigterm_srun_s_word_of_a_failed_node_is_waited_for_a_moment(tmp_path):
+    """CI, Slurm 26.05: Slurm ended a job whose node died and requeued it, and its SIGTERM reached the batch script
+    before srun had written "Node failure on node2": the attempt was recorded as a plain SIGTERM, the node never
+    named. The word is now read again for a moment (within KillWait)."""
+    import threading
+    import time
+
+    from clusterddp.healing.__main__ import _slurm_word
+
+    err = tmp_path / "srun-0.0.err"
+    err.write_text("srun: Job step aborted\n")
+    threading.Timer(0.5, lambda: err.write_text("srun: error: Node failure on node2\n")).start()
+    begun = time.monotonic()
+    lost = _slurm_word(err, wait=3.0)
+    assert lost is not None and lost.nodes == ("node2",) and 0.4 < time.monotonic() - begun < 2.0, lost
+    begun = time.monotonic()
+    assert _slurm_word(tmp_path / "srun-1.0.err", wait=0.5) is None and time.monotonic() - begun < 1.5

@@ -23,6 +23,8 @@ from ..rollcall import printable, runtime_failure
 from . import attempts, faults, identity, supervise
 from .supervise import Act, Action, Policy
 
+TERM_WAIT_S = 2.0  # after a SIGTERM, how long srun's messages are read again for Slurm's word of a failed node
+
 _MAX_HOSTS = 1 << 16
 
 
@@ -70,6 +72,18 @@ def _prepare(run_dir: Path, trial: str) -> Optional[str]:
         write_atomic(run_dir / contract.TRIAL_FILE, trial + "\n")
     (run_dir / "health").mkdir(exist_ok=True)
     return None
+
+
+def _slurm_word(step_err: Path, wait: float = TERM_WAIT_S) -> Optional[faults.Fault]:
+    """Slurm's word of a failed node in srun's messages, waited for a moment after a SIGTERM: Slurm ends a job whose
+    node failed and tells srun, and the SIGTERM can come first (CI, Slurm 26.05: recorded as a plain SIGTERM, the
+    node never named). Within KillWait (5 s on the test cluster, 30 s by default)."""
+    deadline = time.monotonic() + wait
+    while True:
+        lost = faults.slurm_lost_node(step_err)
+        if lost is not None or time.monotonic() >= deadline:
+            return lost
+        time.sleep(0.2)
 
 
 def _unrecorded_node_failure(run_dir: Path, restart: int, history: Sequence[attempts.Attempt]) -> None:
@@ -177,7 +191,7 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
         return Action(Act.REQUEUE, (), tuple(bad))
     step_err = run_dir / contract.STEP_ERR.format(restarts=args.restart, attempt=args.attempt)
     if args.signal == "TERM":
-        lost = faults.slurm_lost_node(step_err)
+        lost = _slurm_word(step_err)
         if lost is not None:  # Slurm ends a job whose node failed (and requeues it itself, where it may)
             nxt = contract.NEXT_REQUEUE if policy.requeues else contract.NEXT_END
             print(f"clusterddp: Slurm ended this attempt for the failure of {','.join(lost.nodes) or 'a node'}"
