@@ -296,11 +296,13 @@ def test_a_single_process_job_s_load_leaves_node_memory_alone(job, monkeypatch):
 class Link:
     def __init__(self, *args, **kwargs):
         self.frames: dict = {}
+        self.values: dict = {}
 
-    def send(self, step, payload):
-        self.frames[step] = payload  # (as if its source had sent the same: the rank before it on the ring)
+    def send(self, step, payload, values=False):
+        # (as if its source had sent the same: the rank before it on the ring)
+        (self.values if values else self.frames)[step] = payload
 
-    def drain(self, wait_for=None, seconds=0.0):
+    def drain(self, wait_for=None, seconds=0.0, values=False):
         pass
 
     def close(self):

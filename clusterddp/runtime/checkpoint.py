@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .. import contract
 from ..errors import RuntimeEnvError
 from . import ckptfile, ckptowner, drill, peerheal, peerload, peerstate, rundir, telemetry, writer
-from .ckptstate import check_payload, cpu_copy, rng_state, saved_rng, set_rng_state
+from .ckptstate import check_payload, cpu_copy, restore, rng_state, saved_rng
 from .collect import broadcast_json, gather_json
 from .group import barrier, is_main, print0, rank, unwrap, world_size
 
@@ -251,6 +251,17 @@ class Checkpointer:
                 found["skipped"].append(f"{candidate} ({type(exc).__name__}: {str(exc)[:120]})")
         return None
 
+    def _say_found(self, found: Dict[str, Any]) -> Dict[str, Any]:
+        """What rank 0 found and passed over, said (every rank: a refusal raises on each)."""
+        if found["foreign"]:
+            self._say_foreign(found)
+        if found["refused"]:
+            raise RuntimeEnvError(found["refused"])
+        for skipped in found["skipped"]:
+            print0(f"clusterddp: checkpoint {skipped} is damaged and was passed over"
+                   + (f"; loading {found['path']}" if found["path"] else ""))
+        return found
+
     def _say_foreign(self, found: Dict[str, Any]) -> None:
         """The line about another run's checkpoints passed over (rank 0's findings, on rank 0)."""
         path, run = found["foreign"][-1]
@@ -265,7 +276,7 @@ class Checkpointer:
 
     def load_latest(self, model: Any = None, optimizer: Any = None, loader: Any = None,
                     weights_only: bool = True, start_from: Optional[str] = None,
-                    **objects: Any) -> Optional[Dict[str, Any]]:
+                    per_rank: Optional[Dict[str, Any]] = None, **objects: Any) -> Optional[Dict[str, Any]]:
         """Restore this run's newest checkpoint into the given objects; returns it (step, extra, ...) or None.
 
         Only this run's own checkpoints are resumed (a requeue or retry of the job, a rerun of a sweep trial):
@@ -276,40 +287,37 @@ class Checkpointer:
         Loaded with ``weights_only=True``: tensors and plain data only, since a run directory may be shared and a
         planted checkpoint would otherwise run code at load. What ``save`` writes is all of that kind (random
         states included); ``weights_only=False`` for a checkpoint of your own that holds other objects in
-        ``extra``. ``objects``: save()'s stateful extra= objects by name (sched=sched), restored from it."""
+        ``extra``. ``objects``: save()'s stateful extra= objects by name (sched=sched), restored from it.
+        ``per_rank``: the dict of this rank's own values that the script updates in place and gives every save,
+        updated with those the checkpoint holds (peer heal then keeps them too: docs/node-failure.md)."""
         import torch
 
         self.wait()
-        peerstate.check_objects(objects)
-        healed = peerload.resume(self.run, self._paths, model, optimizer, loader, objects)  # issue 55: a lost node
+        peerstate.check_objects(objects, per_rank)
+        healed = peerload.resume(self.run, self._paths, model, optimizer, loader, objects, per_rank)  # issue 55
         if healed is not None:
             return healed
         if start_from is None:
             start_from = os.environ.get(contract.START_FROM) or None
         found, payload = self._newest_loadable(weights_only, start_from) if is_main() else ({}, None)
-        found = broadcast_json(found)
-        if found["foreign"]:
-            self._say_foreign(found)
-        if found["refused"]:
-            raise RuntimeEnvError(found["refused"])
-        for skipped in found["skipped"]:
-            print0(f"clusterddp: checkpoint {skipped} is damaged and was passed over"
-                   + (f"; loading {found['path']}" if found["path"] else ""))
+        found = self._say_found(broadcast_json(found))
         path = found["path"]
         if path is None:
             if found["skipped"]:
                 raise RuntimeEnvError(f"no checkpoint in {self.directory} could be loaded (every one of them is "
                                       "damaged); move them aside to start afresh")
             drill.record({"e": "load", "step": None})
-            peerload.started(self.run, model, optimizer, loader, None, "fresh", objects=objects)
+            peerload.started(self.run, model, optimizer, loader, None, "fresh", objects=objects, mine=per_rank)
             return None
         if payload is None:
             payload = torch.load(rundir.at(path), map_location="cpu", weights_only=weights_only)
-        self._restore(payload, path, model, optimizer, loader)
+        restore(payload, path, model, optimizer, loader)
         peerstate.restore_objects(objects, payload.get("extra"), f"checkpoint {path}")
         payload["path"] = path
         ranks = payload.get("per_rank")  # this rank's own (none when the world size changed)
         payload["per_rank"] = ranks[rank()] if isinstance(ranks, list) and len(ranks) == world_size() else None
+        if per_rank is not None and isinstance(payload["per_rank"], dict):
+            per_rank.update(payload["per_rank"])
         if found.get("by"):  # another job of yours that wrote into this directory: its work continues, said
             print0(f"clusterddp: resuming {path} (step {payload['step']}), written by run {found['by']}: another job "
                    "with this checkpoint directory")
@@ -321,28 +329,6 @@ class Checkpointer:
                       "restored": sorted(k for k, v in given.items() if v is not None and payload.get(k) is not None),
                       "held": sorted(k for k in given if payload.get(k) is not None)})
         peerload.started(self.run, model, optimizer, loader, payload["step"], "checkpoint",
-                         checked=payload.get("peer_checked"), objects=objects, held=payload.get("extra") or {})
+                         checked=payload.get("peer_checked"), objects=objects, mine=per_rank,
+                         held=list(payload.get("extra") or {}) + (["per_rank"] if payload["per_rank"] else []))
         return payload
-
-    def _restore(self, payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:
-        """The payload into the given objects, the random states and the step count."""
-        if model is not None:
-            unwrap(model).load_state_dict(payload["model"])
-        if optimizer is not None and payload["optimizer"] is not None:
-            optimizer.load_state_dict(payload["optimizer"])
-        if loader is not None and payload["loader"] is not None:
-            loader.load_state_dict(payload["loader"])
-        if payload["world_size"] == world_size():
-            set_rng_state(payload["rng"][rank()])
-        else:
-            print0(f"clusterddp: checkpoint {path} was written by {payload['world_size']} ranks, this job has "
-                   f"{world_size()}: random number states not restored (results will differ from an "
-                   "uninterrupted run)")
-        if model is not None and getattr(model, "static_graph", False) and world_size() > 2:
-            print0("clusterddp: this model is wrapped with static_graph=True, so DDP lays out its gradient buckets "
-                   "again after this first step: with 3 or more ranks the resumed run can differ from an "
-                   "uninterrupted one in the last bits (runtime.wrap without static_graph resumes exactly)")
-        steps = telemetry.current()
-        if steps is not None:
-            done = payload.get("telemetry_steps")
-            steps.resumed(done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None)

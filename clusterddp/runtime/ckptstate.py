@@ -6,7 +6,9 @@ import base64
 from typing import Any, Dict, Mapping
 
 from ..errors import RuntimeEnvError
-from .group import print0
+from . import telemetry
+from .group import print0, unwrap
+from .state import rank, world_size
 
 
 def rng_state() -> Dict[str, Any]:
@@ -115,3 +117,27 @@ def check_payload(payload: Any) -> None:
         if isinstance(payload, dict) else ["a dict"]
     if missing:
         raise KeyError(f"not a checkpoint of Checkpointer.save: no {', '.join(missing)}")
+
+
+def restore(payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:
+    """The payload into the given objects, the random states and the step count."""
+    if model is not None:
+        unwrap(model).load_state_dict(payload["model"])
+    if optimizer is not None and payload["optimizer"] is not None:
+        optimizer.load_state_dict(payload["optimizer"])
+    if loader is not None and payload["loader"] is not None:
+        loader.load_state_dict(payload["loader"])
+    if payload["world_size"] == world_size():
+        set_rng_state(payload["rng"][rank()])
+    else:
+        print0(f"clusterddp: checkpoint {path} was written by {payload['world_size']} ranks, this job has "
+               f"{world_size()}: random number states not restored (results will differ from an "
+               "uninterrupted run)")
+    if model is not None and getattr(model, "static_graph", False) and world_size() > 2:
+        print0("clusterddp: this model is wrapped with static_graph=True, so DDP lays out its gradient buckets "
+               "again after this first step: with 3 or more ranks the resumed run can differ from an "
+               "uninterrupted one in the last bits (runtime.wrap without static_graph resumes exactly)")
+    steps = telemetry.current()
+    if steps is not None:
+        done = payload.get("telemetry_steps")
+        steps.resumed(done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None)

@@ -15,14 +15,15 @@ run and node; the next attempt reads it, uses it or not, and removes it.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from . import drill, peerstate
+from . import drill, peerpaths, peerstate
 from .group import print0, unwrap
 from .peerlink import Link, LostPeer, lost_peer
-from .peerpaths import enabled, node_dir, node_name
+from .peerpaths import enabled, node_name
 from .peerstate import digest, pack_rng, unpack_rng
 from .state import STATE, rank, world_size
 
@@ -43,8 +44,11 @@ class Keeper:
         self.stepping = False
         self.live: Dict[str, Any] = {}  # stateful extra= objects (save()'s), and their states at a step's end
         self.extras: Tuple[int, Dict[str, Any]] = (-1, {})
+        # the per_rank= dict load_latest was given (kept in place by the script), its values (JSON) at that step's end
+        self.mine: Optional[Dict[str, Any]] = None
+        self.values: Optional[str] = None
         self.skipped = -1  # an optimizer step count at whose should_stop() the extras changed without a step
-        self.at_save: Tuple[int, Dict[str, Any]] = (-1, {})  # the extras' states at a save before its should_stop()
+        self.at_save: Tuple[int, Dict[str, Any], Optional[str]] = (-1, {}, None)  # a save's before its should_stop()
         # should_stop() calls with no optimizer step since the one before (a GradScaler's skipped step, or one call
         # per micro-batch): whether the script counts them is told by a save ("iterations": they move the offset)
         # (idle: such calls since the last save, the numbering unknown; after: since the last optimizer step; seen:
@@ -102,10 +106,21 @@ class Keeper:
         """{rank: random states} this rank holds for the last completed step: its own, and its source's where they
         arrived (waited for up to 2 s: a lost source's never come; the send to a lost buddy is not needed here)."""
         step = self.done["step"]
-        self.link.drain(wait_for=step, seconds=2)
+        self.link.drain(wait_for=step, seconds=2, values=self.mine is not None)  # (sent after the random states)
         out = {str(rank()): unpack_rng(self.done["own"])}
         if step in self.link.frames:
             out[str(self.source)] = unpack_rng(self.link.frames[step])
+        return out
+
+    def held_values(self) -> Optional[Dict[str, str]]:
+        """{rank: per_rank= values (JSON)} this rank holds for the last completed step (its own, its source's where
+        they arrived: held() waited for them); None where the script gave load_latest no per_rank= dict."""
+        if self.mine is None:
+            return None
+        out = {str(rank()): self.values or ""}
+        got = self.link.values.get(self.done["step"])
+        if got is not None:
+            out[str(self.source)] = got.decode()
         return out
 
     def saved(self, step: int, extra: Mapping[str, Any], per_rank: Any) -> None:
@@ -113,8 +128,8 @@ class Keeper:
         resume at another step), and the state all that a save keeps (stateful extras: taken at each step's end)."""
         if self.trusted is False:
             return
-        why, count, idle, self.idle, self.unsure = peerstate.unkeepable(extra, per_rank), self.offset + self.taken, \
-            self.idle, 0, False
+        why, count, idle, self.idle, self.unsure = peerstate.unkeepable(extra, per_rank, self.mine), \
+            self.offset + self.taken, self.idle, 0, False
         pending = int(self.loader is not None and self._idle_now())  # (a skip this step's should_stop() will count)
         if idle + pending and int(step) in (count, count + idle + pending) and self.numbering is None:
             self.numbering = "optimizer" if int(step) == count else "iterations"  # (iterations: the skips count)
@@ -130,10 +145,11 @@ class Keeper:
             self._off(why)
         else:
             self.trusted, self.live = True, dict(extra)
+            now, values = peerstate.snapshot(self.live), self._values()
             if self.extras[0] == int(step):  # this step's should_stop() came first
-                self._agree(int(step), self.extras[1], peerstate.snapshot(self.live), "should_stop()", "save()")
+                self._agree(int(step), (self.extras[1], self.values), (now, values), "should_stop()", "save()")
             else:
-                self.at_save = (int(step), peerstate.snapshot(self.live))  # compared at its should_stop() (ended)
+                self.at_save = (int(step), now, values)  # compared at its should_stop() (ended)
 
     def _renumber(self, by: int) -> None:
         """The script counts the skipped steps: what is numbered so far moves with them (the last completed step,
@@ -145,13 +161,25 @@ class Keeper:
             self.extras = (self.extras[0] + by, self.extras[1]) if self.extras[0] >= 0 else self.extras
             self.link.frames = {k + by: v for k, v in self.link.frames.items()}
 
-    def _agree(self, step: int, at_stop: Dict[str, Any], at_save: Dict[str, Any], first: str, then: str) -> None:
-        """A step's save() and its should_stop() must see the same extras' states: peer heal resumes exactly what
-        a checkpoint of that step would, or not at all."""
-        changed = peerstate.changed(at_stop, at_save)
+    def _values(self) -> Optional[str]:
+        """The per_rank= dict's values now, as JSON (None: no such dict; a value JSON cannot hold turns peer heal
+        off: a save could not record it either)."""
+        if self.mine is None:
+            return None
+        try:
+            return json.dumps(self.mine, sort_keys=True, allow_nan=True)
+        except (TypeError, ValueError) as exc:
+            self._off(f"the per_rank= values are not JSON ({exc})")
+            return None
+
+    def _agree(self, step: int, at_stop: Tuple[Dict[str, Any], Optional[str]],
+               at_save: Tuple[Dict[str, Any], Optional[str]], first: str, then: str) -> None:
+        """A step's save() and its should_stop() must see the same extras' states and per_rank= values: peer heal
+        resumes exactly what a checkpoint of that step would, or not at all."""
+        changed = peerstate.changed(at_stop[0], at_save[0]) + (["per_rank"] if at_stop[1] != at_save[1] else [])
         if changed:
-            why = (f"{', '.join(changed)} changed between step {step}'s {first} and its {then} (a sched.step() or "
-                   "scaler.update() between them)")
+            why = (f"{', '.join(changed)} changed between step {step}'s {first} and its {then} (a sched.step(), "
+                   "scaler.update() or a per_rank= value updated between them)")
             drill.record({"e": "order", "why": why})  # (the drill's verdict names it)
             self._off(f"{why}, so the state peer heal copies at should_stop() is not the checkpoint's; update them "
                       "before both")
@@ -165,7 +193,8 @@ class Keeper:
             return
         idle = self._idle_now()
         self.at_end, self.seen = self.taken, self._position()
-        skip = self._extras_at_end(self.offset + self.taken) if self.live and self.trusted is not False else False
+        skip = self._extras_at_end(self.offset + self.taken, idle) \
+            if (self.live or self.mine is not None) and self.trusted is not False else False
         self.after += idle
         if idle and self.numbering == "iterations":
             self.offset += 1  # a skipped optimizer step: the script counted it
@@ -174,18 +203,28 @@ class Keeper:
         elif idle and skip:  # counted as optimizer steps so far, yet a skipped one: is it counted? the next save says
             self.unsure = True
 
-    def _extras_at_end(self, step: int) -> bool:
-        """The extras' states at this step's end; True where they changed with no optimizer step (a skip)."""
-        now = peerstate.snapshot(self.live)
+    def _extras_at_end(self, step: int, idle: bool) -> bool:
+        """The extras' states and per_rank= values at this step's end, the values sent to the buddy; True where the
+        extras changed with no optimizer step (a skip). After a call with no optimizer step (``idle``) the values
+        hold a batch no completed step took: none are kept until the next one's should_stop()."""
+        now, values = peerstate.snapshot(self.live), self._values()
         if self.at_save[0] == step:
-            saved, self.at_save = self.at_save[1], (-1, {})
-            self._agree(step, now, saved, "save()", "should_stop()")
+            saved, self.at_save = self.at_save, (-1, {}, None)
+            self._agree(step, (now, values), saved[1:], "save()", "should_stop()")
         skip = step == self.extras[0] and digest(now) != digest(self.extras[1])
-        if skip or step == self.skipped:
-            self.extras, self.skipped = (-1, {}), step
+        if skip or step == self.skipped or (idle and self.mine is not None):
+            self.extras, self.skipped, self.values = (-1, {}), step, None
         else:
-            self.extras = (step, now)
+            self.extras, self.values = (step, now), values
+            if values is not None:
+                self._send_values(step, values)
         return skip
+
+    def _send_values(self, step: int, values: str) -> None:
+        try:
+            self.link.send(step, values.encode(), values=True)
+        except OSError as exc:
+            raise LostPeer(f"peer heal: rank {self.buddy}, this rank's buddy, is gone ({exc})") from exc
 
     def _off(self, why: str) -> None:
         self.trusted, self.off_why = False, why
@@ -203,7 +242,7 @@ class Keeper:
 
     def _write(self) -> Optional[str]:
         try:
-            return write(self)
+            return peerpaths.write(self, self.declined())
         except Exception as failed:  # a help: the checkpoint is still there
             print(f"clusterddp: peer heal: this rank's state was not kept ({type(failed).__name__}: {failed})",
                   flush=True)
@@ -220,11 +259,12 @@ class Keeper:
             return (f"{self.idle or 1} should_stop() call(s) since the last save came with no optimizer step since the "
                     "one before (a skipped optimizer step, or one call per micro-batch), so the step the script "
                     "counts is not known until its next save")
-        if not self.live:
+        if not self.live and self.mine is None:
             return None
         if self.extras[0] != self.done["step"]:
+            kept = sorted(self.live) + (["the per_rank= values"] if self.mine is not None else [])
             return (f"the peer was lost after optimizer step {self.done['step']} and before its should_stop(), where "
-                    f"the states of {', '.join(sorted(self.live))} are taken")
+                    f"the states of {', '.join(kept)} are taken")
         changed = peerstate.changed(self.extras[1], peerstate.snapshot(self.live))
         if changed:  # (sched.step() after should_stop(): the copy is a step behind; at a step's start: it is right)
             return (f"{', '.join(changed)} changed after step {self.done['step']}'s should_stop() with no optimizer "
@@ -241,7 +281,7 @@ class Keeper:
         whole = not STATE["env"].local_rank  # one copy a node (local rank 0's): the others keep what is theirs
         return {"run": self.run, "uid": os.getuid(), "node": node_name(), "rank": rank(), "world_size": world_size(),
                 "step": self.done["step"], "time": time.time(), "telemetry_steps": self.done["telemetry_steps"],
-                "rng": self.held(),
+                "rng": self.held(), "values": self.held_values(),
                 "parameters_digest": digest({**{k: v for k, v in shared.items() if k != "model"},
                                              "parameters": peerstate.parameters(self.model)}),
                 "buffers": peerstate.buffered(self.model, shared["model"]), "digest": digest(shared) if whole else None,
@@ -252,10 +292,12 @@ NUMBERINGS = ("optimizer", "iterations")
 
 
 def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int, trusted: bool = False,
-         objects: Optional[Mapping[str, Any]] = None, held: Any = (), numbering: Any = None) -> None:
+         objects: Optional[Mapping[str, Any]] = None, held: Any = (), numbering: Any = None,
+         mine: Optional[Dict[str, Any]] = None) -> None:
     """Start keeping (Checkpointer.load_latest, at a fresh start or after a resume), where it applies: a job of
     two nodes or more, a model and its optimizer, peer heal not turned off. ``objects``: load_latest's stateful
-    extras; ``held``: the extras' names in the state resumed from (each must be among them to trust it at once)."""
+    extras; ``held``: the extras' names in the state resumed from, and "per_rank" where it held such values (each
+    must be given, as objects or as ``mine``: load_latest's per_rank= dict, to trust it at once)."""
     old = STATE.pop("peer", None)
     if old is not None:
         for hook in old.hooks:
@@ -268,9 +310,10 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
     keeper = STATE["peer"] = Keeper(run, model, optimizer, loader, step)
     keeper.numbering = numbering if numbering in NUMBERINGS else None  # (as the state resumed from learnt it)
     objects = dict(objects or {})
-    if not peerstate.unkeepable(objects, None):
+    keeper.mine = mine
+    if not peerstate.unkeepable(objects, None, None):
         keeper.live = objects  # their states are taken from the first should_stop(): the first save compares them
-        if trusted and set(held) <= set(objects):
+        if trusted and set(held) <= set(objects) | ({"per_rank"} if mine is not None else set()):
             # resumed from a state that was kept only where the step count was checked, its extras given as objects
             keeper.trusted = True
 
@@ -286,30 +329,3 @@ def saved(step: int, extra: Mapping[str, Any], per_rank: Any) -> None:
     keeper = STATE.get("peer")
     if keeper is not None:
         keeper.saved(step, extra, per_rank)
-
-
-def write(keeper: Keeper) -> Optional[str]:
-    import torch
-
-    why = keeper.declined()
-    state = keeper.state() if why is None else {"run": keeper.run, "uid": os.getuid(), "node": node_name(),
-                                                "rank": rank(), "declined": why}
-    where = node_dir(keeper.run)
-    if state is None or where is None:
-        return None
-    os.makedirs(where, 0o700, exist_ok=True)
-    path = os.path.join(where, f"rank-{rank()}.pt")
-    temp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)  # (node memory: a /dev/shm full of a half-written state would hold it until a reboot)
-        raise
-    if why is not None:  # (written all the same: the next attempt says why it resumes from the checkpoint)
-        print(f"clusterddp: peer heal: rank {rank()} kept no state: {why}", flush=True)
-        return None
-    print(f"clusterddp: peer heal: rank {rank()} kept the state of step {state['step']} in {path}", flush=True)
-    return path

@@ -18,7 +18,8 @@ from typing import Any, Dict, Optional
 _FRAME = struct.Struct("<IQ")  # payload length, step
 _LIMIT = 1 << 16
 _READ = 1 << 16
-_SAME = 0xFFFFFFFF  # a frame's length that says: the same payload as the last
+_SAME = 0xFFFFFFFF  # a frame's length that says: the same payload as the last (of its kind)
+_VALUES = 1 << 63   # a frame's step with this bit: it holds the rank's per_rank= values (JSON), not random states
 
 
 def _own_address(master: str) -> str:
@@ -57,8 +58,9 @@ class Link:
         listener.close()
         self.pending = b""
         self.frames: Dict[int, bytes] = {}  # the source's random states by step (the last two)
-        self.sent: Optional[bytes] = None   # the last payload sent, and received
-        self.last: Optional[bytes] = None
+        self.values: Dict[int, bytes] = {}  # its per_rank= values by step (the last two), where the script has them
+        self.sent: Dict[int, bytes] = {}    # the last payload sent, and received, by kind (0 or _VALUES)
+        self.last: Dict[int, bytes] = {}
         self.closed = False
 
     @staticmethod
@@ -81,24 +83,26 @@ class Link:
                 return conn
             conn.close()  # not our source: unread
 
-    def send(self, step: int, payload: bytes) -> None:
-        """The payload of ``step``; one the same as the last sent goes as a header alone (random states that no
-        draw changed: most steps of a script without dropout)."""
-        if payload == self.sent:
-            self.out.sendall(_FRAME.pack(_SAME, step))
+    def send(self, step: int, payload: bytes, values: bool = False) -> None:
+        """The payload of ``step`` (random states, or with ``values`` the per_rank= values); one the same as the last
+        of its kind goes as a header alone (random states that no draw changed: most steps without dropout)."""
+        kind = _VALUES if values else 0
+        if payload == self.sent.get(kind):
+            self.out.sendall(_FRAME.pack(_SAME, step | kind))
             return
-        self.out.sendall(_FRAME.pack(len(payload), step) + payload)
-        self.sent = payload
+        self.out.sendall(_FRAME.pack(len(payload), step | kind) + payload)
+        self.sent[kind] = payload
 
-    def drain(self, wait_for: Optional[int] = None, seconds: float = 0.0) -> None:
-        """Read what arrived (without waiting, or until the frame of step ``wait_for`` is in, the source has
-        closed, or ``seconds`` passed)."""
+    def drain(self, wait_for: Optional[int] = None, seconds: float = 0.0, values: bool = False) -> None:
+        """Read what arrived (without waiting, or until the frame of step ``wait_for``, of random states or with
+        ``values`` of per_rank= values, is in, the source has closed, or ``seconds`` passed)."""
         deadline = time.monotonic() + seconds
         while not self.closed:
             try:
                 chunk = self.inc.recv(_READ)
             except BlockingIOError:
-                if wait_for is None or wait_for in self.frames or time.monotonic() > deadline:
+                if wait_for is None or wait_for in (self.values if values else self.frames) or \
+                        time.monotonic() > deadline:
                     return
                 time.sleep(0.005)
                 continue
@@ -116,16 +120,22 @@ class Link:
     def _frames(self) -> None:
         while len(self.pending) >= _FRAME.size:
             size, step = _FRAME.unpack_from(self.pending)
-            if size == _SAME and self.last is not None:
-                payload, size = self.last, 0
+            kind, step = step & _VALUES, step & ~_VALUES
+            if size == _SAME and kind in self.last:
+                payload, size = self.last[kind], 0
             elif size > _LIMIT:
                 self.closed = True  # not our frames: nothing more is read
                 return
             elif len(self.pending) < _FRAME.size + size:
                 return
             else:
-                payload = self.last = self.pending[_FRAME.size:_FRAME.size + size]
-            self.frames = {step: payload, **{k: v for k, v in self.frames.items() if k == step - 1}}
+                payload = self.last[kind] = self.pending[_FRAME.size:_FRAME.size + size]
+            held = self.values if kind else self.frames
+            kept = {step: payload, **{k: v for k, v in held.items() if k == step - 1}}
+            if kind:
+                self.values = kept
+            else:
+                self.frames = kept
             self.pending = self.pending[_FRAME.size + size:]
 
     def close(self) -> None:

@@ -56,6 +56,11 @@ def decide(entries: Sequence[Optional[Dict[str, Any]]], world: int, newest_check
     if missing:
         return (f"no survivor holds the random states of rank(s) {','.join(map(str, missing))} (each rank's are "
                 "held by its own node and the next one: two neighbouring nodes lost, or a survivor's state unusable)")
+    if any(e.get("values") is not None for _, e in held):  # (the script keeps per_rank= values: every rank's needed)
+        gone = sorted(set(range(world)) - {int(r) for _, e in held for r, v in (e.get("values") or {}).items() if v})
+        if gone:
+            return (f"no survivor holds the per_rank= values of rank(s) {','.join(map(str, gone))} (each rank's are "
+                    "held by its own node and the next one)")
     step = held[0][1]["step"]
     if newest_checkpoint is not None and step < newest_checkpoint:
         return f"the survivors' state (step {step}) is older than the checkpoint of step {newest_checkpoint}"
@@ -70,9 +75,10 @@ def decide(entries: Sequence[Optional[Dict[str, Any]]], world: int, newest_check
     return Use(source_new, int(step), source["digest"], sorted({e["node"] for _, e in held}))
 
 
-def random_states(entries: Sequence[Optional[Dict[str, Any]]]) -> Dict[int, Any]:
-    """Every rank's random states at the step resumed, from the survivors that hold them (its own or its buddy's)."""
-    return {int(k): v for e in entries if e for k, v in e["rng"].items()}
+def random_states(entries: Sequence[Optional[Dict[str, Any]]], key: str = "rng") -> Dict[int, Any]:
+    """Every rank's random states (or with ``key`` "values" its per_rank= values) at the step resumed, from the
+    survivors that hold them (its own or its buddy's)."""
+    return {int(k): v for e in entries if e for k, v in (e.get(key) or {}).items()}
 
 
 #: What every state file holds ("shared": the parameters and optimizer, or None where another rank of the node has
@@ -124,6 +130,7 @@ def _mine(run: str) -> tuple:
 
 def _summary(state: Dict[str, Any]) -> Dict[str, Any]:
     return {**{k: state[k] for k in ("rank", "world_size", "parameters_digest", "digest", "rng", "node", "buffers")},
+            "values": state.get("values"),
             "step": state["step"] if "step" in state else state["shared"]["step"],
             "whole": state["shared"] is not None,
             "telemetry_steps": state.get("telemetry_steps")}
@@ -174,10 +181,11 @@ def _newest(paths: Callable[[], List[str]]) -> Optional[int]:
 
 
 def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optimizer: Any, loader: Any,
-           objects: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+           objects: Optional[Dict[str, Any]] = None, mine: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """The payload ``load_latest`` returns when the survivors' memory seeds this attempt, else None (collective).
     ``paths``: the checkpoints' paths (rank 0 reads their names: a kept state older than the newest is not used);
-    ``objects``: load_latest's stateful extras, restored from the state's."""
+    ``objects``: load_latest's stateful extras, restored from the state's; ``mine``: its per_rank= dict, updated
+    with this rank's values from the state."""
     if run is None or not peerpaths.enabled() or world_size() < 2 or "env" not in STATE:
         return None
     state, note = _mine(run)
@@ -207,6 +215,10 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
     objects = objects or {}
     peerstate.restore_objects(objects, extra, "the survivors' state")
     set_rng_state(saved_rng(random_states(entries)[rank()]))
+    values = random_states(entries, "values").get(rank())
+    per_rank = json.loads(values) if values else None
+    if mine is not None and isinstance(per_rank, dict):
+        mine.update(per_rank)
     steps, done = telemetry.current(), entries[verdict.source]["telemetry_steps"]  # type: ignore[index]
     if steps is not None:
         steps.resumed(done if isinstance(done, int) and done >= 0 else None)
@@ -216,18 +228,18 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
     drill.record({"e": "load", "step": verdict.step, "path": None, "peer": verdict.nodes, "restored": given,
                   "held": given})
     started(run, model, optimizer, loader, verdict.step, "peer", verdict.nodes, checked=shared.get("numbering") or True,
-            objects=objects, held=extra)
-    return {"step": verdict.step, "path": None, "peer": verdict.nodes, "extra": extra, "per_rank": None,
+            objects=objects, held=list(extra) + (["per_rank"] if per_rank is not None else []), mine=mine)
+    return {"step": verdict.step, "path": None, "peer": verdict.nodes, "extra": extra, "per_rank": per_rank,
             "world_size": world_size()}
 
 
 def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: Optional[int], how: str,
             nodes: Optional[List[str]] = None, checked: Any = False, objects: Optional[Dict[str, Any]] = None,
-            held: Any = ()) -> None:
+            held: Any = (), mine: Optional[Dict[str, Any]] = None) -> None:
     """Where this attempt started (``how``: peer, checkpoint or fresh): rank 0 records it in the run directory
     (contract.RECOVERY_FILE: status and report show it per attempt); then the keeping starts, at once where the
     checkpoint it started from was saved with the step count checked (``checked``), else from this attempt's first
-    save."""
+    save. ``held``: the names of what the state held beside the model (extras; "per_rank" for such values)."""
     run_dir = os.environ.get(contract.RUN_DIR)
     why = STATE.pop("peer_why", None)
     if run_dir and rank() == 0:
@@ -241,4 +253,4 @@ def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: O
             pass  # a help for status; the run goes on
     known = checked in peerheal.NUMBERINGS  # (checked: True, or how the script counts skipped steps, as learnt)
     peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer" or checked is True or known,
-                  objects=objects, held=held, numbering=checked if known else None)
+                  objects=objects, held=held, numbering=checked if known else None, mine=mine)

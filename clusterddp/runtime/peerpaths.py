@@ -1,12 +1,12 @@
 """Where peer heal keeps its states (issue 55): this user's private directory in node memory, one per run and node,
-and whether it is on at all."""
+whether it is on at all, and the write of a survivor's state there."""
 from __future__ import annotations
 
 import hashlib
 import os
 import re
 import stat
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from .. import contract
 
@@ -54,3 +54,33 @@ def run_key(run: str) -> str:
 def node_dir(run: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     top = root(environ)
     return None if top is None else os.path.join(top, run_key(run), node_name(environ))
+
+
+def write(keeper: Any, why: Optional[str]) -> Optional[str]:
+    """A survivor's state (``keeper.state()``), or where it cannot tell it (``why``) a file saying why, written
+    in this node's directory of the run (peerheal.Keeper, at a lost peer); returns the state's path."""
+    import torch
+
+    from .state import rank
+
+    state = keeper.state() if why is None else {"run": keeper.run, "uid": os.getuid(), "node": node_name(),
+                                                "rank": rank(), "declined": why}
+    where = node_dir(keeper.run)
+    if state is None or where is None:
+        return None
+    os.makedirs(where, 0o700, exist_ok=True)
+    path = os.path.join(where, f"rank-{rank()}.pt")
+    temp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(state, fh)
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)  # (node memory: a /dev/shm full of a half-written state would hold it until a reboot)
+        raise
+    if why is not None:  # (written all the same: the next attempt says why it resumes from the checkpoint)
+        print(f"clusterddp: peer heal: rank {rank()} kept no state: {why}", flush=True)
+        return None
+    print(f"clusterddp: peer heal: rank {rank()} kept the state of step {state['step']} in {path}", flush=True)
+    return path

@@ -125,10 +125,16 @@ def nbytes(obj: Any) -> int:
     return 0
 
 
-def unkeepable(extra: Mapping[str, Any], per_rank: Any) -> Optional[str]:
-    """Why peer heal cannot hold what a save keeps beside the model, optimizer and loader (None: it can)."""
-    if per_rank is not None:
-        return "save() keeps per_rank= values, which only a save records"
+def unkeepable(extra: Mapping[str, Any], per_rank: Any, mine: Any) -> Optional[str]:
+    """Why peer heal cannot hold what a save keeps beside the model, optimizer and loader (None: it can).
+    ``mine``: the per_rank= dict load_latest was given (the script updates it in place: its values are kept at each
+    step's end); a save's ``per_rank`` must be that very dict, and given whenever it is."""
+    if per_rank is not None and per_rank is not mine:
+        return ("save() keeps per_rank= values, which only a save records (keep them in one dict, updated in place, "
+                "and pass it to load_latest(..., per_rank=mine) and to every save: its values are then kept at each "
+                "step's end)")
+    if per_rank is None and mine is not None:
+        return "a save was given no per_rank= values while load_latest was given per_rank= (pass them to every save)"
     plain = sorted(name for name, value in extra.items() if not stateful(value))
     if plain:
         return (f"save() keeps extra= values ({', '.join(plain)}), which only a save records (pass the object "
@@ -145,8 +151,12 @@ def snapshot(extra: Mapping[str, Any]) -> Dict[str, Any]:
     return {name: copy.deepcopy(value.state_dict()) for name, value in extra.items()}
 
 
-def check_objects(objects: Mapping[str, Any]) -> None:
-    """load_latest's stateful extras: each one an object to restore into (a usage error names the one that is not)."""
+def check_objects(objects: Mapping[str, Any], per_rank: Any = None) -> None:
+    """load_latest's stateful extras: each one an object to restore into (a usage error names the one that is not);
+    its per_rank= a dict to update in place."""
+    if per_rank is not None and not isinstance(per_rank, dict):
+        raise TypeError(f"load_latest(per_rank=...) was given a {type(per_rank).__name__}: pass the dict of this "
+                        "rank's own values that the script updates in place and gives every save(per_rank=...)")
     for name, obj in objects.items():
         if not stateful(obj):
             raise TypeError(f"load_latest({name}=...) was given a {type(obj).__name__}, which has no state_dict and "
