@@ -44,9 +44,9 @@ def node1_ranks(cli: int, launcher: str) -> list:
     return tree.get(agents[1], []) if len(agents) == 2 else []
 
 
-def run_and_kill(work: Path, launcher: str, *extra: str, spoil: bool = False) -> tuple:
+def run_and_kill(work: Path, launcher: str, *extra: str, spoil: bool = False, script: tuple = ()) -> tuple:
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
-                            *LOCAL_SHAPE, *extra, *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY)],
+                            *LOCAL_SHAPE, *extra, *job_args(work, "run", 0.3), "--ckpt-every", str(EVERY), *script],
                            cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not victims_logged(work / "run.log", EVERY + 3) and time.monotonic() < deadline:
@@ -131,12 +131,16 @@ def test_survivors_that_disagree_fall_back_to_the_checkpoint_and_the_run_stays_b
 @pytest.mark.parametrize("launcher,peer", [("srun", True), ("torchrun", True), ("srun", False)])
 def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, launcher, peer):
     """Issue 55: by default the survivors' memory seeds the next attempt (the checkpoints spoilt before the kill:
-    nothing of them is read), at most the step in flight redone; with --no-peer-heal, the last checkpoint."""
+    nothing of them is read), at most the step in flight redone; with --no-peer-heal, the last checkpoint. Each rank
+    keeps its own loss sum in a per_rank= dict (the README example's running loss): resumed from either, each rank's
+    sum is the uninterrupted run's, bit for bit, and peer heal stays on."""
     shutil.copy(SCRIPTS / "resumable.py", tmp_path)
     code, out, err, run_dir = run_and_kill(tmp_path, launcher, "--spare-nodes", "1",
-                                           *([] if peer else ["--no-peer-heal"]), spoil=peer)
+                                           *([] if peer else ["--no-peer-heal"]), spoil=peer, script=("--per-rank",))
     assert code == 0, err
     same_as_reference(tmp_path, reference, peer=peer)
+    assert sorted(p.name for p in tmp_path.glob("run.pt.rank*.json")) == [f"run.pt.rank{r}.json" for r in range(4)]
+    assert "peer heal is off" not in out, out
     first, second = attempts.read(run_dir)
     assert first.nodes == ("local0", "local1") and first.fault_nodes == ("local1",) and first.next == "retry"
     assert first.fault == "suspect" and attempts.at_fault([first, second]) == []  # never quarantined
@@ -168,8 +172,10 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
     # issue 42: the ledger's redone steps are the steps that ran twice; its parts add up to the attempts' spans
     ledger = goodput.ledger(run_dir)
     ran = [step for _, step in steps(tmp_path / "run.log")]
-    assert ledger.redone_steps == len(ran) - len(set(ran)) >= (0 if peer else 1), (ledger.as_json(), ran)
-    assert ledger.steps == len(ran)
+    # (and the step in flight: begun by the survivors, never logged, where the kill came after a should_stop())
+    assert ledger.redone_steps - (len(ran) - len(set(ran))) in (0, 1), (ledger.as_json(), ran)
+    assert ledger.redone_steps >= (0 if peer else 1) and (ledger.redone_steps <= 1 or not peer)
+    assert ledger.steps - len(ran) == ledger.redone_steps - (len(ran) - len(set(ran)))
     (held,) = attempts.allocations(run_dir)  # the emulated allocation: 3 nodes (a spare), the whole local run
     assert held.nodes == ("local0", "local1", "local2") and held.start <= first.start + 1 and held.end >= second.end
     alloc = 3 * (held.end - held.start)
@@ -177,10 +183,10 @@ def test_a_killed_emulated_node_is_replaced_by_a_spare(tmp_path, reference, laun
         ledger.as_json()
     idle = (first.end - first.start) + (second.end - second.start)  # one emulated node of three unused in each
     assert abs(ledger.parts["idle"] - idle) <= 2, ledger.as_json()
-    # (peer heal: the failed attempt's time after its last step is under the attempts' whole-second clock, maybe 0)
-    assert ledger.parts["failed"] >= (0 if peer else 1e-9) and ledger.parts["productive"] > 0
+    # (the failed attempt's time after its last step is under the attempts' whole-second clock: maybe 0)
+    assert ledger.parts["failed"] >= 0 and ledger.parts["productive"] > 0
     assert f"clusterddp: {ledger.line()}" in err
-    assert (f"({ledger.redone_steps} of {len(ran)} steps redone)" in err) == (ledger.redone_steps > 0), err
+    assert (f"({ledger.redone_steps} of {ledger.steps} steps redone)" in err) == (ledger.redone_steps > 0), err
     shown = run_cli("top", "--once", str(run_dir), cwd=tmp_path).stdout.splitlines()
     assert sorted((r.split()[0], r.split()[1]) for r in shown[2:6]) == [("local0", "0"), ("local0", "1"),
                                                                       ("local2", "2"), ("local2", "3")], shown

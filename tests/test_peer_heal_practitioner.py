@@ -179,7 +179,8 @@ def write_state(top, run: str, at: str, rank: int, per_node: int, world: int, st
     return str(where / f"rank-{rank}.pt")
 
 
-def next_attempt(monkeypatch, run: str, placement: list, per_node: int, newest=None, as_rank=0, model=None):
+def next_attempt(monkeypatch, run: str, placement: list, per_node: int, newest=None, as_rank=0, model=None,
+                 mine=None):
     """Every rank of the next attempt (``placement``: its nodes in order) reads its node's state; the gathering is
     replaced by that list and the broadcast by the source's file; then ``load_latest``'s peer step runs as rank
     ``as_rank``. Returns (what it returned, the lines it printed, the gathered entries)."""
@@ -197,7 +198,7 @@ def next_attempt(monkeypatch, run: str, placement: list, per_node: int, newest=N
     monkeypatch.setattr(peerload, "started", lambda *a, **k: None)
     be(monkeypatch, as_rank, world, per_node, placement[as_rank // per_node])
     paths = [f"ck/ckpt-{newest:010d}.pt"] if newest is not None else []
-    return peerload.resume(run, lambda: paths, model, None, None), said, [g["entry"] for g in gathered]
+    return peerload.resume(run, lambda: paths, model, None, None, None, mine), said, [g["entry"] for g in gathered]
 
 
 def test_a_spare_s_rank_resumes_from_the_survivors_files_with_its_own_random_states(job, monkeypatch):
@@ -215,6 +216,28 @@ def test_a_spare_s_rank_resumes_from_the_survivors_files_with_its_own_random_sta
     assert torch.equal(now[0], torch.get_rng_state()) and now[1] == random.getstate()  # old rank 2's, from rank 0
     assert said == ["clusterddp: peer heal: resuming at step 7 from the memory of the ranks that survived on n1 "
                     "(digests agree); nothing read from the checkpoint directory"]
+
+
+def values_of(rank: int) -> str:
+    return json.dumps({"loss_sum": 0.25 * rank + 1 / 3, "seen": 7 + rank}, sort_keys=True)
+
+
+def test_a_spare_s_rank_gets_its_per_rank_values_from_the_survivor_that_held_them(job, monkeypatch):
+    """per_rank= values (a running loss of the rank's share) kept as the docs say: each survivor holds its own and its
+    source's. The lost node's new rank gets old rank 2's values, held by rank 0, in the dict given to load_latest
+    and in what it returns; where one survivor lacks its source's values (they never arrived), nothing is used."""
+    for r in (0, 1):
+        write_state(job, "run-v", "n1", r, 2, 4, 7, values={str(r): values_of(r), str(r + 2): values_of(r + 2)})
+    mine = {"loss_sum": 0.0, "seen": 0, "kept": "as given"}
+    got, said, _ = next_attempt(monkeypatch, "run-v", ["n1", "n3"], 2, newest=4, as_rank=2, mine=mine)
+    assert got["step"] == 7 and got["per_rank"] == json.loads(values_of(2)), got
+    assert mine == {**json.loads(values_of(2)), "kept": "as given"} and got["per_rank"]["loss_sum"] == 0.5 + 1 / 3
+    write_state(job, "run-w", "n1", 0, 2, 4, 7, values={"0": values_of(0), "2": values_of(2)})
+    write_state(job, "run-w", "n1", 1, 2, 4, 7, values={"1": values_of(1)})  # (rank 3's never came)
+    got, said, _ = next_attempt(monkeypatch, "run-w", ["n1", "n3"], 2, newest=4, mine={})
+    assert got is None and said == ["clusterddp: peer heal not used: no survivor holds the per_rank= values of "
+                                    "rank(s) 3 (each rank's are held by its own node and the next one); resuming "
+                                    "from the last checkpoint"], said
 
 
 def test_one_survivor_that_could_not_tell_its_state_makes_the_attempt_resume_from_the_checkpoint(job, monkeypatch):
@@ -509,6 +532,62 @@ def test_a_survivor_that_cannot_tell_its_extras_keeps_why_and_the_next_attempt_s
                                       "(update it before should_stop(), as the checkpoints are saved)"), note
 
 
+def test_per_rank_values_updated_in_place_are_kept_as_they_were_at_the_last_step_s_end(keeping, capsys):
+    """The README example's running loss: load_latest(per_rank=mine) and save(per_rank=mine), mine updated in place
+    each step. Its values are taken at each should_stop() and sent to the buddy; a peer lost in the next step keeps
+    those of the last completed step (not the next step's running sum, updated before its all-reduce), its source's
+    beside them. After a skipped step (a should_stop() with no optimizer step), none are kept until the next step's
+    should_stop(): they hold a batch no completed step took."""
+    model, opt, _ = keeping()
+    mine = {"sum": 0.0, "n": 0}
+    peerload.started("run-k", model, opt, None, 0, "fresh", mine=mine)
+    keeper = STATE["peer"]
+
+    def step(loss, optimizer_step=True):
+        train(model, opt, 1, skip={0} if not optimizer_step else ())
+        mine["sum"] += loss
+        mine["n"] += 1
+        keeper.ended()
+
+    step(0.5)
+    peerheal.saved(1, {}, mine)
+    step(0.25)
+    mine["sum"] += 99.0  # step 3's running sum, before its backward: a peer lost there
+    state = torch.load(keeper.on_exception(LOST), weights_only=True)
+    assert state["step"] == 2 and json.loads(state["values"]["2"]) == {"sum": 0.75, "n": 2}, state["values"]
+    assert state["values"]["0"] == state["values"]["2"]  # (the fake link: the source sent what this rank sent)
+    mine["sum"] -= 99.0
+    step(0.125, optimizer_step=False)  # a skipped step (GradScaler): the batch's loss counted, no optimizer step
+    assert keeper.on_exception(LOST) is None and keeper.declined()
+    out = capsys.readouterr().out
+    assert "peer heal is off" not in out, out
+
+
+@pytest.mark.parametrize("save,why", [
+    ("a new dict", "save() keeps per_rank= values, which only a save records (keep them in one dict, updated in place"),
+    ("none", "a save was given no per_rank= values while load_latest was given per_rank= (pass them to every save)"),
+    ("updated after should_stop", "per_rank changed between step 1's should_stop() and its save()"),
+    ("not JSON", "the per_rank= values are not JSON"),
+])
+def test_per_rank_values_peer_heal_cannot_stand_for_turn_it_off_saying_why(keeping, capsys, save, why):
+    model, opt, _ = keeping(rank=0)
+    mine = {"sum": 0.0}
+    peerload.started("run-k", model, opt, None, 0, "fresh", mine=mine)
+    keeper = STATE["peer"]
+    train(model, opt, 1)
+    mine["sum"] += 1.0
+    if save == "not JSON":
+        mine["when"] = object()
+    keeper.ended()
+    if save == "updated after should_stop":
+        mine["sum"] += 1.0
+    peerheal.saved(1, {}, {"a new dict": dict(mine), "none": None}.get(save, mine))
+    out = capsys.readouterr().out
+    assert keeper.trusted is False and out.count("peer heal is off for this run: ") == 1 and why in out, out
+    with pytest.raises(TypeError, match=r"load_latest\(per_rank=...\) was given a list: pass the dict"):
+        peerstate.check_objects({}, [1.0])
+
+
 def test_a_resume_keeps_at_once_only_where_load_latest_was_given_the_state_s_extra_objects(keeping):
     model, opt, _ = keeping()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9 ** s)
@@ -517,6 +596,10 @@ def test_a_resume_keeps_at_once_only_where_load_latest_was_given_the_state_s_ext
     assert not STATE["peer"].trusted
     peerload.started("run-k", model, opt, None, 8, "peer", objects={"sched": sched}, held=held)
     assert STATE["peer"].trusted and STATE["peer"].live == {"sched": sched}
+    peerload.started("run-k", model, opt, None, 8, "peer", held=["per_rank"])  # values held, no dict to keep them
+    assert not STATE["peer"].trusted
+    peerload.started("run-k", model, opt, None, 8, "peer", held=["per_rank"], mine={})
+    assert STATE["peer"].trusted
     with pytest.raises(TypeError, match=r"load_latest\(sched=...\) was given a dict, which has no state_dict"):
         peerstate.check_objects(held)
 

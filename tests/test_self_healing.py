@@ -4,6 +4,7 @@ node2), from the last checkpoint, and the result is bit-identical to an uninterr
 that comes back at the same line on another node is the program's. 4 ranks on 2 nodes."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -135,6 +136,12 @@ def same_as_reference(work: Path, ref_pt: Path, peer: bool = False) -> None:
             assert redone <= 1, (rank, redone)
         else:
             assert 0 < redone <= EVERY, (rank, redone)  # at most one checkpoint interval
+        kept = work / f"run.pt.rank{rank}.json"  # (--per-rank: each rank's loss sum, resumed with it)
+        if kept.exists():
+            total = 0.0
+            for step in sorted(expected, key=int):  # the uninterrupted run's sum, in its order: bit for bit
+                total += float.fromhex(expected[step])
+            assert json.loads(kept.read_text()) == {"loss_sum": total, "steps": TOTAL_STEPS}, rank
 
 
 @pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=ONCE)])

@@ -7,6 +7,7 @@ the order of a sum is visible (with 2 ranks a + b == b + a hides it). Used by th
 and the background-checkpoint tests (--ckpt-every, --background).
 """
 import argparse
+import json
 import os
 import time
 
@@ -27,6 +28,8 @@ def main():
     p.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps")
     p.add_argument("--background", action="store_true", help="Checkpointer(background=True)")
     p.add_argument("--save-extra", action="store_true", help="save(..., epoch=E): more than a peer state keeps")
+    p.add_argument("--per-rank", action="store_true", help="each rank's loss sum in a per_rank= dict, updated in "
+                   "place (load_latest(per_rank=...), every save); written to OUT.rankR.json at the end")
     p.add_argument("--static-graph", action="store_true", help="runtime.wrap(..., static_graph=True)")
     p.add_argument("--flip-bit-when", default="", help="once this file exists, rank 0 flips one bit of a parameter "
                    "after its step (silent data corruption), renames the file to FILE.done and waits 2 s")
@@ -40,7 +43,8 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     batches = runtime.loader(data, batch_size=4, seed=7)
     ckpt = runtime.Checkpointer(args.ckpt_dir, keep=2, background=args.background)
-    state = ckpt.load_latest(model, opt, batches)
+    mine = {"loss_sum": 0.0, "steps": 0} if args.per_rank else None
+    state = ckpt.load_latest(model, opt, batches, per_rank=mine)
     step = state["step"] if state else 0
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     runtime.print0((f"RESUME from step {step} (restart count {restart})" if state else "FRESH start")
@@ -52,6 +56,9 @@ def main():
             loss.backward()
             opt.step()
             step += 1
+            if mine is not None:
+                mine["loss_sum"] += loss.item()
+                mine["steps"] += 1
             with open(f"{args.steps_log}.rank{runtime.rank()}", "a") as fh:
                 fh.write(f"{restart} {step} {loss.item().hex()}\n")
             if runtime.is_main():
@@ -63,15 +70,22 @@ def main():
                     next(model.parameters()).view(-1).view(torch.int32)[0] ^= 1
                 os.rename(args.flip_bit_when, args.flip_bit_when + ".done")
                 time.sleep(2)  # (the test kills a node in the meantime; under the local runner's 5-s grace)
-            time.sleep(args.step_sleep)
+            # (--per-rank: the sleep, where the tests' kills land, comes after should_stop(), which sends the values to
+            # the buddy; a node lost between a step's optimizer step and its should_stop() takes its values with it,
+            # and the next attempt resumes from the checkpoint: tested apart)
+            time.sleep(0 if mine is not None else args.step_sleep)
             if args.ckpt_every and step % args.ckpt_every == 0:
-                ckpt.save(step, model, opt, batches, **({"epoch": _epoch} if args.save_extra else {}))
+                ckpt.save(step, model, opt, batches, per_rank=mine, **({"epoch": _epoch} if args.save_extra else {}))
             if runtime.should_stop():
-                path = ckpt.save(step, model, opt, batches)
+                path = ckpt.save(step, model, opt, batches, per_rank=mine)
                 runtime.print0(f"STOPPED at step {step}, checkpoint {path}")
                 runtime.shutdown()
                 return
+            time.sleep(args.step_sleep if mine is not None else 0)
     runtime.save_on_main({k: v.clone() for k, v in runtime.unwrap(model).state_dict().items()}, args.out)
+    if mine is not None:
+        with open(f"{args.out}.rank{runtime.rank()}.json", "w") as fh:
+            json.dump(mine, fh)
     runtime.print0(f"DONE at step {step}")
     runtime.shutdown()
 
