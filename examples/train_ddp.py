@@ -117,9 +117,13 @@ def main(argv=None) -> float:
     # Checkpoints: in the job's run directory, which a requeued Slurm job keeps (same job id).
     ckpt = runtime.Checkpointer(args.ckpt_dir or os.path.join(os.environ.get("CLUSTERDDP_RUN_DIR", "."),
                                                               "checkpoints"), keep=args.keep)
-    state = ckpt.load_latest(model, opt, batches)             # DDP: every rank resumes from the same checkpoint
+    # The epoch's running loss is state too, and each rank's own (its share's): a run resumed mid-epoch goes on with
+    # it (else the reported mean would differ from an uninterrupted run's; `clusterddp drill` at 4 ranks finds such
+    # things: saved as extra=, only rank 0's would be kept). One dict, updated in place and given to every save:
+    # load_latest fills it, and peer heal keeps it at each step's end (a lost node then costs at most one step).
+    mine = dict(epoch=-1, running=0.0, done=0)
+    state = ckpt.load_latest(model, opt, batches, per_rank=mine)  # DDP: every rank resumes from the same state
     step = state["step"] if state else 0
-    resumed = dict(state["per_rank"] or {}) if state else {}  # this rank's running loss of an epoch stopped midway
     runtime.print0(f"train_ddp: world size {env.world_size} ({env.num_nodes} node(s) x {env.local_world_size}), "
                    f"device {dev.type}, {len(data)} patches of {args.patch}x{args.patch}, "
                    f"{len(batches)} steps per epoch per rank, amp {'on' if amp else 'off'}"
@@ -129,12 +133,9 @@ def main(argv=None) -> float:
     for epoch in range(batches.next_epoch, args.epochs):
         model.train()
         start = time.perf_counter()
-        # The epoch's running loss is state too, and each rank's own (its share's): a run resumed mid-epoch goes on
-        # with it (else the reported mean would differ from an uninterrupted run's; `clusterddp drill` at 4 ranks
-        # finds such things: saved as extra=, only rank 0's would be kept).
-        seen, running, done_here = 0, 0.0, 0
-        if resumed.pop("epoch", None) == epoch:
-            running, done_here = float(resumed["running"]), int(resumed["done"])
+        seen = 0
+        if mine["epoch"] != epoch:                            # (else resumed mid-epoch: its running loss goes on)
+            mine.update(epoch=epoch, running=0.0, done=0)
         for noisy, clean in batches:                           # DDP: the sampler's epoch advances by itself
             if args.max_steps and batches.batches_done > args.max_steps:
                 break
@@ -145,23 +146,22 @@ def main(argv=None) -> float:
             loss.backward()
             opt.step()
             step += 1
-            done_here += 1
+            mine["done"] += 1
             seen += noisy.shape[0] * env.world_size
-            running += loss.item()
+            mine["running"] += loss.item()
             if batches.batches_done % args.log_every == 0:
                 rate = seen / (time.perf_counter() - start)
-                mean = runtime.all_reduce_mean(running / done_here)
+                mean = runtime.all_reduce_mean(mine["running"] / mine["done"])
                 runtime.print0(f"epoch {epoch + 1}/{args.epochs} step {batches.batches_done}/{len(batches)} "
                                f"loss {mean:.5f} {rate:.1f} images/s")
                 runtime.report(step=step, loss=mean)  # the loss curve of `clusterddp report`
             # periodic: what survives a preemption (at an epoch's last step, the epoch's own checkpoint follows)
             if args.ckpt_every and step % args.ckpt_every == 0 and batches.batches_done < len(batches):
-                ckpt.save(step, model, opt, batches, per_rank=dict(running=running, done=done_here, epoch=epoch))
+                ckpt.save(step, model, opt, batches, per_rank=mine)
             if runtime.should_stop():                          # time limit or preemption: all ranks agree
                 stopping = step
                 if batches.batches_done < len(batches):        # (at an epoch's last step, the epoch ends first)
-                    path = ckpt.save(step, model, opt, batches,
-                                     per_rank=dict(running=running, done=done_here, epoch=epoch))
+                    path = ckpt.save(step, model, opt, batches, per_rank=mine)
                     break
         if stopping and batches.batches_done < len(batches):
             runtime.print0(f"stopping at step {step} (epoch {epoch + 1}); checkpoint {path}; "
@@ -171,11 +171,11 @@ def main(argv=None) -> float:
         if dev.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
-        loss_value = runtime.all_reduce_mean(running / max(1, done_here))   # DDP: metrics averaged over ranks
+        loss_value = runtime.all_reduce_mean(mine["running"] / max(1, mine["done"]))  # DDP: averaged over ranks
         total_images, total_time = total_images + seen, total_time + elapsed
         runtime.print0(f"epoch {epoch + 1}/{args.epochs} done: loss {loss_value:.5f}, "
                        f"{seen / max(elapsed, 1e-9):.1f} images/s")
-        path = ckpt.save(step, model, opt, batches, epoch=epoch + 1)  # DDP: rank 0 writes, atomically
+        path = ckpt.save(step, model, opt, batches, per_rank=mine)  # DDP: rank 0 writes, atomically
         if stopping:
             runtime.print0(f"stopping at step {step}, the end of epoch {epoch + 1}; checkpoint {path}; "
                            "a requeued or re-run job resumes here")
