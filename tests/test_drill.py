@@ -101,8 +101,9 @@ def test_a_stop_that_fails_in_the_kill_s_job_is_run_alone_and_named_alone(tmp_pa
     assert proc.returncode == 1, proc.stdout + proc.stderr
     found = verdicts(proc)
     assert not found["stop"]["identical"], found
-    assert ("sched changed between step 3's should_stop() and its save() (a sched.step() or scaler.update() between "
-            "them); a save at should_stop() (the stop's) then holds another state") in found["stop"]["why"], found
+    assert ("sched changed between step 3's should_stop() and its save() (a sched.step(), scaler.update() or a "
+            "per_rank= value updated between them); a save at should_stop() (the stop's) then holds another state") \
+        in found["stop"]["why"], found
     assert found["kill-node0"]["identical"] and "from its checkpoint" in found["kill-node0"]["why"], found
     logs = "".join(p.read_text() for p in tmp_path.glob("clusterddp-drill/*/kill-node0/*.log"))
     assert "peer heal is off for this run: sched changed between step 3's should_stop() and its save()" in logs
@@ -247,6 +248,10 @@ def the_example_passes_the_drill_as_the_readme_says(work: Path, clusterddp: list
     assert proc.returncode == 0, line + "\n" + proc.stdout + proc.stderr
     assert "train_ddp.py, 2 node(s) x 2 rank(s)" in proc.stderr + proc.stdout
     assert "PASS  kill-node0" in proc.stdout and "kill-node1" not in proc.stdout, proc.stdout  # (rank 0's node)
+    # (its running loss in one per_rank= dict kept in place: peer heal keeps it, and the drill's kill, at a step's
+    # should_stop(), redoes nothing; made anew at each save, it resumed from its checkpoint, a step redone)
+    assert re.search(r"PASS  kill-node0: .*\(resumed from the survivors' memory \(peer heal\) at step \d+, 0 step\(s\) "
+                     r"redone\)\n", proc.stdout), proc.stdout
     assert proc.stdout.splitlines()[-1] == "clusterddp drill: every scenario bit-identical: the script resumes exactly"
 
 

@@ -228,16 +228,22 @@ def test_a_spare_s_rank_gets_its_per_rank_values_from_the_survivor_that_held_the
     and in what it returns; where one survivor lacks its source's values (they never arrived), nothing is used."""
     for r in (0, 1):
         write_state(job, "run-v", "n1", r, 2, 4, 7, values={str(r): values_of(r), str(r + 2): values_of(r + 2)})
-    mine = {"loss_sum": 0.0, "seen": 0, "kept": "as given"}
+    mine = {"loss_sum": 0.0, "seen": 0, "dropped": "since"}
     got, said, _ = next_attempt(monkeypatch, "run-v", ["n1", "n3"], 2, newest=4, as_rank=2, mine=mine)
     assert got["step"] == 7 and got["per_rank"] == json.loads(values_of(2)), got
-    assert mine == {**json.loads(values_of(2)), "kept": "as given"} and got["per_rank"]["loss_sum"] == 0.5 + 1 / 3
+    assert mine == json.loads(values_of(2)) and got["per_rank"]["loss_sum"] == 0.5 + 1 / 3  # (restored exactly)
     write_state(job, "run-w", "n1", 0, 2, 4, 7, values={"0": values_of(0), "2": values_of(2)})
     write_state(job, "run-w", "n1", 1, 2, 4, 7, values={"1": values_of(1)})  # (rank 3's never came)
     got, said, _ = next_attempt(monkeypatch, "run-w", ["n1", "n3"], 2, newest=4, mine={})
     assert got is None and said == ["clusterddp: peer heal not used: no survivor holds the per_rank= values of "
                                     "rank(s) 3 (each rank's are held by its own node and the next one); resuming "
                                     "from the last checkpoint"], said
+    for r in (0, 1):  # 4x1: rank 1's values held by itself and by rank 2, which holds an older frame
+        write_state(job, "run-x", f"n{r}", r, 1, 4, 7, values={str(r): values_of(r), str(r - 1 + 4 * (r == 0)):
+                                                                values_of(r - 1 + 4 * (r == 0))})
+    write_state(job, "run-x", "n2", 2, 1, 4, 7, values={"2": values_of(2), "1": values_of(5)})
+    got, said, _ = next_attempt(monkeypatch, "run-x", ["n0", "n1", "n2", "n4"], 1, newest=4, mine={})
+    assert got is None and "the survivors disagree on the per_rank= values of rank(s) 1;" in said[0], said
 
 
 def test_one_survivor_that_could_not_tell_its_state_makes_the_attempt_resume_from_the_checkpoint(job, monkeypatch):
@@ -559,6 +565,13 @@ def test_per_rank_values_updated_in_place_are_kept_as_they_were_at_the_last_step
     mine["sum"] -= 99.0
     step(0.125, optimizer_step=False)  # a skipped step (GradScaler): the batch's loss counted, no optimizer step
     assert keeper.on_exception(LOST) is None and keeper.declined()
+    step(0.5)
+    peerheal.saved(4, {}, mine)  # (the script counts the skipped step: its save says so)
+    state = torch.load(keeper.on_exception(LOST), weights_only=True)
+    assert state["step"] == 4 and json.loads(state["values"]["2"]) == {"sum": 1.375, "n": 4}, state["values"]
+    mine["n"] = 0  # (the review: reset at an epoch's extra should_stop(), no batch drawn: the buddy holds the first)
+    keeper.ended()
+    assert keeper.on_exception(LOST) is None and keeper.declined()
     out = capsys.readouterr().out
     assert "peer heal is off" not in out, out
 
@@ -568,6 +581,7 @@ def test_per_rank_values_updated_in_place_are_kept_as_they_were_at_the_last_step
     ("none", "a save was given no per_rank= values while load_latest was given per_rank= (pass them to every save)"),
     ("updated after should_stop", "per_rank changed between step 1's should_stop() and its save()"),
     ("not JSON", "the per_rank= values are not JSON"),
+    ("too large", "the per_rank= values take 35024 bytes as JSON, more than the 32768 sent at every step"),
 ])
 def test_per_rank_values_peer_heal_cannot_stand_for_turn_it_off_saying_why(keeping, capsys, save, why):
     model, opt, _ = keeping(rank=0)
@@ -578,6 +592,8 @@ def test_per_rank_values_peer_heal_cannot_stand_for_turn_it_off_saying_why(keepi
     mine["sum"] += 1.0
     if save == "not JSON":
         mine["when"] = object()
+    if save == "too large":  # (a list of every batch's loss: the checkpoint holds it, the link would not)
+        mine["losses"] = [0.125] * 5000
     keeper.ended()
     if save == "updated after should_stop":
         mine["sum"] += 1.0

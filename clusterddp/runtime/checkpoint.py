@@ -316,8 +316,7 @@ class Checkpointer:
         payload["path"] = path
         ranks = payload.get("per_rank")  # this rank's own (none when the world size changed)
         payload["per_rank"] = ranks[rank()] if isinstance(ranks, list) and len(ranks) == world_size() else None
-        if per_rank is not None and isinstance(payload["per_rank"], dict):
-            per_rank.update(payload["per_rank"])
+        peerstate.restore_values(per_rank, payload["per_rank"], f"checkpoint {path}")
         if found.get("by"):  # another job of yours that wrote into this directory: its work continues, said
             print0(f"clusterddp: resuming {path} (step {payload['step']}), written by run {found['by']}: another job "
                    "with this checkpoint directory")

@@ -28,6 +28,7 @@ from .peerstate import digest, pack_rng, unpack_rng
 from .state import STATE, rank, world_size
 
 STALE_S = 24 * 3600       # this user's states of other runs older than this are removed at the next load
+VALUES_LIMIT = 32 * 1024  # per_rank= values larger than this as JSON turn peer heal off (sent at every step)
 
 
 class Keeper:
@@ -146,6 +147,8 @@ class Keeper:
         else:
             self.trusted, self.live = True, dict(extra)
             now, values = peerstate.snapshot(self.live), self._values()
+            if self.trusted is False:  # (the values are not JSON, or too large: said)
+                return
             if self.extras[0] == int(step):  # this step's should_stop() came first
                 self._agree(int(step), (self.extras[1], self.values), (now, values), "should_stop()", "save()")
             else:
@@ -160,6 +163,7 @@ class Keeper:
             self.done = dict(self.done, step=self.done["step"] + by)
             self.extras = (self.extras[0] + by, self.extras[1]) if self.extras[0] >= 0 else self.extras
             self.link.frames = {k + by: v for k, v in self.link.frames.items()}
+            self.link.values = {k + by: v for k, v in self.link.values.items()}
 
     def _values(self) -> Optional[str]:
         """The per_rank= dict's values now, as JSON (None: no such dict; a value JSON cannot hold turns peer heal
@@ -167,10 +171,15 @@ class Keeper:
         if self.mine is None:
             return None
         try:
-            return json.dumps(self.mine, sort_keys=True, allow_nan=True)
+            text = json.dumps(self.mine)
         except (TypeError, ValueError) as exc:
             self._off(f"the per_rank= values are not JSON ({exc})")
             return None
+        if len(text) > VALUES_LIMIT:
+            self._off(f"the per_rank= values take {len(text)} bytes as JSON, more than the {VALUES_LIMIT} sent at "
+                      "every step (a list that grows each step?)")
+            return None
+        return text
 
     def _agree(self, step: int, at_stop: Tuple[Dict[str, Any], Optional[str]],
                at_save: Tuple[Dict[str, Any], Optional[str]], first: str, then: str) -> None:
@@ -212,7 +221,10 @@ class Keeper:
             saved, self.at_save = self.at_save, (-1, {}, None)
             self._agree(step, (now, values), saved[1:], "save()", "should_stop()")
         skip = step == self.extras[0] and digest(now) != digest(self.extras[1])
-        if skip or step == self.skipped or (idle and self.mine is not None):
+        # (values that changed at another should_stop() of the same step, an epoch's extra one: which are the step's
+        # cannot be told, and the buddy may hold the first: none kept until the next step's)
+        moved = self.mine is not None and (idle or (step == self.extras[0] and values != self.values))
+        if skip or step == self.skipped or moved:
             self.extras, self.skipped, self.values = (-1, {}), step, None
         else:
             self.extras, self.values = (step, now), values

@@ -57,10 +57,16 @@ def decide(entries: Sequence[Optional[Dict[str, Any]]], world: int, newest_check
         return (f"no survivor holds the random states of rank(s) {','.join(map(str, missing))} (each rank's are "
                 "held by its own node and the next one: two neighbouring nodes lost, or a survivor's state unusable)")
     if any(e.get("values") is not None for _, e in held):  # (the script keeps per_rank= values: every rank's needed)
-        gone = sorted(set(range(world)) - {int(r) for _, e in held for r, v in (e.get("values") or {}).items() if v})
-        if gone:
+        seen: Dict[int, set] = {}
+        for _, e in held:
+            for r, v in (e.get("values") or {}).items():
+                if v:
+                    seen.setdefault(int(r), set()).add(v)
+        gone, torn = sorted(set(range(world)) - set(seen)), sorted(r for r, v in seen.items() if len(v) > 1)
+        if gone or torn:
             return (f"no survivor holds the per_rank= values of rank(s) {','.join(map(str, gone))} (each rank's are "
-                    "held by its own node and the next one)")
+                    "held by its own node and the next one)" if gone else
+                    f"the survivors disagree on the per_rank= values of rank(s) {','.join(map(str, torn))}")
     step = held[0][1]["step"]
     if newest_checkpoint is not None and step < newest_checkpoint:
         return f"the survivors' state (step {step}) is older than the checkpoint of step {newest_checkpoint}"
@@ -217,8 +223,7 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
     set_rng_state(saved_rng(random_states(entries)[rank()]))
     values = random_states(entries, "values").get(rank())
     per_rank = json.loads(values) if values else None
-    if mine is not None and isinstance(per_rank, dict):
-        mine.update(per_rank)
+    peerstate.restore_values(mine, per_rank, "the survivors' state")
     steps, done = telemetry.current(), entries[verdict.source]["telemetry_steps"]  # type: ignore[index]
     if steps is not None:
         steps.resumed(done if isinstance(done, int) and done >= 0 else None)

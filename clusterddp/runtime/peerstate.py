@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from .ckptstate import numpy_module, rank_device
 from .group import unwrap
+from .state import rank
 
 #: A stateful extra= value whose state is larger than this (an EMA copy of the model) is not copied at each step:
 #: peer heal is off for such a run (the checkpoint holds it).
@@ -175,6 +176,19 @@ def restore_objects(objects: Mapping[str, Any], extra: Optional[Mapping[str, Any
     if missing:
         print0(f"clusterddp: {where} holds no extra= entry {', '.join(missing)}: load_latest left "
                f"{'it' if len(missing) == 1 else 'them'} as given (saved before it was passed to save()?)")
+
+
+def restore_values(mine: Optional[Dict[str, Any]], values: Any, where: str) -> None:
+    """load_latest's per_rank= dict made this rank's values in the state (``where``), exactly; where it holds none
+    (saved without them, or by another world size), left as given and said (every rank: each its own)."""
+    if mine is None:
+        return
+    if isinstance(values, dict):
+        mine.clear()
+        mine.update(values)
+    else:
+        print(f"clusterddp: {where} holds no per_rank= values for rank {rank()} (saved without them, or by another "
+              "world size): load_latest left them as given", flush=True)
 
 
 def changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str]:
