@@ -174,6 +174,32 @@ def test_a_stop_saved_before_the_step_s_work_is_named_as_such(given, named):
             "step's work" in verdict.why) == named, verdict.why
 
 
+@pytest.mark.parametrize("change, first", [(None, None), ("second value", 7), ("last step cut", None)])
+def test_every_value_a_step_reports_is_compared_in_order_with_the_reference_s(change, first):
+    """A practitioner's case: a script that reports two values at a step (an accuracy, then a loss) failed every
+    drill as "not deterministic": each value was compared with the reference's last of that step. Each process's
+    values at a step are compared in order (a process killed mid-step reported the first of them)."""
+    from clusterddp.drill.verdicts import Run, compare
+
+    def run(*processes):
+        events = []
+        for loaded, first_step, last, off in processes:
+            events.append({"e": "load", "step": loaded, "n": 0})
+            for n, step in enumerate(range(first_step, last + 1)):
+                events += [{"e": "value", "v": [float(step).hex()], "n": n},
+                           {"e": "value", "v": [float(step * 10 + (off if step >= 7 else 0)).hex()], "n": n},
+                           {"e": "step", "n": n + 1}]
+        return Run(0, {0: events}, Path("x.log"))
+
+    ref = run((None, 1, 10, 0))
+    killed = run((None, 1, 6, 0))
+    if change == "last step cut":  # (killed after step 7's first report: a prefix of the step's values)
+        killed.events[0].append({"e": "value", "v": [float(7).hex()], "n": 6})
+    resumed = run((6, 7, 10, 1 if change == "second value" else 0))
+    verdict = compare("kill", "killed", ref, [killed, resumed], 6)
+    assert verdict.identical == (first is None) and verdict.step == first, verdict
+
+
 @pytest.mark.parametrize("case, ok", [
     ("right", True),
     ("the stopped run failed", False),   # its save at the stop crashed: the resume from the checkpoint before hides it

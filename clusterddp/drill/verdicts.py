@@ -80,13 +80,17 @@ def failed_run(name: str, what: str, last: Run) -> Optional[Verdict]:
     return Verdict(name, False, f"{what}: the run that finishes the job ended with exit {last.code} (see {last.log})")
 
 
-def _values(runs: Sequence[Run], rank: int) -> Tuple[Dict[int, List[list]], Optional[str]]:
-    """Global step -> the values reported at it, over the runs of a scenario (a resumed run counts from the step
-    it loaded); and why it did not resume, if it did not."""
-    out: Dict[int, List[list]] = {}
+def _values(runs: Sequence[Run], rank: int) -> Tuple[Dict[int, Dict[int, List[list]]], Optional[str]]:
+    """Global step -> {process: the values it reported at that step, in order}, over the runs of a scenario (a
+    resumed run counts from the step it loaded; a step redone has two processes); and why it did not resume, if it
+    did not."""
+    out: Dict[int, Dict[int, List[list]]] = {}
+    process = 0
     for e, at in numbered(runs, rank):
-        if e["e"] == "value":  # reported during step n + 1 (n: the should_stop() calls before it)
-            out.setdefault(at + 1, []).append(e["v"])
+        if e["e"] == "load":
+            process += 1
+        elif e["e"] == "value":  # reported during step n + 1 (n: the should_stop() calls before it)
+            out.setdefault(at + 1, {}).setdefault(process, []).append(e["v"])
     problem = None
     for run in runs:
         if run is not runs[0] or len(runs) == 1:
@@ -118,7 +122,9 @@ def compare(name: str, what: str, ref: Run, runs: Sequence[Run], interrupted: in
         # Steps both report at: a report the interrupted run never reaches (an epoch-end line after the step it
         # stopped at) is not a difference by itself; what the run ends with is compared below.
         for step in sorted(set(expected) & set(got)):
-            if any(v != expected[step][-1] for v in got[step]):
+            want = next(iter(expected[step].values()))
+            # (each process's values at the step, in order: a process ended mid-step reported the first of them)
+            if any(seq != want[:len(seq)] for seq in got[step].values()):
                 first = step if first is None else min(first, step)
                 break
     last_ref, last = _last_save([ref]), _last_save(runs)
