@@ -123,6 +123,7 @@ class Checkpointer:
         the path it will have once written; rank 0's answer is exact, the others' the plain ckpt-STEP.pt).
         ``extra``: rank 0's values; ``per_rank``: values each rank has its own of (JSON: a running loss of the
         rank's share), gathered from every rank and given back to each by ``load_latest`` as ``per_rank``."""
+        peerstate.check_values(per_rank)
         peerheal.saved(step, extra, per_rank)
         with telemetry.phase("ckpt"):  # the time training waited for it (a background write: the copy only)
             return self._save(step, model, optimizer, loader, extra, per_rank)

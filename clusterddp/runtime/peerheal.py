@@ -274,9 +274,14 @@ class Keeper:
         if not self.live and self.mine is None:
             return None
         if self.extras[0] != self.done["step"]:
-            kept = sorted(self.live) + (["the per_rank= values"] if self.mine is not None else [])
+            kept = ([f"the states of {', '.join(sorted(self.live))}"] if self.live else []) + \
+                (["the per_rank= values"] if self.mine is not None else [])
+            if self.skipped == self.done["step"]:
+                return (f"{' and '.join(kept)} changed at a should_stop() after optimizer step {self.done['step']} "
+                        "with no optimizer step since (a skipped step, a micro-batch, or a second should_stop() of "
+                        "the step), so which ones that step ended with cannot be told until the next step's")
             return (f"the peer was lost after optimizer step {self.done['step']} and before its should_stop(), where "
-                    f"the states of {', '.join(kept)} are taken")
+                    f"{' and '.join(kept)} are taken")
         changed = peerstate.changed(self.extras[1], peerstate.snapshot(self.live))
         if changed:  # (sched.step() after should_stop(): the copy is a step behind; at a step's start: it is right)
             return (f"{', '.join(changed)} changed after step {self.done['step']}'s should_stop() with no optimizer "

@@ -152,6 +152,21 @@ def snapshot(extra: Mapping[str, Any]) -> Dict[str, Any]:
     return {name: copy.deepcopy(value.state_dict()) for name, value in extra.items()}
 
 
+def check_values(per_rank: Any) -> None:
+    """save()'s per_rank=: a dict of JSON values (a usage error names the entry that is not)."""
+    if per_rank is None:
+        return
+    if not isinstance(per_rank, dict):
+        raise TypeError(f"save(per_rank=...) was given a {type(per_rank).__name__}: pass a dict of this rank's own "
+                        "values (JSON: numbers, strings, lists, dicts)")
+    for name, value in per_rank.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"save(per_rank=...)'s entry {name!r} is not JSON ({exc}): per-rank values are saved "
+                            "as JSON; a tensor's number goes in as .item(), its values as .tolist()") from None
+
+
 def check_objects(objects: Mapping[str, Any], per_rank: Any = None) -> None:
     """load_latest's stateful extras: each one an object to restore into (a usage error names the one that is not);
     its per_rank= a dict to update in place."""
