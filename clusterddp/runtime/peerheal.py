@@ -68,12 +68,15 @@ class Keeper:
         """This rank's random states now (the next step's start) to its buddy; what its source sent is read."""
         self.link.drain()
         own = pack_rng()
-        try:
-            self.link.send(step, own)
-        except OSError as exc:  # the buddy is gone: a lost peer (the step below never happens)
-            raise LostPeer(f"peer heal: rank {self.buddy}, this rank's buddy, is gone ({exc})") from exc
+        self._wire(step, own)
         self.posted = step
         return own
+
+    def _wire(self, step: int, payload: bytes, values: bool = False) -> None:
+        try:
+            self.link.send(step, payload, values=values)
+        except OSError as exc:  # the buddy is gone: a lost peer (the step below never happens)
+            raise LostPeer(f"peer heal: rank {self.buddy}, this rank's buddy, is gone ({exc})") from exc
 
     def _pre(self, *_: Any) -> None:
         if STATE.get("peer") is not self:
@@ -229,14 +232,8 @@ class Keeper:
         else:
             self.extras, self.values = (step, now), values
             if values is not None:
-                self._send_values(step, values)
+                self._wire(step, values.encode(), values=True)
         return skip
-
-    def _send_values(self, step: int, values: str) -> None:
-        try:
-            self.link.send(step, values.encode(), values=True)
-        except OSError as exc:
-            raise LostPeer(f"peer heal: rank {self.buddy}, this rank's buddy, is gone ({exc})") from exc
 
     def _off(self, why: str) -> None:
         self.trusted, self.off_why = False, why
