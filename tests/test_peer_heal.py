@@ -208,3 +208,40 @@ def test_the_drill_s_node_loss_without_peer_heal_resumes_from_the_checkpoint_and
     assert set(found) == {"kill-node0"}, found
     assert re.search(r": bit-identical \(resumed from its checkpoint at step 4, 1 step\(s\) redone\)$",
                      found["kill-node0"]), found
+
+
+@pytest.mark.ranks
+def test_a_rank_ended_by_a_lost_peer_runs_its_exit_handlers_keeps_its_files_and_skips_the_teardown(tmp_path):
+    """Issue 55 (the restart's time): a survivor's exit waited for the interpreter's teardown (0.4-0.8 s with torch
+    imported), and a rank blocked on a peer that was tearing down waited for it too, before srun could end the step.
+    3 real gloo ranks, the last SIGKILLed: each survivor ends with exit 1 and its traceback, after its exit handler
+    ran and with what it wrote to files it never closed all there (a plain file, and gzip's, closed whole), and
+    without the teardown (an object's __del__ never ran); a rank that ends normally still tears down."""
+    import gzip
+    import socket as sockets
+
+    with sockets.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(3):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="3", LOCAL_WORLD_SIZE="3",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CLUSTERDDP_RUN_DIR=str(tmp_path / "run"))
+        procs.append(subprocess.Popen([sys.executable, str(SCRIPTS / "lost_peer_exit.py"), str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    ended = [p.communicate(timeout=120) for p in procs]
+    assert procs[2].returncode == -signal.SIGKILL
+    for rank in (0, 1):
+        out, err = ended[rank]
+        assert procs[rank].returncode == 1 and re.search(r"Connection (closed|reset) by peer", err), err[-2000:]
+        assert "Warning" not in err.split("by peer")[-1], err[-2000:]  # (nothing printed after the traceback)
+        assert (tmp_path / f"atexit-{rank}").exists(), rank
+        lines = [f"line {i} of rank {rank}" for i in range(100)]
+        assert (tmp_path / f"text-{rank}.log").read_text().splitlines() == lines
+        with gzip.open(tmp_path / f"packed-{rank}.gz", "rt") as packed:  # (a truncated stream would raise here)
+            assert packed.read().splitlines() == lines
+        assert not (tmp_path / f"teardown-{rank}").exists(), rank
+    plain = subprocess.run([sys.executable, str(SCRIPTS / "lost_peer_exit.py"), str(tmp_path), "plain"],
+                           env=dict(os.environ, RANK="5"), capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert (tmp_path / "teardown-5").exists() and (tmp_path / "atexit-5").exists()  # (the marks work)

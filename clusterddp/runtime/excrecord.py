@@ -1,7 +1,11 @@
 """The record of an exception that ends a rank (contract.EXCEPTION_FILE: its type, message and where, the user's
-own frame apart), written before Python prints it; a lost peer's survivor keeps its state first (peer heal)."""
+own frame apart), written before Python prints it; a lost peer's survivor keeps its state first (peer heal), and
+ends without the interpreter's teardown once its exit handlers have run (end_now)."""
 from __future__ import annotations
 
+import _io
+import atexit
+import gc
 import json
 import os
 import sys
@@ -13,6 +17,7 @@ from typing import Any, List
 
 from .. import rollcall
 from ..datafiles import write_atomic
+from .peerlink import lost_peer
 from .state import STATE
 
 
@@ -30,6 +35,8 @@ def install(path: Path, rank: int, restart: int) -> None:
     def record(kind: Any, exc: BaseException, tb: Any) -> None:
         if STATE.get("peer") is not None:  # issue 55 (runtime/peerheal.py): a lost peer's survivor keeps its state
             STATE["peer"].on_exception(exc)
+        if lost_peer(exc):  # (registered last, so run first of the exit handlers: it runs the others itself)
+            atexit.register(end_now)
         try:
             frames, prefixes = traceback.extract_tb(tb), library_prefixes()
             own = [f for f in frames if not rollcall.is_library(f.filename, prefixes)]
@@ -52,3 +59,36 @@ def install(path: Path, rank: int, restart: int) -> None:
 
     hook.clusterddp = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def end_now() -> None:
+    """A rank ended by a lost peer (its traceback printed, its non-daemon threads joined): every other exit handler
+    runs, its open files are flushed (a Python-level file object, gzip's say, closed as its deletion would), then
+    the process ends without the interpreter's teardown: 0.4-0.8 s with torch imported, paid by each survivor in
+    turn where one waits on a peer that is tearing down, before srun or torchrun can start the next attempt."""
+    atexit.unregister(end_now)
+    atexit._run_exitfuncs()  # (logging's shutdown, multiprocessing's children, the script's own handlers)
+    standard = {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
+    files = [f for f in gc.get_objects() if issubclass(type(f), _io._IOBase) and id(f) not in standard]  # (type():
+    # isinstance() would read __class__, which some objects turn into a deprecation warning)
+    # Outer before inner: text into the files under it (a gzip file under gzip.open(..., "wt")), then Python-level
+    # file objects closed (gzip's trailer), then the buffers into the operating system.
+    for kind in (_io.TextIOWrapper, None, _io._BufferedIOBase):
+        for f in files:
+            python_level = type(f).__module__ != "_io"
+            if (python_level if kind is None else not python_level and issubclass(type(f), kind)):
+                try:
+                    if f.closed:
+                        continue
+                    if python_level:
+                        f.close()
+                    elif f.writable():
+                        f.flush()
+                except Exception:  # (a file that cannot be flushed now would not have been at the teardown either)
+                    pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(1)  # Python's own status for an uncaught exception
