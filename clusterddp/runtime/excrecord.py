@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import sysconfig
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -17,8 +18,13 @@ from typing import Any, List
 
 from .. import rollcall
 from ..datafiles import write_atomic
-from .peerlink import lost_peer
+from .peerlink import connection_lost
 from .state import STATE
+
+_ENDING: List[BaseException] = []  # the exception end_now was registered for
+# File objects written in Python that a fast end closes (their trailers: what their deletion would write); any
+# other is only flushed (3.12's gzip writes through a Python-level raw stream that must stay open until it closes).
+_CLOSED_AT_END = (("gzip", "GzipFile"), ("bz2", "BZ2File"), ("lzma", "LZMAFile"))
 
 
 def library_prefixes() -> List[str]:
@@ -35,8 +41,15 @@ def install(path: Path, rank: int, restart: int) -> None:
     def record(kind: Any, exc: BaseException, tb: Any) -> None:
         if STATE.get("peer") is not None:  # issue 55 (runtime/peerheal.py): a lost peer's survivor keeps its state
             STATE["peer"].on_exception(exc)
-        if lost_peer(exc):  # (registered last, so run first of the exit handlers: it runs the others itself)
-            atexit.register(end_now)
+        try:
+            # (registered last, so run first of the exit handlers: it runs the others itself). Only for the exception
+            # that ends the process: the main thread's, outside an interactive session.
+            if connection_lost(exc) and threading.current_thread() is threading.main_thread() and \
+                    not sys.flags.interactive:
+                _ENDING[:] = [exc]
+                atexit.register(end_now)
+        except Exception:  # (a help: the exit is then the interpreter's own)
+            pass
         try:
             frames, prefixes = traceback.extract_tb(tb), library_prefixes()
             own = [f for f in frames if not rollcall.is_library(f.filename, prefixes)]
@@ -63,32 +76,46 @@ def install(path: Path, rank: int, restart: int) -> None:
 
 def end_now() -> None:
     """A rank ended by a lost peer (its traceback printed, its non-daemon threads joined): every other exit handler
-    runs, its open files are flushed (a Python-level file object, gzip's say, closed as its deletion would), then
-    the process ends without the interpreter's teardown: 0.4-0.8 s with torch imported, paid by each survivor in
-    turn where one waits on a peer that is tearing down, before srun or torchrun can start the next attempt."""
+    runs, its open files are flushed (gzip, bz2 and lzma files closed whole, as their deletion would), then the
+    process ends without the interpreter's teardown: 0.4-0.8 s with torch imported, paid by each survivor in turn
+    where one waits on a peer that is tearing down, before srun or torchrun can start the next attempt. Skipped
+    with it: other objects' __del__ (a ZipFile left open loses its directory) and C++ static destructors."""
     atexit.unregister(end_now)
-    atexit._run_exitfuncs()  # (logging's shutdown, multiprocessing's children, the script's own handlers)
+    if getattr(sys, "last_value", None) is not (_ENDING[0] if _ENDING else None):
+        return  # (the process goes on or ends otherwise: the interpreter's own exit)
+    try:
+        atexit._run_exitfuncs()  # (logging's shutdown, multiprocessing's children, the script's own handlers)
+    except BaseException:  # (Python 3.9 raises a handler's error again here; 3.10+ prints it)
+        pass
+    _flush(sys.stdout, sys.stderr)
     standard = {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
     files = [f for f in gc.get_objects() if issubclass(type(f), _io._IOBase) and id(f) not in standard]  # (type():
     # isinstance() would read __class__, which some objects turn into a deprecation warning)
-    # Outer before inner: text into the files under it (a gzip file under gzip.open(..., "wt")), then Python-level
-    # file objects closed (gzip's trailer), then the buffers into the operating system.
-    for kind in (_io.TextIOWrapper, None, _io._BufferedIOBase):
-        for f in files:
-            python_level = type(f).__module__ != "_io"
-            if (python_level if kind is None else not python_level and issubclass(type(f), kind)):
-                try:
-                    if f.closed:
-                        continue
-                    if python_level:
-                        f.close()
-                    elif f.writable():
-                        f.flush()
-                except Exception:  # (a file that cannot be flushed now would not have been at the teardown either)
-                    pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
+    closing = tuple(getattr(sys.modules[m], n) for m, n in _CLOSED_AT_END if m in sys.modules)
+    # Outer before inner: text into the files under it (a gzip file under gzip.open(..., "wt")), then the compressed
+    # files closed, then the buffers into the operating system.
+    _flush(*(f for f in files if issubclass(type(f), _io.TextIOWrapper)))
+    for f in files:
+        if closing and issubclass(type(f), closing):
+            try:
+                f.close()
+            except Exception:
+                pass
+    _flush(*(f for f in files if not issubclass(type(f), _io.TextIOWrapper)))
+    _flush(sys.stdout, sys.stderr)
+    try:  # what C code printed (an extension's printf) and the C library still holds
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
     os._exit(1)  # Python's own status for an uncaught exception
+
+
+def _flush(*files: Any) -> None:
+    for f in files:
+        try:
+            if f is not None and not f.closed and f.writable():
+                f.flush()
+        except Exception:  # (a file that cannot be flushed now would not have been at the teardown either)
+            pass

@@ -147,6 +147,8 @@ class Link:
 
 
 _LOST_PEER = re.compile(r"Connection (closed|reset) by peer|Broken pipe|gloo|NCCL|c10d|[Ss]ocket|timed out")
+_CONNECTION_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited|"
+                              r"[Ss]ocket (closed|error)")
 
 
 def lost_peer(exc: BaseException) -> bool:
@@ -155,4 +157,14 @@ def lost_peer(exc: BaseException) -> bool:
 
     kinds = tuple(k for k in (getattr(dist, "DistError", None), LostPeer) if k is not None)
     return bool(kinds and isinstance(exc, kinds)) or (isinstance(exc, RuntimeError) and bool(_LOST_PEER.search(
+        str(exc)[:2000])))
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Narrower than lost_peer: a collective's connection to another rank went (what ends a lost node's survivors),
+    not a data loader's timeout or a collective's misuse."""
+    import torch.distributed as dist
+
+    kinds = tuple(k for k in (getattr(dist, "DistNetworkError", None), LostPeer) if k is not None)
+    return bool(kinds and isinstance(exc, kinds)) or (isinstance(exc, RuntimeError) and bool(_CONNECTION_LOST.search(
         str(exc)[:2000])))

@@ -1,7 +1,7 @@
 """A rank whose peer is lost (issue 55's fast exit, tests/test_peer_heal.py): every rank opens files it writes
 without closing them, registers an exit handler and keeps an object whose deletion leaves a mark; the last rank
-SIGKILLs itself after a barrier, the others meet it gone in an all-reduce. argv: OUT_DIR [plain] (plain: no process
-group, a normal end)."""
+SIGKILLs itself after a barrier, the others meet it gone in an all-reduce. argv: OUT_DIR [plain|raise] (plain: no
+process group, a normal end; raise: a ValueError of the script's own after init())."""
 import atexit
 import gzip
 import os
@@ -32,6 +32,8 @@ kept = Teardown()
 if sys.argv[2:] == ["plain"]:
     sys.exit(0)
 runtime.init()
+if sys.argv[2:] == ["raise"]:
+    raise ValueError("the script's own mistake")
 dist.barrier()
 if rank == runtime.world_size() - 1:
     os.kill(os.getpid(), signal.SIGKILL)
