@@ -153,18 +153,18 @@ _CONNECTION_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|re
 
 def lost_peer(exc: BaseException) -> bool:
     """The exception ending this rank is a lost peer's (what a survivor of a lost node meets)."""
-    import torch.distributed as dist
-
-    kinds = tuple(k for k in (getattr(dist, "DistError", None), LostPeer) if k is not None)
-    return bool(kinds and isinstance(exc, kinds)) or (isinstance(exc, RuntimeError) and bool(_LOST_PEER.search(
-        str(exc)[:2000])))
+    return _failure(exc, "DistError", _LOST_PEER)
 
 
 def connection_lost(exc: BaseException) -> bool:
     """Narrower than lost_peer: a collective's connection to another rank went (what ends a lost node's survivors),
     not a data loader's timeout or a collective's misuse."""
+    return _failure(exc, "DistNetworkError", _CONNECTION_LOST)
+
+
+def _failure(exc: BaseException, torch_kind: str, said: "re.Pattern[str]") -> bool:
+    """exc is torch.distributed's ``torch_kind`` (where this torch has it) or ours, or a RuntimeError saying so."""
     import torch.distributed as dist
 
-    kinds = tuple(k for k in (getattr(dist, "DistNetworkError", None), LostPeer) if k is not None)
-    return bool(kinds and isinstance(exc, kinds)) or (isinstance(exc, RuntimeError) and bool(_CONNECTION_LOST.search(
-        str(exc)[:2000])))
+    kinds = tuple(k for k in (getattr(dist, torch_kind, None), LostPeer) if k is not None)
+    return isinstance(exc, kinds) or (isinstance(exc, RuntimeError) and bool(said.search(str(exc)[:2000])))
