@@ -403,6 +403,13 @@ def item17_peer_overhead(rows: List[Row], work: Path) -> None:
     rows.extend(overhead(work))
 
 
+def item18_inplace_floor(rows: List[Row], work: Path) -> None:
+    """Issue 55: design (a)'s floor (survivors stay, warm standbys) against the job's own start (inplace_floor.py)."""
+    from .inplace_floor import rows as floor
+
+    rows.extend(floor(work))
+
+
 def item8_gpu(rows: List[Row]) -> None:
     rows.append(("8", "GPU: dp_vs_ddp.py and train_ddp.py on a GPU",
                  "skipped: no GPU on this machine", ""))
@@ -426,7 +433,8 @@ def machine() -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", help="comma-separated item numbers")
+    p.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18",
+                   help="comma-separated item numbers")
     p.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone (--only: the "
                    "items go after the earlier runs as a section of their own)")
     args = p.parse_args()
@@ -446,7 +454,7 @@ def main() -> int:
                  ("11", lambda: item11_ssh(rows, work)), ("12", lambda: item12_checkpoints(rows, work)),
                  ("13", lambda: item13_self_healing(rows, work)), ("14", lambda: item14_drill(rows, work)),
                  ("15", lambda: item15_sweep_calls(rows, work)), ("16", lambda: item16_observatory(rows, work)),
-                 ("17", lambda: item17_peer_overhead(rows, work))]
+                 ("17", lambda: item17_peer_overhead(rows, work)), ("18", lambda: item18_inplace_floor(rows, work))]
         steps.append(("6,7", lambda: item6_7_training(rows, work, which)))
         for number, run in steps:
             if set(number.split(",")) & which:
