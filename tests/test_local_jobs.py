@@ -65,8 +65,9 @@ def test_a_local_run_is_a_job_by_its_id(tmp_path):
     assert report.returncode == 0 and (tmp_path / "r.html").stat().st_size > 1000, report.stderr
     ended = run_cli("cancel", job, cwd=tmp_path, env=env)
     assert ended.returncode == 1 and f"local run {job} is not running (COMPLETED)" in ended.stderr, ended.stderr
-    again = run_cli("submit", "--local", "--output-dir", str(tmp_path / "runs"), str(SCRIPTS / "paced.py"), "--",
-                    "--steps", "3", cwd=tmp_path, env=env)
+    # (the next id: a torch-free script in one process is enough to be given it)
+    again = run_cli("submit", "--local", "--launcher", "srun", "--output-dir", str(tmp_path / "runs"),
+                    str(SCRIPTS / "sleeper.py"), "--", "0", cwd=tmp_path, env=env)
     assert again.returncode == 0 and _job_id(again.stderr) == "L2", again.stderr
 
 

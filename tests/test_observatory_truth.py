@@ -15,7 +15,9 @@ from clusterddp import contract
 from .conftest import SCRIPTS, run_cli
 
 pytestmark = pytest.mark.ranks
-SHAPE = ["--nodes", "2", "--procs-per-node", "2"]
+# srun's emulation: one process per rank (torchrun would add an agent per node, importing torch too; the observatory
+# under torchrun is the demo's and the local healing test's)
+SHAPE = ["--launcher", "srun", "--nodes", "2", "--procs-per-node", "2"]
 STEPS = 24
 
 

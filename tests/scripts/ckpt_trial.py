@@ -22,7 +22,7 @@ runtime.init()
 model = torch.nn.Linear(1, 1, bias=False)
 with torch.no_grad():
     model.weight.zero_()
-model = runtime.wrap(model)
+# (one rank: no DDP, whose construction imports torch._dynamo; what is tested is whose checkpoints these are)
 opt = torch.optim.SGD(model.parameters(), lr=a.lr)
 ckpt = runtime.Checkpointer(a.ckpt_dir)
 state = ckpt.load_latest(model, opt, start_from=a.start_from)
