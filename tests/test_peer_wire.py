@@ -126,3 +126,66 @@ def peerlink_frame(size: int, step: int) -> bytes:
 
     return struct.pack("<IQ", size, step)
 
+
+
+# A GradScaler's steps: a finite step (its growth tracker counts), an overflow (its scale backs off, the tracker
+# resets), and enough finite steps to grow the scale (growth_interval 3 below).
+def _scaler_step(scaler, model, opt, overflow: bool) -> None:
+    loss = model(torch.ones(1, 2)).sum() * (float("inf") if overflow else 1.0)
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=10))
+def test_a_grad_scaler_s_kept_state_is_its_state_dict_then_and_reads_nothing_from_its_device(overflows):
+    """Issue 55: peer heal copies a GradScaler's state at every step's end; its state_dict() reads the scale and the
+    growth tracker with .item() (a GPU synchronisation a step). The copy is taken on the device and read when used:
+    it must then be what state_dict() gave at the moment it was taken, whatever the steps after (they change the
+    scaler in place), and taking it must call no .item()."""
+    from clusterddp.runtime import peerstate
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=3)
+    taken = []
+    for overflow in overflows:
+        _scaler_step(scaler, model, opt, overflow)
+        reads: list = []
+        item = torch.Tensor.item
+        torch.Tensor.item = lambda self, reads=reads, item=item: reads.append(1) or item(self)  # type: ignore
+        try:
+            states = peerstate.snapshot({"scaler": scaler})
+        finally:
+            torch.Tensor.item = item  # type: ignore[method-assign]
+        assert reads == [] and isinstance(states["scaler"], peerstate.ScalerState)
+        taken.append((states, scaler.state_dict()))
+    for states, then in taken:
+        assert peerstate.plain(states) == {"scaler": then}
+        assert peerstate.digest(states) == peerstate.digest({"scaler": then})
+    last_states, last = taken[-1]
+    assert peerstate.changed(last_states, {"scaler": last}) == []
+    assert len(taken) < 2 or peerstate.changed(taken[0][0], last_states) == (
+        [] if taken[0][1] == last else ["scaler"])
+
+
+def test_a_scaler_before_its_first_step_or_disabled_or_of_its_own_is_read_by_its_state_dict():
+    """Where there is nothing on the device to copy (before the first scale(), disabled) or the state_dict() is the
+    script's own (a subclass's), the state is state_dict()'s, copied."""
+    from clusterddp.runtime import peerstate
+
+    class Mine(torch.amp.GradScaler):
+        def state_dict(self):
+            return dict(super().state_dict(), mine=True)
+
+    fresh = torch.amp.GradScaler("cpu", init_scale=8.0)
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    own = Mine("cpu", init_scale=8.0)
+    model = torch.nn.Linear(2, 1)
+    _scaler_step(own, model, torch.optim.SGD(model.parameters(), lr=0.1), False)
+    states = peerstate.snapshot({"fresh": fresh, "disabled": disabled, "own": own})
+    assert states == {"fresh": fresh.state_dict(), "disabled": {}, "own": own.state_dict()}
+    assert states["own"]["mine"] is True and not any(isinstance(v, peerstate.ScalerState) for v in states.values())

@@ -291,7 +291,8 @@ class Keeper:
         if not self.trusted or self.done is None or self.declined() is not None:
             return None
         shared = {"step": self.done["step"], "model": unwrap(self.model).state_dict(), "numbering": self.numbering,
-                  "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"], "extra": self.extras[1]}
+                  "optimizer": self.optimizer.state_dict(), "loader": self.done["loader"],
+                  "extra": peerstate.plain(self.extras[1])}
         whole = not STATE["env"].local_rank  # one copy a node (local rank 0's): the others keep what is theirs
         return {"run": self.run, "uid": os.getuid(), "node": node_name(), "rank": rank(), "world_size": world_size(),
                 "step": self.done["step"], "time": time.time(), "telemetry_steps": self.done["telemetry_steps"],

@@ -35,6 +35,8 @@ def _feed(h: Any, obj: Any) -> None:
         h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
         if t.numel():
             h.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
+    elif isinstance(obj, ScalerState):
+        _feed(h, obj.plain())
     elif isinstance(obj, dict):
         h.update(b"{")
         for key in sorted(obj, key=repr):
@@ -148,8 +150,42 @@ def unkeepable(extra: Mapping[str, Any], per_rank: Any, mine: Any) -> Optional[s
 
 
 def snapshot(extra: Mapping[str, Any]) -> Dict[str, Any]:
-    """The stateful extras' states now, copied (a scheduler's: ~5 us)."""
-    return {name: copy.deepcopy(value.state_dict()) for name, value in extra.items()}
+    """The stateful extras' states now, copied (a scheduler's: ~5 us; a GradScaler's on its device: read when used)."""
+    return {name: ScalerState(value) if ScalerState.takes(value) else copy.deepcopy(value.state_dict())
+            for name, value in extra.items()}
+
+
+def plain(states: Mapping[str, Any]) -> Dict[str, Any]:
+    """snapshot()'s states as their objects' state_dict() gives them (what a checkpoint holds)."""
+    return {name: value.plain() if isinstance(value, ScalerState) else value for name, value in states.items()}
+
+
+class ScalerState:
+    """A GradScaler's state_dict(), taken without reading its device: state_dict() reads the scale and the growth
+    tracker with .item(), a GPU synchronisation at every step's end (the optimizer step's kernels waited for before
+    the next step's are queued). Here both are copied on the device (asynchronous) and read only where used: a
+    digest (a step's save, a skipped step) or the state a lost peer leaves."""
+
+    FIELDS = ("growth_factor", "backoff_factor", "growth_interval")
+
+    def __init__(self, scaler: Any) -> None:
+        self.scale, self.tracker = scaler._scale.clone(), scaler._growth_tracker.clone()
+        self.fields = {name: getattr(scaler, f"_{name}") for name in self.FIELDS}
+
+    @staticmethod
+    def takes(value: Any) -> bool:
+        """torch's own GradScaler (its state_dict() not replaced), enabled, past its first scale() (before it, its
+        state_dict() reads nothing from the device)."""
+        import torch
+
+        kind = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        return (kind is not None and isinstance(value, kind) and type(value).state_dict is kind.state_dict
+                and value.is_enabled() and getattr(value, "_scale", None) is not None
+                and getattr(value, "_growth_tracker", None) is not None
+                and all(hasattr(value, f"_{name}") for name in ScalerState.FIELDS))
+
+    def plain(self) -> Dict[str, Any]:
+        return {"scale": self.scale.item(), **self.fields, "_growth_tracker": self.tracker.item()}
 
 
 def check_values(per_rank: Any) -> None:
@@ -208,6 +244,7 @@ def restore_values(mine: Optional[Dict[str, Any]], values: Any, where: str) -> N
 
 def changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str]:
     """The extras, of those both hold, whose states differ (by digest)."""
+    before, after = plain(before), plain(after)
     return sorted(k for k in set(before) & set(after) if digest(before[k]) != digest(after[k]))
 
 
