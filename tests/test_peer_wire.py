@@ -189,3 +189,22 @@ def test_a_scaler_before_its_first_step_or_disabled_or_of_its_own_is_read_by_its
     states = peerstate.snapshot({"fresh": fresh, "disabled": disabled, "own": own})
     assert states == {"fresh": fresh.state_dict(), "disabled": {}, "own": own.state_dict()}
     assert states["own"]["mine"] is True and not any(isinstance(v, peerstate.ScalerState) for v in states.values())
+
+
+def test_a_scaler_whose_reads_are_its_own_is_read_by_them():
+    """A subclass that replaces how the scale is read (get_scale, the growth tracker's getter), or a state_dict set
+    on the instance, is read by state_dict(): a copy of torch's fields might not be what it returns."""
+    from clusterddp.runtime import peerstate
+
+    class Scaled(torch.amp.GradScaler):
+        def get_scale(self):
+            return 2 * super().get_scale()
+
+    model = torch.nn.Linear(2, 1)
+    scaled, patched = Scaled("cpu", init_scale=8.0), torch.amp.GradScaler("cpu", init_scale=8.0)
+    for scaler in (scaled, patched):
+        _scaler_step(scaler, model, torch.optim.SGD(model.parameters(), lr=0.1), False)
+    patched.state_dict = lambda: {"scale": -1.0}  # type: ignore[method-assign]
+    states = peerstate.snapshot({"scaled": scaled, "patched": patched})
+    assert states == {"scaled": scaled.state_dict(), "patched": {"scale": -1.0}}
+    assert states["scaled"]["scale"] == 16.0

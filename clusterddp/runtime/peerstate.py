@@ -169,8 +169,16 @@ class ScalerState:
     FIELDS = ("growth_factor", "backoff_factor", "growth_interval")
 
     def __init__(self, scaler: Any) -> None:
+        import torch
+
         self.scale, self.tracker = scaler._scale.clone(), scaler._growth_tracker.clone()
         self.fields = {name: getattr(scaler, f"_{name}") for name in self.FIELDS}
+        # The copies are queued on this thread's current stream, maybe a side stream of the script's: the read
+        # waits for them by an event (not a device-wide synchronize, which would also wait for NCCL's streams).
+        self.ready = None
+        if self.scale.is_cuda:
+            self.ready = torch.cuda.Event()
+            self.ready.record()
 
     @staticmethod
     def takes(value: Any) -> bool:
@@ -179,12 +187,16 @@ class ScalerState:
         import torch
 
         kind = getattr(getattr(torch, "amp", None), "GradScaler", None)
-        return (kind is not None and isinstance(value, kind) and type(value).state_dict is kind.state_dict
+        read = ("state_dict", "get_scale", "_get_scale_async", "_get_growth_tracker", "is_enabled")
+        return (kind is not None and isinstance(value, kind)
+                and all(getattr(type(value), m, None) is getattr(kind, m, None) and m not in vars(value) for m in read)
                 and value.is_enabled() and getattr(value, "_scale", None) is not None
                 and getattr(value, "_growth_tracker", None) is not None
                 and all(hasattr(value, f"_{name}") for name in ScalerState.FIELDS))
 
     def plain(self) -> Dict[str, Any]:
+        if self.ready is not None:
+            self.ready.synchronize()
         return {"scale": self.scale.item(), **self.fields, "_growth_tracker": self.tracker.item()}
 
 
