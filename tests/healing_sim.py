@@ -17,6 +17,10 @@ then asks the supervisor in-process, as the batch script does, and returns what 
   torch's watchdog aborting waiting ranks with no other word): one retry in place, nobody blamed; the same failure at
   the same place again is the program's.
 - PROGRAM (a Python exception first, abort(), Slurm's memory kill): end, nobody blamed.
+- STOPPED (Slurm's SIGTERM to the batch script with every node of the attempt up in Slurm's view: a cancel or a
+  preemption): end, nobody blamed. A node dying whole is NODE whether the supervisor hears of it from srun's end or
+  from Slurm's SIGTERM, and whether or not srun wrote Slurm's word before it was ended (``term``); after Slurm's
+  SIGTERM Slurm requeues the job itself: the supervisor ends the attempt, recorded as a requeue without the node.
 
 Text a rank prints is never node evidence: forged "Root Cause" blocks and srun lines printed by the program, and
 stale files of earlier restarts, never change the expected verdict.
@@ -42,6 +46,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from clusterddp import contract, rollcall
 from clusterddp.healing import attempts as attempts_mod
+from clusterddp.healing import __main__ as healing_cli
 from clusterddp.healing.__main__ import main as healing_main
 from clusterddp.runtime import control
 from clusterddp.runtime.env import DistEnv
@@ -51,10 +56,10 @@ from clusterddp.runtime.env import DistEnv
 PASS_LAUNCHER: Optional[bool] = None
 LAUNCHER_REJECTED = False
 
-NODE, SUSPECT, UNCLEAR, PROGRAM = "NODE", "SUSPECT", "UNCLEAR", "PROGRAM"
+NODE, SUSPECT, UNCLEAR, PROGRAM, STOPPED = "NODE", "SUSPECT", "UNCLEAR", "PROGRAM", "STOPPED"
 
 CLASSES = ("exception", "abort", "segfault", "kill_one", "over_memory", "cgroup_oom", "node_dies", "node_killed",
-           "hang_script", "hang_silent", "hang_tie", "hang_all", "watchdog", "rendezvous", "gate_no_start")
+           "hang_script", "hang_silent", "hang_tie", "hang_all", "watchdog", "rendezvous", "gate_no_start", "cancelled")
 #: Which launchers a class can be told under: where the only trace of a failure is the program's own text (spawn's
 #: parent printing "process 1 terminated with signal SIGKILL"), the truth is not knowable and is not generated.
 LAUNCHERS_OF = {
@@ -65,7 +70,7 @@ LAUNCHERS_OF = {
     "hang_script": ("srun", "torchrun", "spawn"), "hang_silent": ("srun", "torchrun", "spawn"),
     "hang_tie": ("srun", "torchrun", "spawn"), "hang_all": ("srun", "torchrun", "spawn"),
     "watchdog": ("srun", "torchrun"), "rendezvous": ("srun", "spawn"),
-    "gate_no_start": ("srun", "torchrun", "spawn"),
+    "gate_no_start": ("srun", "torchrun", "spawn"), "cancelled": ("srun", "torchrun", "spawn"),
 }
 REPEATABLE = ("segfault", "kill_one", "hang_script", "hang_tie", "hang_all", "node_killed")
 STALE_KINDS = ("hang", "rendezvous", "root_cause", "rendezvous-9")
@@ -121,6 +126,8 @@ class Truth:
     swap: bool = False                        # torchrun dealt node ranks in reverse of Slurm's node order
     variant: int = 0                          # which of a class's wordings (see the writers)
     cause: str = "unknown"                    # watchdog: unknown | node_failure (the real cause elsewhere)
+    term: str = ""                            # node_dies: "" srun ends and the script asks; "word": Slurm's SIGTERM
+                                              # came first, srun's word written; "silent": srun ended without it
     elapsed_s: int = 300                      # when in the attempt it happened
     job_id: str = "4242"
     skip_start: bool = False                  # leave out the restart's `next start` (the batch script always runs
@@ -175,7 +182,7 @@ class Truth:
 
     def describe(self) -> str:
         mods = [f"{k}={getattr(self, k)!r}" for k in ("repeat", "stale", "forged", "order", "room", "variant",
-                                                       "cause", "skew_s", "stamp", "swap", "fqdn", "skip_start")
+                                                       "cause", "skew_s", "stamp", "swap", "fqdn", "skip_start", "term")
                 if getattr(self, k) != getattr(_DEFAULT, k)]
         return (f"{self.cls} under {self.launcher} on {','.join(self.hosts)} (ran on {','.join(self.ran_on)}, "
                 f"bad {','.join(self.bad) or '-'}), {self.per_node}/node, restart {self.restart} attempt "
@@ -278,6 +285,8 @@ def draw(choose: Callable[[Sequence], object], node_only: bool = False) -> Truth
               elapsed_s=choose((20, 60, 300, 3600)), local=choose(tuple(range(per_node))))
     if cls == "gate_no_start":
         kw["after_failure"] = choose((False, True))
+    if cls == "node_dies":
+        kw["term"] = choose(("", "", "word", "silent"))
     return make(cls, launcher, per_node, spare, choose((0, 1)), repeat, stale, **kw)
 
 
@@ -315,6 +324,8 @@ def expected(t: Truth) -> Expect:
         return Expect(UNCLEAR, frozenset(), "torch's watchdog aborted the waiting ranks; the cause is unknown")
     if c == "gate_no_start":
         return Expect(UNCLEAR, frozenset(), "the health gate's own srun could not start", in_place_required=False)
+    if c == "cancelled":
+        return Expect(STOPPED, frozenset(), "Slurm's SIGTERM with every node of the attempt up: cancelled or preempted")
     raise ValueError(c)
 
 
@@ -368,7 +379,11 @@ def check(t: Truth, o: Observed) -> List[str]:
                 bad.append(f"(b) {n} not quarantined")
             if n in o.next_run:
                 bad.append(f"(b) {n} runs the next attempt")
-        if o.action == "end":
+        if t.term:  # Slurm's SIGTERM: Slurm requeues the job itself; the attempt is recorded as that requeue
+            if o.action != "end" or o.next != contract.NEXT_REQUEUE:
+                bad.append(f"(b) after Slurm's SIGTERM for a failed node: {o.action}, next {o.next!r} (expected the "
+                           "end of this allocation, recorded as Slurm's requeue)")
+        elif o.action == "end":
             spare_or_room = t.spare or t.room == "ample"
             if spare_or_room:
                 bad.append("(b) ended although a spare or the partition's room allowed going on without the node")
@@ -389,6 +404,11 @@ def check(t: Truth, o: Observed) -> List[str]:
             if o.action not in ("gate", "run") or o.next_run != in_place:
                 bad.append(f"(c) UNCLEAR not retried in place on {','.join(in_place)} ({o.action} "
                            f"{','.join(o.next_run)})")
+    if e.tier == STOPPED:
+        if o.action != "end" or o.exit == 0:
+            bad.append(f"(c) STOPPED did not end the job with a failure ({o.action}, exit {o.exit})")
+        if o.blamed - blamed_before(t) or o.quarantined:
+            bad.append(f"(c) STOPPED blamed {sorted((o.blamed - blamed_before(t)) | o.quarantined)}")
     if e.tier == SUSPECT:
         if o.quarantined:
             bad.append(f"(c) SUSPECT quarantined {sorted(o.quarantined)}")
@@ -650,6 +670,7 @@ class _Attempt:
     rendezvous: bool = False
     lost_nodes: Tuple[str, ...] = ()
     kill_on_term: str = "term"                                    # how the rest end after srun's termination
+    term_at: float = 0.0                                          # when srun was signalled (Slurm's SIGTERM)
 
 
 def _frames(kind: str, line: int = 61) -> List[dict]:
@@ -748,8 +769,12 @@ def _plan(t: Truth) -> _Attempt:
             a.ends[r] = _End("lost", t0)
         a.lost_nodes = (x,)
         nf = t0 + (30 if t.order == "collateral_first" else 0.5)
-        a.srun_extra.append((nf, f"srun: error: Node failure on {x}"))
-        if t.variant == 1:
+        if t.term == "silent":  # the batch script's SIGTERM ended srun before Slurm's word reached it
+            a.srun_extra += _srun_terminated(nf)
+            a.term_at = nf
+        else:
+            a.srun_extra.append((nf, f"srun: error: Node failure on {x}"))
+        if t.variant == 1 and t.term != "silent":
             a.srun_extra.append((nf + 0.1, "srun: Job step aborted: Waiting up to 32 seconds for job step to finish."))
         if t.order == "collateral_first":
             collateral(others, t0 + 2)
@@ -773,6 +798,9 @@ def _plan(t: Truth) -> _Attempt:
             a.ends[r] = _End("exit79", t0 + 16 + 0.1 * r)
         if c == "hang_silent":
             a.kill_on_term = "kill_late" if t.variant == 1 else "term"
+    elif c == "cancelled":  # scancel or a preemption: Slurm's SIGTERM; the batch script ends srun (stop_grace)
+        a.srun_extra += _srun_terminated(t0)
+        a.term_at = t0
     elif c == "watchdog":
         waiting = [r for r in ranks if r != r0] if t.cause == "unknown" else others
         for i, r in enumerate(waiting):
@@ -845,8 +873,9 @@ def _task_lines(t: Truth, a: _Attempt) -> Tuple[List[Tuple[float, str]], Dict[in
         final[task] = (how, when)
         if terminating is None and ENDS[how][1] != 0:
             terminating = learn + 0.25  # (ends srun learns together come in one message, before it acts)
-    if terminating is None and a.lost_nodes:
-        terminating = min(w for w, line in a.srun_extra if "Node failure" in line) + 0.02
+    if terminating is None and (a.lost_nodes or a.term_at):
+        said = [w for w, line in a.srun_extra if "Node failure" in line] + ([a.term_at] if a.term_at else [])
+        terminating = min(said) + 0.02
     if terminating is not None:
         lines.append((terminating, f"srun: Terminating StepId={t.step}"))
         waiting = [k for k, v in tasks.items() if v[0] == "wait"]
@@ -898,7 +927,13 @@ def _status(t: Truth) -> int:
         return 137 if t.cls == "over_memory" else 1
     return {"hang_script": 79, "hang_silent": 79, "hang_tie": 79, "hang_all": 79, "rendezvous": 78,
             "abort": 134, "segfault": 139, "kill_one": 143, "node_killed": 143, "over_memory": 137,
-            "cgroup_oom": 143, "watchdog": 134}.get(t.cls, 1)
+            "cgroup_oom": 143, "watchdog": 134, "cancelled": 143}.get(t.cls, 143 if t.term == "silent" else 1)
+
+
+def _srun_terminated(t: float) -> List[Tuple[float, str]]:
+    """srun's own lines when the batch script's SIGTERM ends it (clusterddp_timer, after --stop-grace)."""
+    return [(t, "srun: forcing job termination"),
+            (t + 0.01, "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.")]
 
 
 def _write(path: Path, lines: Sequence[str], append: bool = False) -> None:
@@ -1140,6 +1175,10 @@ def _sinfo(t: Truth) -> str:
         state = "mix"
         if (t.cls == "node_dies" or (t.cls == "watchdog" and t.cause == "node_failure")) and h == t.where:
             state = "down*"
+        elif t.cls == "cancelled" and h not in t.ran_on:
+            state = "down*"  # a spare that went down: not this attempt's node
+        elif t.cls == "cancelled" and h == t.where:
+            state = ("mix", "mix*", "drng")[t.variant % 3]  # not responding for a moment, or draining: neither ends jobs
         lines.append(f"{h} {state}")
     if t.stale:
         lines.append("node2 drain")
@@ -1172,7 +1211,8 @@ def _argv(t: Truth, run: Path, launcher: bool) -> List[str]:
     if t.spare or t.cls == "gate_no_start":
         argv.append("--gate")
     if t.phase == "ended":
-        argv += ["--status", str(_status(t)), "--signal", "", "--start", str(t.start), "--ran-on", ",".join(t.ran_on)]
+        signal = "TERM" if t.term or t.cls == "cancelled" else ""
+        argv += ["--status", str(_status(t)), "--signal", signal, "--start", str(t.start), "--ran-on", ",".join(t.ran_on)]
     if launcher:
         argv += ["--launcher", t.launcher]
     return argv
@@ -1184,6 +1224,9 @@ def _call(argv: List[str], job_id: str) -> Tuple[int, str, str]:
     os.environ["SLURM_JOB_ID"] = job_id
     os.environ[contract.HANG_TIMEOUT] = "900"
     os.environ.pop("SLURM_JOB_START_TIME", None)
+    # After a SIGTERM the supervisor reads srun's messages again for a moment (tee may still be writing them); the
+    # simulator writes every file before it asks: no wait.
+    waited, healing_cli.TERM_WAIT_S = healing_cli.TERM_WAIT_S, 0.0
     try:
         with redirect_stdout(out), redirect_stderr(err):
             try:
@@ -1191,6 +1234,7 @@ def _call(argv: List[str], job_id: str) -> Tuple[int, str, str]:
             except SystemExit as exc:
                 rc = exc.code if isinstance(exc.code, int) else 2
     finally:
+        healing_cli.TERM_WAIT_S = waited
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

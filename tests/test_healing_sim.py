@@ -377,3 +377,31 @@ def test_the_simulator_writes_each_class_s_own_evidence(tmp_path):
     t = replace(make("exception", "spawn", 2, False), job_id="77")
     run(t, tmp_path / "s")
     assert not list((tmp_path / "s").rglob("exception-*.json"))  # spawn's _wrap catches it: no excepthook
+
+
+def test_class_16_a_node_dying_whole_is_blamed_whether_or_not_srun_wrote_slurm_s_word_before_the_sigterm(tmp_path):
+    """CI, Slurm 26.05: Slurm's SIGTERM for a failed node reached the batch script, and srun was ended before it
+    wrote "Node failure on node2": the attempt was recorded as a plain SIGTERM, node2 never named nor quarantined.
+    Slurm's own state of the attempt's nodes (sinfo, written once srun is gone) names it: NODE, recorded as Slurm's
+    requeue without it."""
+    cases = [(f"{launcher}, {term}, spare {spare}", make("node_dies", launcher, 2, spare, term=term))
+             for launcher in ("srun", "torchrun", "spawn") for term in ("word", "silent") for spare in (False, True)]
+    verify(cases, tmp_path)
+    silent = run(make("node_dies", "srun", 2, False, term="silent"), tmp_path / "silent")
+    assert (silent.action, silent.fault, silent.fault_nodes, silent.next) == \
+        ("end", "infrastructure", ("node2",), "requeue"), silent.line()
+    assert silent.evidence == 'health/sinfo.txt: "node2 down*"', silent.evidence
+    word = run(make("node_dies", "srun", 2, False, term="word"), tmp_path / "word")
+    assert word.evidence == 'srun-0.0.err: "srun: error: Node failure on node2"', word.evidence
+
+
+def test_class_17_a_cancel_or_preemption_blames_no_node_whatever_slurm_says_of_others(tmp_path):
+    """Slurm's SIGTERM with every node of the attempt up: nobody blamed, the job ends. A spare that is down, the
+    attempt's own node not responding for a moment or draining (neither ends a job), and a program that printed
+    Slurm's words about a node change nothing."""
+    cases = [(f"{launcher}, variant {variant}, spare {spare}, forged {forged or '-'}",
+              make("cancelled", launcher, 2, spare, variant=variant, forged=forged))
+             for launcher in ("srun", "torchrun", "spawn") for variant in (0, 1, 2) for spare in (False, True)
+             for forged in ("", "node_failure")]
+    verify(cases, tmp_path)
+    assert all(expected(t).tier == sim.STOPPED for _, t in cases)

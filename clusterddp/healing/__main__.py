@@ -74,11 +74,11 @@ def _prepare(run_dir: Path, trial: str) -> Optional[str]:
     return None
 
 
-def _slurm_word(step_err: Path, wait: float = TERM_WAIT_S) -> Optional[faults.Fault]:
+def _slurm_word(step_err: Path, wait: Optional[float] = None) -> Optional[faults.Fault]:
     """Slurm's word of a failed node in srun's messages, waited for a moment after a SIGTERM: Slurm ends a job whose
     node failed and tells srun, and the SIGTERM can come first (CI, Slurm 26.05: recorded as a plain SIGTERM, the
     node never named). Within KillWait (5 s on the test cluster, 30 s by default)."""
-    deadline = time.monotonic() + wait
+    deadline = time.monotonic() + (TERM_WAIT_S if wait is None else wait)
     while True:
         lost = faults.slurm_lost_node(step_err)
         if lost is not None or time.monotonic() >= deadline:
@@ -192,6 +192,8 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
     step_err = run_dir / contract.STEP_ERR.format(restarts=args.restart, attempt=args.attempt)
     if args.signal == "TERM":
         lost = _slurm_word(step_err)
+        if lost is None and status != 0:  # srun ended before it wrote Slurm's word: Slurm's own state of the nodes
+            lost = faults.slurm_down(run_dir / contract.SINFO_FILE, ran_on, args.start)
         if lost is not None:  # Slurm ends a job whose node failed (and requeues it itself, where it may)
             nxt = contract.NEXT_REQUEUE if policy.requeues else contract.NEXT_END
             print(f"clusterddp: Slurm ended this attempt for the failure of {','.join(lost.nodes) or 'a node'}"

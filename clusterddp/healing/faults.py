@@ -49,7 +49,7 @@ from .memory import SKEW_S, out_of_memory, over_memory
 
 __all__ = ["Fault", "FaultKind", "INFRASTRUCTURE", "SUSPECT", "AMBIGUOUS", "PROGRAM", "AFTER_WORK", "SYNCHRONOUS",
            "SKEW_S", "cite", "classify", "attempt", "after_work", "signal_fault", "recorded", "slurm_lost_node",
-           "hang_place"]
+           "slurm_down", "hang_place"]
 
 
 def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],
@@ -233,6 +233,29 @@ def slurm_lost_node(step_err: Path) -> Optional[Fault]:
         return None
     return Fault(INFRASTRUCTURE, clean_nodes([node]), "Slurm reported a node failure",
                  evidence=cite(step_err.name, srun_said(err, node) or f"srun: error: Node failure on {node}"))
+
+
+def slurm_down(sinfo: Path, nodes: Sequence[str], since: float) -> Optional[Fault]:
+    """Slurm's own state of this attempt's nodes after it ended (sinfo's ``%N %t``, written by the batch script once
+    srun is gone, base.sh.j2): a node that ran this attempt and is DOWN now went down during it (Slurm ends the jobs
+    of a node it sets DOWN). Asked only where Slurm's SIGTERM ended the attempt and srun's messages lack Slurm's word
+    (srun can be ended before it writes it). A file older than the attempt is not this attempt's; not-responding
+    alone (``idle*``), drain and fail do not end a job: neither is evidence here. None without a down node."""
+    try:
+        if sinfo.is_symlink() or not sinfo.is_file() or sinfo.stat().st_mtime < since:
+            return None
+    except OSError:
+        return None
+    down = {}
+    for line in tail(sinfo):
+        words = line.split()
+        if len(words) == 2 and words[0] in nodes and words[1].rstrip("*~#!%$@^-") == "down":
+            down.setdefault(words[0], line)
+    if not down:
+        return None
+    first = sorted(down)[0]
+    return Fault(INFRASTRUCTURE, clean_nodes(down), "Slurm reported a node failure",
+                 evidence=cite(contract.SINFO_FILE, down[first]))
 
 
 def attempt(run_dir: Path, step_err: Path, nodes: Sequence[str], per_node: int = 0, job: str = "",
