@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from clusterddp import contract, rollcall
-from clusterddp.healing import attempts as attempts_mod
 from clusterddp.healing import __main__ as healing_cli
+from clusterddp.healing import attempts as attempts_mod
 from clusterddp.healing.__main__ import main as healing_main
 from clusterddp.runtime import control
 from clusterddp.runtime.env import DistEnv
@@ -1178,7 +1178,7 @@ def _sinfo(t: Truth) -> str:
         elif t.cls == "cancelled" and h not in t.ran_on:
             state = "down*"  # a spare that went down: not this attempt's node
         elif t.cls == "cancelled" and h == t.where:
-            state = ("mix", "mix*", "drng")[t.variant % 3]  # not responding for a moment, or draining: neither ends jobs
+            state = ("mix", "mix*", "drng")[t.variant % 3]  # not responding a moment, or draining: ends no job
         lines.append(f"{h} {state}")
     if t.stale:
         lines.append("node2 drain")
@@ -1212,7 +1212,8 @@ def _argv(t: Truth, run: Path, launcher: bool) -> List[str]:
         argv.append("--gate")
     if t.phase == "ended":
         signal = "TERM" if t.term or t.cls == "cancelled" else ""
-        argv += ["--status", str(_status(t)), "--signal", signal, "--start", str(t.start), "--ran-on", ",".join(t.ran_on)]
+        argv += ["--status", str(_status(t)), "--signal", signal, "--start", str(t.start),
+                 "--ran-on", ",".join(t.ran_on)]
     if launcher:
         argv += ["--launcher", t.launcher]
     return argv
