@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from .. import contract
 from ..datafiles import read_json
@@ -246,7 +246,7 @@ def slurm_down(sinfo: Path, nodes: Sequence[str], since: float) -> Optional[Faul
             return None
     except OSError:
         return None
-    down = {}
+    down: Dict[str, str] = {}
     for line in tail(sinfo):
         words = line.split()
         if len(words) == 2 and words[0] in nodes and words[1].rstrip("*~#!%$@^-") == "down":
