@@ -20,8 +20,10 @@ from .faults import Fault, FaultKind
 #: The decision table, as docs/node-failure.md shows it (tests/test_supervise.py holds the two equal): the evidence
 #: of one attempt, the fault it makes, what follows.
 DECISIONS: Tuple[Tuple[str, FaultKind, str, str], ...] = (
-    ("srun's own `Node failure on X`, Slurm's NODE_FAIL; X's ranks silent in a hang's roll call that every other rank "
-     "answered; a rendezvous that missed X's ranks", FaultKind.INFRASTRUCTURE, "on X",
+    ("srun's own `Node failure on X`, Slurm's NODE_FAIL, or (Slurm's SIGTERM ended the attempt and srun was ended "
+     "before it wrote its word) X DOWN in Slurm's own state once srun is gone (`sinfo`: `down`/`down*`; not "
+     "responding alone, drain and fail end no job and are not evidence); X's ranks silent in a hang's roll call "
+     "that every other rank answered; a rendezvous that missed X's ranks", FaultKind.INFRASTRUCTURE, "on X",
      "again without X: a spare of the allocation first, else a requeue that excludes it; X quarantined (where "
      "neither is possible, in place once the health gate passes X, and then not quarantined: never stranded)"),
     ("every rank of X (two or more) ended by a signal at once, nothing from Slurm: srun's `tasks 2-3: Killed`, or "
