@@ -319,3 +319,32 @@ def test_after_a_sigterm_srun_s_word_of_a_failed_node_is_waited_for_a_moment(tmp
     assert lost is not None and lost.nodes == ("node2",) and 0.4 < time.monotonic() - begun < 2.0, lost
     begun = time.monotonic()
     assert _slurm_word(tmp_path / "srun-1.0.err", wait=0.5) is None and time.monotonic() - begun < 1.5
+
+
+def test_slurm_s_state_of_a_node_is_evidence_only_when_it_is_down_and_this_attempt_s(tmp_path):
+    """After Slurm's SIGTERM without srun's word: sinfo's line for a node of the attempt (healing/faults.slurm_down).
+    Down (with or without '*') names it; not responding alone, draining, failing, a node the attempt did not run on,
+    a file older than the attempt or one reached through a link name nobody."""
+    import os
+    import time
+
+    from clusterddp.healing.faults import slurm_down
+
+    sinfo = tmp_path / "sinfo.txt"
+    began = time.time() - 60
+    sinfo.write_text("node1 mix\nnode2 down*\nnode3 down\n")
+    lost = slurm_down(sinfo, ["node1", "node2"], began)
+    assert lost is not None and lost.nodes == ("node2",) and lost.evidence == 'health/sinfo.txt: "node2 down*"', lost
+    sinfo.write_text("node1 mix\nnode2 down\n")
+    assert slurm_down(sinfo, ["node1", "node2"], began).nodes == ("node2",)
+    for state in ("mix*", "idle*", "drng", "drain", "fail", "failg", "comp", "alloc"):
+        sinfo.write_text(f"node1 mix\nnode2 {state}\nnode3 down*\n")
+        assert slurm_down(sinfo, ["node1", "node2"], began) is None, state
+    sinfo.write_text("node1 mix\nnode2 down*\n")
+    os.utime(sinfo, (began - 10, began - 10))  # an earlier attempt's
+    assert slurm_down(sinfo, ["node1", "node2"], began) is None
+    os.utime(sinfo, None)
+    link = tmp_path / "link.txt"
+    link.symlink_to(sinfo)
+    assert slurm_down(link, ["node1", "node2"], began) is None
+    assert slurm_down(tmp_path / "missing.txt", ["node1", "node2"], began) is None
