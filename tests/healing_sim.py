@@ -405,8 +405,9 @@ def check(t: Truth, o: Observed) -> List[str]:
                 bad.append(f"(c) UNCLEAR not retried in place on {','.join(in_place)} ({o.action} "
                            f"{','.join(o.next_run)})")
     if e.tier == STOPPED:
-        if o.action != "end" or o.exit == 0:
-            bad.append(f"(c) STOPPED did not end the job with a failure ({o.action}, exit {o.exit})")
+        if o.action != "end" or o.exit == 0 or o.next != contract.NEXT_END or o.fault:
+            bad.append(f"(c) STOPPED did not end the job with a failure and no fault ({o.action}, exit {o.exit}, "
+                       f"fault {o.fault!r}, next {o.next!r})")
         if o.blamed - blamed_before(t) or o.quarantined:
             bad.append(f"(c) STOPPED blamed {sorted((o.blamed - blamed_before(t)) | o.quarantined)}")
     if e.tier == SUSPECT:
@@ -877,7 +878,8 @@ def _task_lines(t: Truth, a: _Attempt) -> Tuple[List[Tuple[float, str]], Dict[in
         said = [w for w, line in a.srun_extra if "Node failure" in line] + ([a.term_at] if a.term_at else [])
         terminating = min(said) + 0.02
     if terminating is not None:
-        lines.append((terminating, f"srun: Terminating StepId={t.step}"))
+        if not a.term_at:  # (Slurm's SIGTERM reaches srun itself: no kill-on-bad-exit termination of its own)
+            lines.append((terminating, f"srun: Terminating StepId={t.step}"))
         waiting = [k for k, v in tasks.items() if v[0] == "wait"]
         for node in dict.fromkeys(_task_node(t, k) for k in waiting):
             if t.variant == 2 and t.cls not in ("node_dies",):
@@ -931,8 +933,8 @@ def _status(t: Truth) -> int:
 
 
 def _srun_terminated(t: float) -> List[Tuple[float, str]]:
-    """srun's own lines when the batch script's SIGTERM ends it (clusterddp_timer, after --stop-grace)."""
-    return [(t, "srun: forcing job termination"),
+    """srun's own lines when Slurm's SIGTERM (slurmstepd signals the whole batch step, srun with it) ends it."""
+    return [(t, "srun: got SIGCONT"), (t, "srun: forcing job termination"),
             (t + 0.01, "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.")]
 
 
@@ -1175,8 +1177,6 @@ def _sinfo(t: Truth) -> str:
         state = "mix"
         if (t.cls == "node_dies" or (t.cls == "watchdog" and t.cause == "node_failure")) and h == t.where:
             state = "down*"
-        elif t.cls == "cancelled" and h not in t.ran_on:
-            state = "down*"  # a spare that went down: not this attempt's node
         elif t.cls == "cancelled" and h == t.where:
             state = ("mix", "mix*", "drng")[t.variant % 3]  # not responding a moment, or draining: ends no job
         lines.append(f"{h} {state}")
@@ -1184,6 +1184,8 @@ def _sinfo(t: Truth) -> str:
         lines.append("node2 drain")
     if t.room == "ample":
         lines += ["node5 idle", "node6 idle", "node7 mix"]
+    if t.cls == "cancelled":
+        lines.append("node9 down*")  # a node of the partition outside the allocation: not this attempt's
     return "\n".join(lines) + "\n"
 
 

@@ -125,8 +125,6 @@ def main(argv: list) -> int:
             procs.append((title, log, subprocess.Popen(argv_i, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                                        start_new_session=True)))
 
-        while waiting and len(procs) < AT_ONCE:
-            start_next()
         codes, ended = {}, {}
         try:
             while len(codes) < total:
@@ -144,13 +142,15 @@ def main(argv: list) -> int:
                         sys.stdout.flush()
                         durations[title] = text.decode("utf-8", "replace")
                 time.sleep(1)
-        except KeyboardInterrupt:
+        except BaseException as exc:  # Ctrl-C, or a run that could not start: the runs started end first
             for _, _, proc in procs:  # pytest tears its cluster down on SIGINT
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGINT)
             for _, _, proc in procs:
                 proc.wait()
-            return 130
+            if isinstance(exc, KeyboardInterrupt):
+                return 130
+            raise
         finally:
             for _, log, _ in procs:
                 log.close()

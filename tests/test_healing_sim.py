@@ -396,9 +396,9 @@ def test_class_16_a_node_dying_whole_is_blamed_whether_or_not_srun_wrote_slurm_s
 
 
 def test_class_17_a_cancel_or_preemption_blames_no_node_whatever_slurm_says_of_others(tmp_path):
-    """Slurm's SIGTERM with every node of the attempt up: nobody blamed, the job ends. A spare that is down, the
-    attempt's own node not responding for a moment or draining (neither ends a job), and a program that printed
-    Slurm's words about a node change nothing."""
+    """Slurm's SIGTERM with every node of the attempt up: nobody blamed, the job ends. A node of the partition outside
+    the allocation that is down, the attempt's own node not responding for a moment or draining (neither ends a
+    job), and a program that printed Slurm's words about a node change nothing."""
     cases = [(f"{launcher}, variant {variant}, spare {spare}, forged {forged or '-'}",
               make("cancelled", launcher, 2, spare, variant=variant, forged=forged))
              for launcher in ("srun", "torchrun", "spawn") for variant in (0, 1, 2) for spare in (False, True)

@@ -192,7 +192,9 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
     step_err = run_dir / contract.STEP_ERR.format(restarts=args.restart, attempt=args.attempt)
     if args.signal == "TERM":
         lost = _slurm_word(step_err)
-        if lost is None and status != 0:  # srun ended before it wrote Slurm's word: Slurm's own state of the nodes
+        if lost is None and status != 0 and policy.retries and policy.requeues:
+            # srun ended before it wrote Slurm's word: Slurm's own state of the nodes, as the batch script wrote it
+            # after srun (base.sh.j2 clusterddp_room, with retries and requeues on; else the file is not this attempt's)
             lost = faults.slurm_down(run_dir / contract.SINFO_FILE, ran_on, args.start)
         if lost is not None:  # Slurm ends a job whose node failed (and requeues it itself, where it may)
             nxt = contract.NEXT_REQUEUE if policy.requeues else contract.NEXT_END

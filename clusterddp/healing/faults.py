@@ -238,9 +238,11 @@ def slurm_lost_node(step_err: Path) -> Optional[Fault]:
 def slurm_down(sinfo: Path, nodes: Sequence[str], since: float) -> Optional[Fault]:
     """Slurm's own state of this attempt's nodes after it ended (sinfo's ``%N %t``, written by the batch script once
     srun is gone, base.sh.j2): a node that ran this attempt and is DOWN now went down during it (Slurm ends the jobs
-    of a node it sets DOWN). Asked only where Slurm's SIGTERM ended the attempt and srun's messages lack Slurm's word
-    (srun can be ended before it writes it). A file older than the attempt is not this attempt's; not-responding
-    alone (``idle*``), drain and fail do not end a job: neither is evidence here. None without a down node."""
+    of a node it sets DOWN; not a job submitted with --no-kill, whose cancel while a node is down would be read as
+    that node's failure: a limit, docs/node-failure.md). Asked only where Slurm's SIGTERM ended the attempt and
+    srun's messages lack Slurm's word (srun can be ended before it writes it). A file older than the attempt is not
+    this attempt's; not responding alone (``idle*``), drain and fail end no job: not evidence here. None without a
+    down node."""
     try:
         if sinfo.is_symlink() or not sinfo.is_file() or sinfo.stat().st_mtime < since:
             return None
