@@ -59,6 +59,8 @@ TELEMETRY_FILE = "telemetry/restart-{restarts}/rank-{rank}.json"
 #: resumes from the last checkpoint only. Survivors keep their state under CLUSTERDDP_PEER_DIR (default /dev/shm).
 PEER_HEAL = "CLUSTERDDP_PEER_HEAL"
 PEER_DIR = "CLUSTERDDP_PEER_DIR"
+#: Warm starts (runtime/warm.py): the job's key for its per-node warm servers; unset: every rank starts cold.
+WARM = "CLUSTERDDP_WARM"
 #: Rank 0's record of where each attempt started, one JSON line per load_latest: {"time", "restart", "how": peer |
 #: checkpoint | fresh, "step", "why" (peer heal not used), "nodes" (the survivors')}; status and report read it.
 RECOVERY_FILE = "recovery.jsonl"

@@ -1,0 +1,320 @@
+"""Warm starts (issue 55): a rank started from a process that has already imported torch.
+
+A new attempt's ranks pay Python's, torch's and ``torch._dynamo``'s imports again (seconds of CPU each), which is
+most of the job's own start and of a lost node's recovery. One *warm server* per node (``python -m
+clusterddp.runtime.warm serve``, its own job step, started before the first attempt and outliving the attempts'
+steps) imports them once and waits. A rank's task is then a small *client* (``python -m clusterddp.runtime.warm run
+SCRIPT ARGS``): it hands the server its arguments, environment, working directory and standard streams; the server
+forks, and the child runs the script as ``python SCRIPT ARGS`` would (``__main__``, ``sys.argv``, ``sys.path[0]``),
+with the client's environment. The client relays every signal it gets to the child and ends as the child ended
+(its exit code, or the same signal); a client that is gone (SIGKILL) takes the child with it. Where no server
+answers (not started yet, gone with its node, another user's), the client execs the script itself: a cold start,
+never a failure.
+
+Fork safety: the server never starts a thread, never touches a GPU and never initialises a process group; it forks
+from its only thread, as a DataLoader forks its workers from a process that imported torch. The socket lives in
+this user's private directory in node memory (runtime/peerpaths.py: 0700, owner checked); both ends check the
+other's uid (SO_PEERCRED).
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from .. import contract
+
+#: What the server imports before it serves: what a DDP script's start pays for (DDP's constructor imports
+#: torch._dynamo) and clusterddp's own job side.
+PRELOAD = ("numpy", "torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.utils.data",
+           "clusterddp.runtime", "clusterddp.runtime.group", "clusterddp.runtime.peerheal",
+           "clusterddp.runtime.checkpoint", "clusterddp.runtime.telemetry")
+_MAX_REQUEST = 1 << 20
+_RELAYED = [s for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGWINCH,
+                                                    signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)]
+
+
+def socket_path(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This node's server socket for the job named by $CLUSTERDDP_WARM (None: warm starts off, or no private
+    directory to trust)."""
+    from .peerpaths import node_name, root, run_key
+
+    environ = os.environ if environ is None else environ
+    key = environ.get(contract.WARM, "")
+    top = root(environ) if key else None
+    return None if top is None else os.path.join(top, f"warm-{run_key(key)}-{node_name(environ)}.sock")
+
+
+def _at(sock: socket.socket, path: str, act: str) -> None:
+    """bind or connect ``sock`` at ``path``; one longer than a socket address holds (108 bytes: a deep
+    CLUSTERDDP_PEER_DIR) through its directory's descriptor (/proc/self/fd/N/NAME, Linux)."""
+    if len(os.fsencode(path)) < 100:
+        getattr(sock, act)(path)
+        return
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    try:
+        getattr(sock, act)(f"/proc/self/fd/{fd}/{os.path.basename(path)}")
+    finally:
+        os.close(fd)
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+# --- the client ---------------------------------------------------------------------------------------------------
+def run(argv: Sequence[str]) -> int:
+    """A rank's task: its script started by this node's server, else by itself (exec: a cold start)."""
+    path = socket_path()
+    conn = _connect(path) if path else None
+    if conn is None:
+        os.execv(sys.executable, [sys.executable, *argv])
+    request = json.dumps({"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    conn.sendmsg([struct.pack("!I", len(request)), request],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+    for sig in _RELAYED:  # every signal srun (or a user) sends the task reaches the rank
+        try:
+            signal.signal(sig, lambda num, _frame: _send(conn, f"sig {num}\n"))
+        except (OSError, ValueError):
+            pass
+    status = _wait_exit(conn)
+    if status is None:  # the server went away without the child's end (its node's step ended): as a lost rank
+        return 1
+    if status < 0:  # ended by a signal: the task too, by the same one (srun's "Killed", "Segmentation fault")
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        return 128 - status  # (a signal whose default is to go on)
+    return status
+
+
+def _connect(path: str) -> Optional[socket.socket]:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        _at(conn, path, "connect")
+        if _peer_uid(conn) != os.getuid():
+            raise OSError("the server is another user's")
+    except OSError:
+        conn.close()
+        return None
+    return conn
+
+
+def _send(conn: socket.socket, text: str) -> None:
+    try:
+        conn.sendall(text.encode())
+    except OSError:
+        pass
+
+
+def _wait_exit(conn: socket.socket) -> Optional[int]:
+    """The child's end as the server saw it: ``exit N`` (its code, or minus the signal that ended it)."""
+    buffer = b""
+    while True:
+        try:
+            chunk = conn.recv(4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        buffer += chunk
+        for line in buffer.split(b"\n")[:-1]:
+            if line.startswith(b"exit "):
+                return int(line[5:])
+        buffer = buffer[buffer.rfind(b"\n") + 1:]
+
+
+# --- the server ---------------------------------------------------------------------------------------------------
+def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
+    """Import, then fork a child per request until this step is ended (SIGTERM, or the job's end)."""
+    import importlib
+
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    if os.path.lexists(path):
+        os.unlink(path)  # (this user's private directory: a server of this job that is gone left it)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    _at(listener, path, "bind")
+    listener.listen(64)
+    server = os.getpid()
+    try:
+        return _loop(listener)
+    finally:
+        if os.getpid() == server:  # (a child leaves through here too, as SystemExit: the socket is the server's)
+            listener.close()
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _loop(listener: socket.socket) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    children: Dict[int, socket.socket] = {}
+    while True:
+        for key, _ in sel.select(timeout=0.05):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                request = _receive(conn)
+                if request is None:
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    listener.close()
+                    for other in children.values():
+                        other.close()
+                    _child(conn, *request)  # never returns
+                for fd in request[3]:  # (the client's streams are the child's alone: its end is their EOF)
+                    os.close(fd)
+                children[pid] = conn
+        _reap(children)
+
+
+def _reap(children: Dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            _send(conn, f"exit {code}\n")
+            conn.close()
+
+
+def _receive(conn: socket.socket) -> Optional[tuple]:
+    """A client's request: (argv, env, cwd, its three standard streams), or None (not this user's, malformed)."""
+    try:
+        if _peer_uid(conn) != os.getuid():
+            return None
+        fds: List[int] = []
+        head, ancillary, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * struct.calcsize("i")))
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4]))
+        size = struct.unpack("!I", head)[0] if len(head) == 4 else _MAX_REQUEST + 1
+        body = b""
+        while len(fds) == 3 and len(body) < size <= _MAX_REQUEST:
+            chunk = conn.recv(size - len(body))
+            if not chunk:
+                break
+            body += chunk
+        if len(fds) != 3 or len(body) != size:
+            for fd in fds:
+                os.close(fd)
+            return None
+        request = json.loads(body)
+        return request["argv"], request["env"], request["cwd"], fds
+    except (OSError, ValueError, KeyError, struct.error):
+        return None
+
+
+def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, fds: List[int]) -> None:
+    """The rank: the client's streams, environment and directory, then its script as ``__main__``."""
+    import runpy
+    import threading
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+    for target, fd in enumerate(fds):  # (sys.stdin/stdout/stderr stay: their descriptors are the client's now)
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
+    code = 0
+    try:
+        if argv[:1] == ["-m"]:
+            sys.argv = list(argv[1:])  # (run_module puts the module's file first, as python -m does)
+            sys.path[0] = cwd
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            _run_script(argv)
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException as exc:  # as Python would: the hook prints it (the runtime's excepthook records it), exit 1
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+            tb = tb.tb_next  # (the traceback starts in the script, as under python SCRIPT)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        code = 1
+    sys.exit(code)
+
+
+def _run_script(argv: List[str]) -> None:
+    """``python SCRIPT ARGS``: a fresh ``__main__`` with the script's absolute ``__file__``, ``sys.argv`` as given,
+    the script's directory first on ``sys.path``."""
+    import builtins
+    import types
+
+    path = os.path.abspath(argv[0])
+    with open(path, "rb") as fh:  # (compile() reads the coding declaration, as the interpreter does)
+        code = compile(fh.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None, __loader__=None, __spec__=None)
+    sys.modules["__main__"] = main
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(path)
+    exec(code, main.__dict__)
+
+
+def _exit_code(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _watch(conn: socket.socket) -> None:
+    """The client's relayed signals, raised here; the client gone (killed): this rank goes too."""
+    buffer = b""
+    while True:
+        try:
+            chunk = conn.recv(4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            os.kill(os.getpid(), signal.SIGKILL)
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.startswith(b"sig ") and line[4:].isdigit():
+                os.kill(os.getpid(), int(line[4:]))
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "run":
+        return run(argv[1:])
+    if len(argv) == 1 and argv[0] == "serve":
+        path = socket_path()
+        if path is None:
+            print(f"clusterddp: warm server: ${contract.WARM} is not set or the private directory is not this "
+                  "user's: not serving", file=sys.stderr)
+            return 0
+        return serve(path)
+    print("usage: python -m clusterddp.runtime.warm serve | run SCRIPT [ARGS...] | run -m MODULE [ARGS...]",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

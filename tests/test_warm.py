@@ -1,0 +1,166 @@
+"""Warm starts (clusterddp/runtime/warm.py): a rank forked from a server that imported torch once behaves as the
+same script started by ``python SCRIPT ARGS``: its arguments, environment, directory, streams, exit status and
+traceback; the signals its task gets; its end when the task is killed; a cold start where no server answers.
+
+Real processes: a server (preloading nothing here, to stay quick; the imports are what it saves, not what it does)
+and clients started as srun starts a rank's task. Each behaviour is compared with the cold start of the same script.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterddp import contract
+from clusterddp.runtime import warm
+
+SCRIPT = r'''
+import json, os, signal, sys, time
+what = sys.argv[1]
+print(json.dumps({"argv": sys.argv, "file": __file__, "name": __name__, "path0": sys.path[0], "cwd": os.getcwd(),
+                  "x": os.environ.get("X"), "pid": os.getpid(), "ppid": os.getppid(),
+                  "warm": "clusterddp.runtime.warm" in sys.modules}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if what == "raise":
+    def deep():
+        raise ValueError("boom at step 3")
+    deep()
+if what == "exit":
+    sys.exit(int(sys.argv[2]))
+if what == "message":
+    sys.exit("stopped: no data")
+if what == "term":
+    signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(7)))
+    signal.signal(signal.SIGUSR2, lambda *a: print("got SIGUSR2", flush=True))
+    time.sleep(60)
+if what == "sleep":
+    time.sleep(60)
+if what == "selfkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A warm server for this test's key (nothing preloaded), ended and checked gone afterwards."""
+    env = dict(os.environ, **{contract.WARM: f"test-{tmp_path.name}", contract.PEER_DIR: str(tmp_path / "shm")})
+    (tmp_path / "shm").mkdir()
+    path = warm.socket_path(env)
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from clusterddp.runtime import warm; "
+                             "sys.exit(warm.serve(sys.argv[1], preload=()))", path], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(path), proc.communicate(timeout=5)
+    yield env, proc, path
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and not os.path.exists(path), (out, err)
+
+
+def start(tmp_path: Path, env: dict, *args: str, warm_start: bool = True) -> subprocess.Popen:
+    (tmp_path / "job").mkdir(exist_ok=True)
+    (tmp_path / "job" / "train.py").write_text(SCRIPT)
+    argv = [sys.executable, "-m", "clusterddp.runtime.warm", "run"] if warm_start else [sys.executable]
+    return subprocess.Popen([*argv, "train.py", *args], cwd=tmp_path / "job", env=dict(env, X="from the task"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def both(tmp_path: Path, env: dict, *args: str):
+    """(warm, cold): each run's exit status, its first stdout line as JSON, the rest of stdout, and stderr."""
+    out = []
+    for warm_start in (True, False):
+        proc = start(tmp_path, env, *args, warm_start=warm_start)
+        stdout, stderr = proc.communicate(timeout=60)
+        first, _, rest = stdout.partition("\n")
+        out.append((proc.returncode, json.loads(first), rest, stderr))
+    return out
+
+
+@pytest.mark.ranks
+def test_a_warm_rank_is_the_script_as_python_runs_it(tmp_path, server):
+    env, proc, _ = server
+    (w_code, w, _, w_err), (c_code, c, _, c_err) = both(tmp_path, env, "plain", "--lr", "0.1 two words")
+    assert w_code == c_code == 0 and w_err == c_err == "to stderr\n", (w_err, c_err)
+    same = ("argv", "file", "name", "path0", "cwd", "x")
+    assert {k: w[k] for k in same} == {k: c[k] for k in same}, (w, c)
+    assert w["argv"] == ["train.py", "plain", "--lr", "0.1 two words"] and w["x"] == "from the task"
+    assert w["ppid"] == proc.pid and c["ppid"] != proc.pid  # forked by the server: warm
+    for args in (("exit", "3"), ("message",), ("raise",)):
+        (w_code, _, _, w_err), (c_code, _, _, c_err) = both(tmp_path, env, *args)
+        assert (w_code, w_err) == (c_code, c_err), (args, w_err, c_err)
+    assert 'File "' + str(tmp_path / "job" / "train.py") + '", line 11, in <module>' in w_err
+    assert "ValueError: boom at step 3" in w_err and "warm.py" not in w_err and "runpy" not in w_err
+
+
+@pytest.mark.ranks
+def test_signals_reach_the_warm_rank_and_its_end_is_the_task_s(tmp_path, server):
+    env, _, _ = server
+    proc = start(tmp_path, env, "term")
+    first = json.loads(proc.stdout.readline())
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.stdout.readline() == "got SIGUSR2\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline() == "got SIGTERM\n"
+    assert proc.wait(timeout=10) == 7
+    # a rank killed by a signal: its task ends by the same signal (srun then says "Killed", as for a cold rank)
+    proc = start(tmp_path, env, "selfkill")
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    proc = start(tmp_path, env, "sleep")
+    rank = json.loads(proc.stdout.readline())["pid"]
+    os.kill(rank, signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    assert first["pid"] != rank
+
+
+@pytest.mark.ranks
+def test_a_killed_task_takes_its_warm_rank_with_it(tmp_path, server):
+    env, _, _ = server
+    proc = start(tmp_path, env, "sleep")
+    rank = json.loads(proc.stdout.readline())["pid"]
+    proc.kill()  # (srun's SIGKILL to a task that outlived its KillWait)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while _alive(rank) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(rank)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.ranks
+def test_without_a_server_the_task_starts_its_rank_cold(tmp_path):
+    env = dict(os.environ, **{contract.WARM: "nobody-serves-this", contract.PEER_DIR: str(tmp_path)})
+    proc = start(tmp_path, env, "exit", "4")
+    stdout, stderr = proc.communicate(timeout=60)
+    first = json.loads(stdout.splitlines()[0])
+    assert proc.returncode == 4 and first["pid"] == proc.pid and stderr == "to stderr\n", stderr  # exec: itself
+    off = {k: v for k, v in env.items() if k != contract.WARM}
+    proc = start(tmp_path, off, "plain")
+    assert proc.wait(timeout=60) == 0
+
+
+def test_the_socket_is_in_the_user_s_private_node_directory_and_off_without_a_key(tmp_path):
+    env = {contract.WARM: "1234.0", contract.PEER_DIR: str(tmp_path), "SLURMD_NODENAME": "node2"}
+    path = warm.socket_path(env)
+    assert path is not None and os.path.dirname(path) == str(tmp_path / f"clusterddp-{os.getuid()}")
+    assert path.endswith("-node2.sock")
+    # (a path this long is bound through its directory's descriptor: the servers above live under tmp_path)
+    assert len(warm.socket_path({**env, contract.PEER_DIR: "/dev/shm"}).encode()) < 100
+    assert (os.stat(os.path.dirname(path)).st_mode & 0o777) == 0o700
+    assert warm.socket_path({contract.PEER_DIR: str(tmp_path)}) is None
+    os.chmod(os.path.dirname(path), 0o755)  # readable by others: never trusted
+    assert warm.socket_path(env) is None
