@@ -137,6 +137,11 @@ def node_faults(spec: JobSpec) -> List[str]:
            "the program's: never retried (--retries)",
            f"  {then}; {last}",
            peer_heal(spec),
+           ("  a retry's ranks are forked from each node's warm server, torch already imported (--warm-start; the "
+            "first attempt's start as usual)" if spec.warm_start else
+            "  a retry's ranks start as the first attempt's did, importing torch again"
+            + (" (--warm-start: forked from a server per node that imported it once)" if spec.launcher == "srun"
+               else "")),
            "health gate: before " + ("every attempt" if spec.health_check or spec.spare_nodes else "each retry")
            + ", each candidate node checks that the run directory is writable there and its GPUs are visible "
            "(nvidia-smi)" + (f", and runs --health-check {spec.health_check!r}" if spec.health_check else "")

@@ -66,6 +66,7 @@ class JobSpec:
     hang_timeout: str = "15"
     flight_recorder: bool = True
     peer_heal: bool = True  # issue 55: a lost node's job resumes from the survivors' memory (runtime/peerheal.py)
+    warm_start: bool = False  # issue 55: ranks forked from a per-node server that imported torch (runtime/warm.py)
     sweep: Optional["JobArray"] = None  # a sweep's trials, one per array task (sweeps/grid.py's job_array)
 
     def __post_init__(self) -> None:

@@ -124,6 +124,11 @@ def _choices(spec: JobSpec) -> None:
     if spec.container_image is not None and spec.apptainer is not None:
         raise SpecError("conflicting options: --container-image (pyxis/enroot) and --apptainer both given; "
                         "choose one container runtime")
+    if spec.warm_start and (spec.launcher != "srun" or spec.container_image or spec.apptainer):
+        raise SpecError(f"--warm-start needs --launcher srun without a container (given: --launcher {spec.launcher}"
+                        + (", a container" if spec.container_image or spec.apptainer else "") + "): its server forks "
+                        "each rank's process, which torchrun's agent and mp.spawn start themselves; use --launcher "
+                        "srun, or leave --warm-start out")
 
 
 def _names(spec: JobSpec) -> None:

@@ -222,7 +222,8 @@ def describe(plan: Plan) -> str:
 _SLURM_ONLY = (("setup", "--setup"), ("apptainer", "--apptainer"), ("container_image", "--container-image"),
                ("time", "--time"), ("mem", "--mem"), ("sbatch_args", "--sbatch-arg"), ("partition", "--partition"),
                ("account", "--account"), ("qos", "--qos"), ("constraint", "--constraint"), ("array", "--array"),
-               ("after", "--after"), ("exclusive", "--exclusive"), ("expedite", "--expedite"))
+               ("after", "--after"), ("exclusive", "--exclusive"), ("expedite", "--expedite"),
+               ("warm_start", "--warm-start"))
 
 
 def not_applied(spec: JobSpec) -> List[str]:
