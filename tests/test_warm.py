@@ -38,7 +38,9 @@ if what == "message":
 if what == "term":
     signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(7)))
     signal.signal(signal.SIGUSR2, lambda *a: print("got SIGUSR2", flush=True))
-    time.sleep(60)
+    print("handlers set", flush=True)
+    while True:
+        time.sleep(60)
 if what == "sleep":
     time.sleep(60)
 if what == "selfkill":
@@ -105,6 +107,7 @@ def test_signals_reach_the_warm_rank_and_its_end_is_the_task_s(tmp_path, server)
     env, _, _ = server
     proc = start(tmp_path, env, "term")
     first = json.loads(proc.stdout.readline())
+    assert proc.stdout.readline() == "handlers set\n"
     proc.send_signal(signal.SIGUSR2)
     assert proc.stdout.readline() == "got SIGUSR2\n"
     proc.send_signal(signal.SIGTERM)

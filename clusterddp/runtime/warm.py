@@ -35,8 +35,11 @@ PRELOAD = ("numpy", "torch", "torch.distributed", "torch.nn.parallel", "torch._d
            "clusterddp.runtime", "clusterddp.runtime.group", "clusterddp.runtime.peerheal",
            "clusterddp.runtime.checkpoint", "clusterddp.runtime.telemetry")
 _MAX_REQUEST = 1 << 20
-_RELAYED = [s for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGWINCH,
-                                                    signal.SIGCONT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)]
+#: What the client passes on: every signal someone sends a task (not those that cannot be caught, the ones a
+#: process raises on itself for its own faults, and the terminal's job control).
+_RELAYED = [s for s in signal.Signals if s.name not in (
+    "SIGKILL", "SIGSTOP", "SIGCHLD", "SIGWINCH", "SIGCONT", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGSEGV", "SIGBUS",
+    "SIGILL", "SIGFPE", "SIGTRAP", "SIGSYS")]
 
 
 def socket_path(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -134,7 +137,9 @@ def _wait_exit(conn: socket.socket) -> Optional[int]:
 def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
     """Import, then fork a child per request until this step is ended (SIGTERM, or the job's end)."""
     import importlib
+    import time
 
+    began = time.monotonic()
     for name in preload:
         try:
             importlib.import_module(name)
@@ -146,6 +151,8 @@ def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
     _at(listener, path, "bind")
     listener.listen(64)
     server = os.getpid()
+    print(f"clusterddp: warm server {server}: ready in {time.monotonic() - began:.1f} s ({len(sys.modules)} modules "
+          "imported)", flush=True)
     try:
         return _loop(listener)
     finally:
@@ -180,7 +187,13 @@ def _loop(listener: socket.socket) -> int:
                 for fd in request[3]:  # (the client's streams are the child's alone: its end is their EOF)
                     os.close(fd)
                 children[pid] = conn
+                print(f"clusterddp: warm server: forked rank process {pid} ({_named(request[1])})", flush=True)
         _reap(children)
+
+
+def _named(env: Dict[str, str]) -> str:
+    """Which rank a request is, as its task's variables say (for the server's log)."""
+    return " ".join(f"{k}={env[k]}" for k in ("RANK", "SLURM_PROCID", "SLURM_STEP_ID") if k in env)[:200] or "-"
 
 
 def _reap(children: Dict[int, socket.socket]) -> None:
