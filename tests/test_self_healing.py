@@ -220,6 +220,39 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert shown.stdout.splitlines()[-1].startswith("stragglers: ")
 
 
+@ONCE
+def test_with_warm_start_the_retry_s_ranks_are_forked_from_the_warm_servers_and_the_run_is_bit_identical(
+        work, reference):
+    """Issue 55, --warm-start: one server per node imports torch once; the first attempt's ranks start as usual (the
+    servers are not ready yet), node2's ranks are killed, and the retry's ranks on node1 and the spare node3 are
+    forked by those nodes' servers (no torch import): the job completes bit-identical, from the survivors' memory."""
+    job = subprocess.Popen(
+        [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
+         "--gpus", "2", "--time", "10", "--wait", "--warm-start", *job_args(work, "run", 0.3),
+         "--ckpt-every", str(EVERY)], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kill_node2_after(work / "run.log", EVERY + 3, spoil=work / "run-ck")  # (the first attempt's ranks: cold)
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err
+    job_id = out.split()[0]
+    run_dir = work / "clusterddp-runs" / f"resumable-{job_id}"
+    peer_healed(run_dir, "node1")
+    same_as_reference(work, reference, peer=True)
+    first, second = attempts.read(run_dir)
+    assert (first.fault, first.fault_nodes, second.nodes, second.exit) == ("suspect", ("node2",), ("node1", "node3"),
+                                                                          0), (first, second)
+    # each rank of the retry is a process its node's server forked (the server's log and the rank's own hello)
+    for node, ranks in (("node1", (0, 1)), ("node3", (2, 3))):
+        log = (run_dir / f"warm-{node}.out").read_text()
+        assert re.search(r"clusterddp: warm server \d+: ready in [0-9.]+ s", log), log
+        forked = {int(m.group(2)): int(m.group(1)) for m in re.finditer(
+            r"forked rank process (\d+) \(RANK=(\d+) ", log)}
+        for rank in ranks:
+            hello = json.loads((run_dir / "stacks" / "ranks" / f"rank-{rank}.json").read_text())
+            assert forked.get(rank) == hello["pid"], (node, rank, forked, hello)
+    # the servers' own srun messages stay out of the attempts' evidence
+    assert "warm" not in (run_dir / "attempts" / "0.0" / "srun-0.0.err").read_text()
+
+
 def test_without_a_spare_the_job_requeues_itself_without_the_node_at_fault(work, reference, slurm_release):
     """node2's ranks frozen (a wedged node): the hang watchdog's roll call, which node1's ranks answer and node2's
     cannot, is node evidence (issue 53), so the job requeues itself without node2. Where the cluster allows an

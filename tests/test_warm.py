@@ -49,13 +49,16 @@ if what == "selfkill":
 
 
 @pytest.fixture
-def server(tmp_path):
-    """A warm server for this test's key (nothing preloaded), ended and checked gone afterwards."""
+def server(tmp_path, request):
+    """A warm server for this test's key (nothing preloaded unless the test says: ``@pytest.mark.preload(...)``),
+    ended and checked gone afterwards."""
+    marker = request.node.get_closest_marker("preload")
+    preload = tuple(marker.args) if marker else ()
     env = dict(os.environ, **{contract.WARM: f"test-{tmp_path.name}", contract.PEER_DIR: str(tmp_path / "shm")})
     (tmp_path / "shm").mkdir()
     path = warm.socket_path(env)
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from clusterddp.runtime import warm; "
-                             "sys.exit(warm.serve(sys.argv[1], preload=()))", path], env=env,
+                             "sys.exit(warm.serve(sys.argv[1], preload=sys.argv[2:]))", path, *preload], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not os.path.exists(path) and time.monotonic() < deadline:
@@ -167,3 +170,30 @@ def test_the_socket_is_in_the_user_s_private_node_directory_and_off_without_a_ke
     assert warm.socket_path({contract.PEER_DIR: str(tmp_path)}) is None
     os.chmod(os.path.dirname(path), 0o755)  # readable by others: never trusted
     assert warm.socket_path(env) is None
+
+
+RANDOM = r"""
+import json, random, sys
+import numpy, torch
+print(json.dumps({"python": random.random(), "numpy": float(numpy.random.rand()), "torch": float(torch.rand(1)),
+                  "warm": "numpy" in sys.argv}))
+"""
+
+
+@pytest.mark.ranks
+@pytest.mark.preload("random", "numpy", "torch")
+def test_each_warm_rank_draws_its_own_random_numbers_as_a_new_process_would(tmp_path, server):
+    """Forked ranks would share the server's random states: every rank of a node drawing the same numbers. Python's,
+    NumPy's and torch's are seeded anew, as a new process seeds each at import."""
+    env, _, _ = server
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "draw.py").write_text(RANDOM)
+    draws = []
+    for argv in ([sys.executable, "-m", "clusterddp.runtime.warm", "run"],) * 2 + ([sys.executable],):
+        out = subprocess.run([*argv, "draw.py"], cwd=tmp_path / "job", env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        draws.append(json.loads(out.stdout))
+    warm_a, warm_b, cold = draws
+    for source in ("python", "numpy", "torch"):
+        assert len({warm_a[source], warm_b[source], cold[source]}) == 3, (source, draws)

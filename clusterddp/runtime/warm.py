@@ -251,6 +251,7 @@ def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    _fresh_random()
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
     code = 0
     try:
@@ -286,6 +287,21 @@ def _run_script(argv: List[str]) -> None:
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(path)
     exec(code, main.__dict__)
+
+
+def _fresh_random() -> None:
+    """The random states a new interpreter would have: Python's, NumPy's and torch's global ones seeded anew from
+    the system, as each seeds itself at import (a fork would share the server's: every rank of a node drawing the
+    same "random" numbers). (torch's GPU generators are made in the rank itself, at its first use of the GPU.)"""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()
 
 
 def _exit_code(value: object) -> int:
