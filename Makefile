@@ -76,9 +76,8 @@ demo: install
 	@echo "      what the job will be (ranks, environment):          clusterddp explain --nodes 2 --gpus 8 examples/train_ddp.py"
 	@$(if $(VENV),echo "      (clusterddp is installed in $(VENV): . $(VENV)/bin/activate)",true)
 
-# Lint first (seconds), then every test, the real-Slurm ones included: six pytest runs (the tests
-# without a cluster in four, two of them started as others end, and one per Slurm release, each release's cluster in a
-# sandbox of its own, four runs at a time: tests/run_both.py).
+# Lint first (seconds), then every test, the real-Slurm ones included: four pytest runs side by side (the tests
+# without a cluster in two, and one per Slurm release, each release's cluster in a sandbox of its own: tests/run_both.py).
 test: install-test lint
 	$(PYTHON) tests/run_both.py -ra --durations=25
 

@@ -1,8 +1,6 @@
-"""``make test``: the whole suite as pytest runs side by side, four at a time: the tests without a cluster (in four
-runs: two from the start, two more each started when an earlier run ends), and one run per Slurm release with that
-release's test cluster (marker ``slurm``). The suite mostly waits (on Slurm, on job start-up, on watchdogs), so the
-runs overlap well even on 2 cores; the two late runs fill what the first runs to end leave idle (the cluster runs end
-minutes before the others did when the tests without a cluster were two runs).
+"""``make test``: the whole suite as pytest runs side by side: the tests without a cluster (in two runs), and one
+run per Slurm release with that release's test cluster (marker ``slurm``). The suite mostly waits (on Slurm, on job
+start-up, on watchdogs), so the runs overlap well even on 2 cores.
 
     python tests/run_both.py [pytest options]      # every run gets the options (not test paths); exit: the worst
 
@@ -45,12 +43,9 @@ exec "$@"
 """
 
 
-#: The files of the first run without a cluster (about half of that time: tests/DURATIONS.md).
-SPLIT = ("tests/test_drill.py", "tests/test_hangs.py", "tests/test_newcomer.py", "tests/test_observatory_jobs.py")
-#: The files of the two late runs without a cluster, each started when an earlier run ends (a few minutes each).
-LATE = (("tests/test_migrate.py",), ("tests/test_migrate_flow.py",))
-#: How many runs at once.
-AT_ONCE = 4
+#: The files of the first of the two runs without a cluster (about half of that time: tests/DURATIONS.md).
+SPLIT = ("tests/test_drill.py", "tests/test_hangs.py", "tests/test_newcomer.py", "tests/test_observatory_jobs.py",
+         "tests/test_migrate.py")
 
 
 def sandboxable() -> bool:
@@ -77,10 +72,9 @@ def runs(tmp: Path) -> List[Tuple[str, List[str]]]:
     # The tests without a cluster in two runs (the longest files apart), so that none of the runs is much longer than
     # the others: they mostly wait (on watchdogs, on ranks starting), and a lone long run leaves a core idle.
     local = [sys.executable, "-m", "pytest", "-m", "not slurm"]
-    late = [f for files in LATE for f in files]
-    out = [("the tests without a cluster: the drill, the hangs, the first hour, the observatory",
+    out = [("the tests without a cluster: the drill, the hangs, the first hour, the observatory, migrate",
             [*local, *SPLIT, "--basetemp", str(tmp / "base-a")]),
-           ("the tests without a cluster: the rest", [*local, *(f"--ignore={f}" for f in SPLIT + tuple(late)),
+           ("the tests without a cluster: the rest", [*local, *(f"--ignore={f}" for f in SPLIT),
                                                      "--basetemp", str(tmp / "base-b")])]
     for release in RELEASES:
         pytest = [sys.executable, "-m", "pytest", "-m", "slurm", "--slurm-release", release]
@@ -93,9 +87,6 @@ def runs(tmp: Path) -> List[Tuple[str, List[str]]]:
                                 *pytest, "--basetemp", str(box / "base")]))
         else:
             out.append((title, [*pytest, "--basetemp", str(tmp / f"base-{release}")]))
-    for i, files in enumerate(LATE):  # (after the others in the list: started as the first runs end)
-        out.append((f"the tests without a cluster, started late: {', '.join(Path(f).stem[5:] for f in files)}",
-                    [*local, *files, "--basetemp", str(tmp / f"base-late-{i}")]))
     return out
 
 
@@ -111,26 +102,16 @@ def main(argv: list) -> int:
         started = time.monotonic()
         procs: list = []
         durations: dict = {}
-        waiting = list(enumerate(runs(tmp)))
-        total = len(waiting)
-        began: dict = {}
-
-        def start_next() -> None:
-            i, (title, prefix) = waiting.pop(0)
-            log = open(tmp / f"run-{i}.log", "w+b")
-            argv_i = [*prefix, *argv]
-            began[title] = time.monotonic() - started
-            print(f"run_both: {title} (at {began[title]:.0f} s): "
-                  f"{' '.join(argv_i[argv_i.index('pytest'):])}", flush=True)
-            procs.append((title, log, subprocess.Popen(argv_i, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                                       start_new_session=True)))
-
         codes, ended = {}, {}
         try:
-            while len(codes) < total:
-                while waiting and len(procs) - len(codes) < AT_ONCE:
-                    start_next()
-                for title, log, proc in list(procs):
+            for i, (title, prefix) in enumerate(runs(tmp)):
+                log = open(tmp / f"run-{i}.log", "w+b")
+                argv_i = [*prefix, *argv]
+                print(f"run_both: {title}: {' '.join(argv_i[argv_i.index('pytest'):])}", flush=True)
+                procs.append((title, log, subprocess.Popen(argv_i, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                                           start_new_session=True)))
+            while len(codes) < len(procs):
+                for title, log, proc in procs:
                     if title not in codes and proc.poll() is not None:
                         codes[title] = proc.returncode
                         ended[title] = time.monotonic() - started
@@ -154,7 +135,7 @@ def main(argv: list) -> int:
         finally:
             for _, log, _ in procs:
                 log.close()
-    write_durations(durations, codes, ended, time.monotonic() - started, began)
+    write_durations(durations, codes, ended, time.monotonic() - started)
     # 5: no test selected (every test of one kind deselected by the caller's -k/-m): not a failure of the others.
     failed = {t: c for t, c in codes.items() if c not in (0, 5)}
     print(f"\nrun_both: {len(procs)} runs in {time.monotonic() - started:.0f} s: "
@@ -167,19 +148,18 @@ def main(argv: list) -> int:
 DURATIONS = ROOT / "tests" / "DURATIONS.md"
 
 
-def write_durations(logs: dict, codes: dict, ended: dict, total: float, began: dict) -> None:
+def write_durations(logs: dict, codes: dict, ended: dict, total: float) -> None:
     """Each run's summary line and slowest tests (pytest's --durations block) into tests/DURATIONS.md, which the
     README links: where the suite's time goes, as measured by the last make test here."""
     import datetime
     import re
 
     parts = [f"# Where `make test` spends its time\n\nWritten by `tests/run_both.py` at the end of `make test` "
-             f"({datetime.date.today().isoformat()}): {len(logs)} runs, {AT_ONCE} at a time, {total:.0f} s in all.\n"]
+             f"({datetime.date.today().isoformat()}): {len(logs)} runs side by side, {total:.0f} s in all.\n"]
     for title, text in logs.items():
         summary = next((ln.strip("= ") for ln in reversed(text.splitlines()) if re.search(r" in [0-9.]+s", ln)), "")
         block = re.search(r"=+ slowest (?:\d+ )?durations =+\n(.*?)(?:\n\n|\n=)", text, re.S)
-        late = f" (started at {began[title]:.0f} s)" if began.get(title, 0) >= 1 else ""
-        parts.append(f"## {title}\n\nexit {codes[title]}, ended at {ended[title]:.0f} s{late}: {summary}\n\n```\n"
+        parts.append(f"## {title}\n\nexit {codes[title]}, {ended[title]:.0f} s: {summary}\n\n```\n"
                      f"{block.group(1).strip() if block else '(no --durations report)'}\n```\n")
     try:
         DURATIONS.write_text("\n".join(parts), encoding="utf-8")
