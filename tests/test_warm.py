@@ -197,3 +197,34 @@ def test_each_warm_rank_draws_its_own_random_numbers_as_a_new_process_would(tmp_
     warm_a, warm_b, cold = draws
     for source in ("python", "numpy", "torch"):
         assert len({warm_a[source], warm_b[source], cold[source]}) == 3, (source, draws)
+
+
+@pytest.mark.ranks
+def test_a_task_waits_for_its_node_s_server_while_it_imports_and_not_for_a_dead_one(tmp_path):
+    """The first attempt's tasks start while their node's server is still importing: they wait for it (its pid,
+    beside the socket, alive) and are forked warm; a server that died importing leaves a pid no task waits on."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "slow_import.py").write_text("import time\ntime.sleep(3)\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "mods"), **{contract.WARM: f"test-{tmp_path.name}",
+                                                                   contract.PEER_DIR: str(tmp_path / "shm")})
+    (tmp_path / "shm").mkdir()
+    path = warm.socket_path(env)
+    server = subprocess.Popen([sys.executable, "-c", "import sys; from clusterddp.runtime import warm; "
+                               "sys.exit(warm.serve(sys.argv[1], preload=['slow_import']))", path], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().endswith(": starting\n")
+        assert os.path.exists(path + warm.STARTING) and not os.path.exists(path)
+        proc = start(tmp_path, env, "plain")
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and json.loads(stdout.splitlines()[0])["ppid"] == server.pid, stderr
+        assert not os.path.exists(path + warm.STARTING)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=10)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with open(path + warm.STARTING, "w") as fh:
+        fh.write(dead.stdout.strip())
+    proc = start(tmp_path, env, "plain")
+    stdout, _ = proc.communicate(timeout=60)  # (well within the client's wait for a live server: warmrun.WAIT_S)
+    assert proc.returncode == 0 and json.loads(stdout.splitlines()[0])["pid"] == proc.pid  # cold

@@ -35,9 +35,10 @@ PRELOAD = ("numpy", "torch", "torch.distributed", "torch.nn.parallel", "torch._d
            "clusterddp.runtime", "clusterddp.runtime.group", "clusterddp.runtime.peerheal",
            "clusterddp.runtime.checkpoint", "clusterddp.runtime.telemetry")
 _MAX_REQUEST = 1 << 20
+STARTING = ".starting"  # beside the socket while its server imports: its pid
 #: What the client passes on: every signal someone sends a task (not those that cannot be caught, the ones a
 #: process raises on itself for its own faults, and the terminal's job control).
-_RELAYED = [s for s in signal.Signals if s.name not in (
+RELAYED = [s for s in signal.Signals if s.name not in (
     "SIGKILL", "SIGSTOP", "SIGCHLD", "SIGWINCH", "SIGCONT", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGSEGV", "SIGBUS",
     "SIGILL", "SIGFPE", "SIGTRAP", "SIGSYS")]
 
@@ -53,7 +54,7 @@ def socket_path(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     return None if top is None else os.path.join(top, f"warm-{run_key(key)}-{node_name(environ)}.sock")
 
 
-def _at(sock: socket.socket, path: str, act: str) -> None:
+def at(sock: socket.socket, path: str, act: str) -> None:
     """bind or connect ``sock`` at ``path``; one longer than a socket address holds (108 bytes: a deep
     CLUSTERDDP_PEER_DIR) through its directory's descriptor (/proc/self/fd/N/NAME, Linux)."""
     if len(os.fsencode(path)) < 100:
@@ -66,71 +67,17 @@ def _at(sock: socket.socket, path: str, act: str) -> None:
         os.close(fd)
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
-
-
-# --- the client ---------------------------------------------------------------------------------------------------
-def run(argv: Sequence[str]) -> int:
-    """A rank's task: its script started by this node's server, else by itself (exec: a cold start)."""
-    path = socket_path()
-    conn = _connect(path) if path else None
-    if conn is None:
-        os.execv(sys.executable, [sys.executable, *argv])
-    request = json.dumps({"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-    conn.sendmsg([struct.pack("!I", len(request)), request],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
-    for sig in _RELAYED:  # every signal srun (or a user) sends the task reaches the rank
-        try:
-            signal.signal(sig, lambda num, _frame: _send(conn, f"sig {num}\n"))
-        except (OSError, ValueError):
-            pass
-    status = _wait_exit(conn)
-    if status is None:  # the server went away without the child's end (its node's step ended): as a lost rank
-        return 1
-    if status < 0:  # ended by a signal: the task too, by the same one (srun's "Killed", "Segmentation fault")
-        if -status not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
-        return 128 - status  # (a signal whose default is to go on)
-    return status
-
-
-def _connect(path: str) -> Optional[socket.socket]:
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        _at(conn, path, "connect")
-        if _peer_uid(conn) != os.getuid():
-            raise OSError("the server is another user's")
-    except OSError:
-        conn.close()
-        return None
-    return conn
-
-
-def _send(conn: socket.socket, text: str) -> None:
+def send(conn: socket.socket, text: str) -> None:
+    """A line to the other end, which may be gone."""
     try:
         conn.sendall(text.encode())
     except OSError:
         pass
 
 
-def _wait_exit(conn: socket.socket) -> Optional[int]:
-    """The child's end as the server saw it: ``exit N`` (its code, or minus the signal that ended it)."""
-    buffer = b""
-    while True:
-        try:
-            chunk = conn.recv(4096)
-        except InterruptedError:
-            continue
-        if not chunk:
-            return None
-        buffer += chunk
-        for line in buffer.split(b"\n")[:-1]:
-            if line.startswith(b"exit "):
-                return int(line[5:])
-        buffer = buffer[buffer.rfind(b"\n") + 1:]
+def peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
 
 
 # --- the server ---------------------------------------------------------------------------------------------------
@@ -140,6 +87,10 @@ def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
     import time
 
     began = time.monotonic()
+    starting = path + STARTING
+    with open(starting, "w") as fh:  # (clients wait for a server that is still importing: warmrun.py)
+        fh.write(str(os.getpid()))
+    print(f"clusterddp: warm server {os.getpid()}: starting", flush=True)
     for name in preload:
         try:
             importlib.import_module(name)
@@ -148,9 +99,10 @@ def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
     if os.path.lexists(path):
         os.unlink(path)  # (this user's private directory: a server of this job that is gone left it)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    _at(listener, path, "bind")
+    at(listener, path, "bind")
     listener.listen(64)
     server = os.getpid()
+    os.unlink(starting)
     print(f"clusterddp: warm server {server}: ready in {time.monotonic() - began:.1f} s ({len(sys.modules)} modules "
           "imported)", flush=True)
     try:
@@ -207,14 +159,14 @@ def _reap(children: Dict[int, socket.socket]) -> None:
         conn = children.pop(pid, None)
         if conn is not None:
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            _send(conn, f"exit {code}\n")
+            send(conn, f"exit {code}\n")
             conn.close()
 
 
 def _receive(conn: socket.socket) -> Optional[tuple]:
     """A client's request: (argv, env, cwd, its three standard streams), or None (not this user's, malformed)."""
     try:
-        if _peer_uid(conn) != os.getuid():
+        if peer_uid(conn) != os.getuid():
             return None
         fds: List[int] = []
         head, ancillary, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * struct.calcsize("i")))
@@ -332,6 +284,8 @@ def _watch(conn: socket.socket) -> None:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) >= 2 and argv[0] == "run":
+        from .warmrun import run
+
         return run(argv[1:])
     if len(argv) == 1 and argv[0] == "serve":
         path = socket_path()

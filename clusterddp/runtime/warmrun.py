@@ -1,0 +1,85 @@
+"""The client half of warm starts (runtime/warm.py): a rank's task. It hands its node's warm server the rank's
+arguments, environment, working directory and standard streams, passes on every signal it gets, and ends as the
+rank ended; where no server answers, it starts the rank itself (a cold start). A server still importing (its
+marker beside the socket names a live process) is waited for, at most WAIT_S."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Optional, Sequence
+
+from .warm import RELAYED, STARTING, at, peer_uid, send, socket_path
+
+WAIT_S = 120.0
+
+
+def run(argv: Sequence[str]) -> int:
+    """A rank's task: its script started by this node's server, else by itself (exec: a cold start)."""
+    path = socket_path()
+    conn = _connect(path) if path and _ready(path) else None
+    if conn is None:
+        os.execv(sys.executable, [sys.executable, *argv])
+    request = json.dumps({"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    conn.sendmsg([struct.pack("!I", len(request)), request],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+    for sig in RELAYED:  # every signal srun (or a user) sends the task reaches the rank
+        try:
+            signal.signal(sig, lambda num, _frame: send(conn, f"sig {num}\n"))
+        except (OSError, ValueError):
+            pass
+    status = _wait_exit(conn)
+    if status is None:  # the server went away without the child's end (its node's step ended): as a lost rank
+        return 1
+    if status < 0:  # ended by a signal: the task too, by the same one (srun's "Killed", "Segmentation fault")
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        return 128 - status  # (a signal whose default is to go on)
+    return status
+
+
+def _ready(path: str) -> bool:
+    """Whether the socket is there, once a server still importing (its live pid beside it) is waited for."""
+    deadline = time.monotonic() + WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        try:
+            with open(path + STARTING) as fh:
+                os.kill(int(fh.read(32)), 0)
+        except (OSError, ValueError):
+            return os.path.exists(path)  # no server starting (none, or it ended): whatever is there now
+        time.sleep(0.05)
+    return os.path.exists(path)
+
+
+def _connect(path: str) -> Optional[socket.socket]:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        at(conn, path, "connect")
+        if peer_uid(conn) != os.getuid():
+            raise OSError("the server is another user's")
+    except OSError:
+        conn.close()
+        return None
+    return conn
+
+
+def _wait_exit(conn: socket.socket) -> Optional[int]:
+    """The child's end as the server saw it: ``exit N`` (its code, or minus the signal that ended it)."""
+    buffer = b""
+    while True:
+        try:
+            chunk = conn.recv(4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        buffer += chunk
+        for line in buffer.split(b"\n")[:-1]:
+            if line.startswith(b"exit "):
+                return int(line[5:])
+        buffer = buffer[buffer.rfind(b"\n") + 1:]
