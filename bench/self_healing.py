@@ -99,12 +99,17 @@ def one(work: Path, n: int, env: dict, mode: str = "peer") -> Tuple[float, float
     first = time.monotonic() - start
     while _lines(log) < KILL_AT:
         time.sleep(0.02)
-    victims = _rank_pids("node2")
+    runs = sorted((work / "clusterddp-runs").glob("resumable-*/"), key=lambda d: d.stat().st_mtime)
+    run_dir = runs[-1]
+    victims = _rank_pids("node2")  # (with --warm-start: the ranks' tasks, and the ranks their server forked)
+    if mode == "warm":
+        import re
+
+        victims += [int(p) for p in re.findall(r"forked rank process (\d+) \(RANK=[23] ",
+                                               (run_dir / "warm-node2.out").read_text())]
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     killed, before, wall = time.monotonic(), _lines(log), time.time()
-    runs = sorted((work / "clusterddp-runs").glob("resumable-*/"), key=lambda d: d.stat().st_mtime)
-    run_dir = runs[-1]
     phases: Dict[str, float] = {}
     while _lines(log) <= before and job.poll() is None:
         for name in _phases(run_dir, run_dir.with_suffix(".out"), wall, 4):
@@ -112,7 +117,7 @@ def one(work: Path, n: int, env: dict, mode: str = "peer") -> Tuple[float, float
         time.sleep(0.02)
     again = time.monotonic() - killed
     job.communicate(timeout=300)
-    if job.returncode != 0 or len(victims) != 2:
+    if job.returncode != 0 or len(victims) != (4 if mode == "warm" else 2):
         raise RuntimeError(f"job {n} ended {job.returncode} (killed {len(victims)} ranks)")
     steps = [int(line.split()[1]) for line in log.read_text().splitlines()]
     return first, again, len(steps) - len(set(steps)), phases

@@ -223,23 +223,32 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
 @ONCE
 def test_with_warm_start_the_retry_s_ranks_are_forked_from_the_warm_servers_and_the_run_is_bit_identical(
         work, reference):
-    """Issue 55, --warm-start: one server per node imports torch once; the first attempt's ranks start as usual (the
-    servers are not ready yet), node2's ranks are killed, and the retry's ranks on node1 and the spare node3 are
-    forked by those nodes' servers (no torch import): the job completes bit-identical, from the survivors' memory."""
+    """Issue 55, --warm-start: one server per node imports torch once and forks every rank, the first attempt's
+    too; node2's ranks (and their tasks) are killed, and the retry's ranks on node1 and the spare node3 are forked
+    by those nodes' servers (no torch import again): the job completes bit-identical, from the survivors' memory."""
     job = subprocess.Popen(
         [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
          "--gpus", "2", "--time", "10", "--wait", "--warm-start", *job_args(work, "run", 0.3),
          "--ckpt-every", str(EVERY)], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    kill_node2_after(work / "run.log", EVERY + 3, spoil=work / "run-ck")  # (the first attempt's ranks: cold)
+    deadline = time.monotonic() + 150
+    while not victims_logged(work / "run.log", EVERY + 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run_dir = next((work / "clusterddp-runs").glob("resumable-*/"))
+    tasks = _rank_pids("node2", "resumable.py")  # (the tasks: python -m clusterddp.runtime.warm run resumable.py)
+    forked = re.findall(r"forked rank process (\d+) \(RANK=[23] ", (run_dir / "warm-node2.out").read_text())
+    assert len(tasks) == 2 and len(forked) == 2, (tasks, forked)  # the first attempt's ranks are forks too
+    assert spoil_checkpoints(work / "run-ck") >= 1
+    kill_at_once(tasks + [int(pid) for pid in forked])
     out, err = job.communicate(timeout=300)
     assert job.returncode == 0, err
     job_id = out.split()[0]
-    run_dir = work / "clusterddp-runs" / f"resumable-{job_id}"
+    assert run_dir == work / "clusterddp-runs" / f"resumable-{job_id}"
     peer_healed(run_dir, "node1")
     same_as_reference(work, reference, peer=True)
     first, second = attempts.read(run_dir)
     assert (first.fault, first.fault_nodes, second.nodes, second.exit) == ("suspect", ("node2",), ("node1", "node3"),
                                                                           0), (first, second)
+    assert re.fullmatch(r'srun-0\.0\.err: "srun: error: node2: (tasks 2-3|task [23]): Killed"', first.evidence), first
     # each rank of the retry is a process its node's server forked (the server's log and the rank's own hello)
     for node, ranks in (("node1", (0, 1)), ("node3", (2, 3))):
         log = (run_dir / f"warm-{node}.out").read_text()
