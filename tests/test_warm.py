@@ -27,6 +27,11 @@ print(json.dumps({"argv": sys.argv, "file": __file__, "name": __name__, "path0":
                   "x": os.environ.get("X"), "pid": os.getpid(), "ppid": os.getppid(),
                   "warm": "clusterddp.runtime.warm" in sys.modules}), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
+if what == "hook":  # what an excepthook sees (the runtime's end at a lost peer reads sys.last_value)
+    def hook(kind, value, tb):
+        print("hook", kind.__name__, sys.last_value is value, sys.last_type is kind, file=sys.stderr)
+    sys.excepthook = hook
+    raise ConnectionError("Connection closed by peer")
 if what == "raise":
     def deep():
         raise ValueError("boom at step 3")
@@ -98,10 +103,10 @@ def test_a_warm_rank_is_the_script_as_python_runs_it(tmp_path, server):
     assert {k: w[k] for k in same} == {k: c[k] for k in same}, (w, c)
     assert w["argv"] == ["train.py", "plain", "--lr", "0.1 two words"] and w["x"] == "from the task"
     assert w["ppid"] == proc.pid and c["ppid"] != proc.pid  # forked by the server: warm
-    for args in (("exit", "3"), ("message",), ("raise",)):
+    for args in (("exit", "3"), ("message",), ("hook",), ("raise",)):
         (w_code, _, _, w_err), (c_code, _, _, c_err) = both(tmp_path, env, *args)
         assert (w_code, w_err) == (c_code, c_err), (args, w_err, c_err)
-    assert 'File "' + str(tmp_path / "job" / "train.py") + '", line 11, in <module>' in w_err
+    assert 'File "' + str(tmp_path / "job" / "train.py") + '", line 16, in <module>' in w_err
     assert "ValueError: boom at step 3" in w_err and "warm.py" not in w_err and "runpy" not in w_err
 
 

@@ -219,6 +219,8 @@ def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
             tb = tb.tb_next  # (the traceback starts in the script, as under python SCRIPT)
+        # (as the interpreter sets them for an uncaught exception: the runtime's end at a lost peer reads them)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         code = 1
     sys.exit(code)
