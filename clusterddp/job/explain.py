@@ -137,8 +137,8 @@ def node_faults(spec: JobSpec) -> List[str]:
            "the program's: never retried (--retries)",
            f"  {then}; {last}",
            peer_heal(spec),
-           ("  a retry's ranks are forked from each node's warm server, torch already imported (--warm-start; the "
-            "first attempt's start as usual)" if spec.warm_start else
+           ("  every rank is forked from its node's warm server, torch imported once per node (--warm-start): a "
+            "retry's ranks start without importing it again" if spec.warm_start else
             "  a retry's ranks start as the first attempt's did, importing torch again"
             + (" (--warm-start: forked from a server per node that imported it once)" if spec.launcher == "srun"
                else "")),
