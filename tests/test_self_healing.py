@@ -233,7 +233,7 @@ def test_with_warm_start_the_retry_s_ranks_are_forked_from_the_warm_servers_and_
     while not victims_logged(work / "run.log", EVERY + 3) and time.monotonic() < deadline:
         time.sleep(0.05)
     run_dir = next((work / "clusterddp-runs").glob("resumable-*/"))
-    tasks = _rank_pids("node2", "resumable.py")  # (the tasks: python -m clusterddp.runtime.warm run resumable.py)
+    tasks = _rank_pids("node2", "resumable.py")  # (the tasks: python -m clusterddp.runtime.warmrun resumable.py)
     forked = re.findall(r"forked rank process (\d+) \(RANK=[23] ", (run_dir / "warm-node2.out").read_text())
     assert len(tasks) == 2 and len(forked) == 2, (tasks, forked)  # the first attempt's ranks are forks too
     assert spoil_checkpoints(work / "run-ck") >= 1

@@ -78,7 +78,7 @@ def server(tmp_path, request):
 def start(tmp_path: Path, env: dict, *args: str, warm_start: bool = True) -> subprocess.Popen:
     (tmp_path / "job").mkdir(exist_ok=True)
     (tmp_path / "job" / "train.py").write_text(SCRIPT)
-    argv = [sys.executable, "-m", "clusterddp.runtime.warm", "run"] if warm_start else [sys.executable]
+    argv = [sys.executable, "-m", "clusterddp.runtime.warmrun"] if warm_start else [sys.executable]
     return subprocess.Popen([*argv, "train.py", *args], cwd=tmp_path / "job", env=dict(env, X="from the task"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -194,7 +194,7 @@ def test_each_warm_rank_draws_its_own_random_numbers_as_a_new_process_would(tmp_
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "draw.py").write_text(RANDOM)
     draws = []
-    for argv in ([sys.executable, "-m", "clusterddp.runtime.warm", "run"],) * 2 + ([sys.executable],):
+    for argv in ([sys.executable, "-m", "clusterddp.runtime.warmrun"],) * 2 + ([sys.executable],):
         out = subprocess.run([*argv, "draw.py"], cwd=tmp_path / "job", env=env, capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 0, out.stderr

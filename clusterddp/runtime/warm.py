@@ -3,7 +3,7 @@
 A new attempt's ranks pay Python's, torch's and ``torch._dynamo``'s imports again (seconds of CPU each), which is
 most of the job's own start and of a lost node's recovery. One *warm server* per node (``python -m
 clusterddp.runtime.warm serve``, its own job step, started before the first attempt and outliving the attempts'
-steps) imports them once and waits. A rank's task is then a small *client* (``python -m clusterddp.runtime.warm run
+steps) imports them once and waits. A rank's task is then a small *client* (``python -m clusterddp.runtime.warmrun
 SCRIPT ARGS``): it hands the server its arguments, environment, working directory and standard streams; the server
 forks, and the child runs the script as ``python SCRIPT ARGS`` would (``__main__``, ``sys.argv``, ``sys.path[0]``),
 with the client's environment. The client relays every signal it gets to the child and ends as the child ended
@@ -285,10 +285,6 @@ def _watch(conn: socket.socket) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "run":
-        from .warmrun import run
-
-        return run(argv[1:])
     if len(argv) == 1 and argv[0] == "serve":
         path = socket_path()
         if path is None:
@@ -296,8 +292,8 @@ def main(argv: Sequence[str]) -> int:
                   "user's: not serving", file=sys.stderr)
             return 0
         return serve(path)
-    print("usage: python -m clusterddp.runtime.warm serve | run SCRIPT [ARGS...] | run -m MODULE [ARGS...]",
-          file=sys.stderr)
+    print("usage: python -m clusterddp.runtime.warm serve (a rank's task: python -m clusterddp.runtime.warmrun "
+          "SCRIPT [ARGS...])", file=sys.stderr)
     return 2
 
 

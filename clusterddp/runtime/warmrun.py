@@ -83,3 +83,10 @@ def _wait_exit(conn: socket.socket) -> Optional[int]:
             if line.startswith(b"exit "):
                 return int(line[5:])
         buffer = buffer[buffer.rfind(b"\n") + 1:]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print("usage: python -m clusterddp.runtime.warmrun SCRIPT [ARGS...] | -m MODULE [ARGS...]", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(sys.argv[1:]))
