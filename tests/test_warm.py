@@ -25,13 +25,15 @@ import json, os, signal, sys, time
 what = sys.argv[1]
 print(json.dumps({"argv": sys.argv, "file": __file__, "name": __name__, "path0": sys.path[0], "cwd": os.getcwd(),
                   "x": os.environ.get("X"), "pid": os.getpid(), "ppid": os.getppid(),
-                  "warm": "clusterddp.runtime.warm" in sys.modules}), flush=True)
+                  "cpus": sorted(os.sched_getaffinity(0))}), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if what == "hook":  # what an excepthook sees (the runtime's end at a lost peer reads sys.last_value)
     def hook(kind, value, tb):
         print("hook", kind.__name__, sys.last_value is value, sys.last_type is kind, file=sys.stderr)
     sys.excepthook = hook
     raise ConnectionError("Connection closed by peer")
+if what == "interrupt":
+    raise KeyboardInterrupt
 if what == "raise":
     def deep():
         raise ValueError("boom at step 3")
@@ -75,12 +77,13 @@ def server(tmp_path, request):
     assert proc.returncode == 0 and not os.path.exists(path), (out, err)
 
 
-def start(tmp_path: Path, env: dict, *args: str, warm_start: bool = True) -> subprocess.Popen:
+def start(tmp_path: Path, env: dict, *args: str, warm_start: bool = True, cpus=None) -> subprocess.Popen:
     (tmp_path / "job").mkdir(exist_ok=True)
     (tmp_path / "job" / "train.py").write_text(SCRIPT)
     argv = [sys.executable, "-m", "clusterddp.runtime.warmrun"] if warm_start else [sys.executable]
     return subprocess.Popen([*argv, "train.py", *args], cwd=tmp_path / "job", env=dict(env, X="from the task"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
 
 def both(tmp_path: Path, env: dict, *args: str):
@@ -103,10 +106,10 @@ def test_a_warm_rank_is_the_script_as_python_runs_it(tmp_path, server):
     assert {k: w[k] for k in same} == {k: c[k] for k in same}, (w, c)
     assert w["argv"] == ["train.py", "plain", "--lr", "0.1 two words"] and w["x"] == "from the task"
     assert w["ppid"] == proc.pid and c["ppid"] != proc.pid  # forked by the server: warm
-    for args in (("exit", "3"), ("message",), ("hook",), ("raise",)):
+    for args in (("exit", "3"), ("message",), ("interrupt",), ("hook",), ("raise",)):
         (w_code, _, _, w_err), (c_code, _, _, c_err) = both(tmp_path, env, *args)
         assert (w_code, w_err) == (c_code, c_err), (args, w_err, c_err)
-    assert 'File "' + str(tmp_path / "job" / "train.py") + '", line 16, in <module>' in w_err
+    assert 'File "' + str(tmp_path / "job" / "train.py") + '", line 18, in <module>' in w_err
     assert "ValueError: boom at step 3" in w_err and "warm.py" not in w_err and "runpy" not in w_err
 
 
@@ -233,3 +236,44 @@ def test_a_task_waits_for_its_node_s_server_while_it_imports_and_not_for_a_dead_
     proc = start(tmp_path, env, "plain")
     stdout, _ = proc.communicate(timeout=60)  # (well within the client's wait for a live server: warmrun.WAIT_S)
     assert proc.returncode == 0 and json.loads(stdout.splitlines()[0])["pid"] == proc.pid  # cold
+
+
+@pytest.mark.ranks
+def test_the_rank_keeps_its_task_s_cpus_and_a_request_the_server_refuses_starts_cold(tmp_path, server):
+    """srun binds each task to its CPUs (--cpus-per-task, --cpu-bind): the forked rank keeps its task's, not the
+    server's. A request the server will not take (here an environment over its 1 MiB limit) runs nowhere twice: the
+    task starts its rank itself."""
+    env, proc, _ = server
+    task = start(tmp_path, env, "plain", cpus={0})
+    out, err = task.communicate(timeout=60)
+    first = json.loads(out.splitlines()[0])
+    assert task.returncode == 0 and first["ppid"] == proc.pid and first["cpus"] == [0], (first, err)
+    huge = {f"HUGE{i}": "x" * 110_000 for i in range(10)}  # (one variable holds at most 128 KiB)
+    task = start(tmp_path, dict(env, **huge), "plain")
+    out, err = task.communicate(timeout=60)
+    first = json.loads(out.splitlines()[0])
+    assert task.returncode == 0 and first["pid"] == task.pid, (first, err)  # cold: the task is the rank
+
+
+def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_path):
+    """--warm-start renders one server step per node and each rank's task as the client (srun launcher); torchrun,
+    spawn, a container or one GPU per task are a usage error that says what to do; --local says it ignores it."""
+    from .conftest import run_cli
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    ok = run_cli("submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "--warm-start",
+                 "train.py", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.count("-m clusterddp.runtime.warm serve") == 1 and "--overlap" in ok.stdout
+    assert "python3 -m clusterddp.runtime.warmrun train.py" in ok.stdout
+    plain = run_cli("submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "train.py",
+                    cwd=tmp_path)
+    assert plain.returncode == 0 and "warm" not in plain.stdout.lower(), plain.stdout
+    for extra in (["--launcher", "torchrun"], ["--launcher", "spawn"], ["--launcher", "srun", "--apptainer", "x.sif"],
+                  ["--launcher", "srun", "--gpu-request", "gpus-per-task"]):
+        bad = run_cli("submit", "--dry-run", "--nodes", "2", "--gpus", "2", "--warm-start", *extra, "train.py",
+                      cwd=tmp_path)
+        assert bad.returncode == 2 and "--warm-start" in bad.stderr and "Traceback" not in bad.stderr, (extra, bad)
+    local = run_cli("submit", "--local", "--dry-run", "--launcher", "srun", "--nodes", "2", "--warm-start",
+                    "train.py", cwd=tmp_path)
+    assert local.returncode == 0 and "--local does not apply --warm-start" in local.stdout + local.stderr, local

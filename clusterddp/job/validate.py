@@ -124,6 +124,9 @@ def _choices(spec: JobSpec) -> None:
     if spec.container_image is not None and spec.apptainer is not None:
         raise SpecError("conflicting options: --container-image (pyxis/enroot) and --apptainer both given; "
                         "choose one container runtime")
+    if spec.warm_start and spec.gpu_request == "gpus-per-task":
+        raise SpecError("--warm-start with --gpu-request gpus-per-task: each node's server step would hold one task's "
+                        "GPU, not the node's; use --gpu-request gpus-per-node (or gres) with --warm-start")
     if spec.warm_start and (spec.launcher != "srun" or spec.container_image or spec.apptainer):
         raise SpecError(f"--warm-start needs --launcher srun without a container (given: --launcher {spec.launcher}"
                         + (", a container" if spec.container_image or spec.apptainer else "") + "): its server forks "

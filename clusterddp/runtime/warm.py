@@ -91,18 +91,20 @@ def serve(path: str, preload: Sequence[str] = PRELOAD) -> int:
     with open(starting, "w") as fh:  # (clients wait for a server that is still importing: warmrun.py)
         fh.write(str(os.getpid()))
     print(f"clusterddp: warm server {os.getpid()}: starting", flush=True)
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-    if os.path.lexists(path):
-        os.unlink(path)  # (this user's private directory: a server of this job that is gone left it)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    at(listener, path, "bind")
-    listener.listen(64)
+    try:
+        for name in preload:
+            try:
+                importlib.import_module(name)
+            except Exception:  # (a module that fails here is the rank's own to import, and to fail on)
+                pass
+        if os.path.lexists(path):
+            os.unlink(path)  # (this user's private directory: a server of this job that is gone left it)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        at(listener, path, "bind")
+        listener.listen(64)
+    finally:
+        os.unlink(starting)
     server = os.getpid()
-    os.unlink(starting)
     print(f"clusterddp: warm server {server}: ready in {time.monotonic() - began:.1f} s ({len(sys.modules)} modules "
           "imported)", flush=True)
     try:
@@ -120,26 +122,40 @@ def _loop(listener: socket.socket) -> int:
     sel.register(listener, selectors.EVENT_READ)
     children: Dict[int, socket.socket] = {}
     while True:
-        for key, _ in sel.select(timeout=0.05):
-            if key.fileobj is listener:
+        if sel.select(timeout=0.05):
+            try:
                 conn, _ = listener.accept()
-                request = _receive(conn)
-                if request is None:
-                    conn.close()
-                    continue
-                sys.stdout.flush()
-                sys.stderr.flush()
+            except OSError:  # (out of descriptors: the client finds no answer and starts its rank itself)
+                continue
+            conn.settimeout(5)  # (a client that sends nothing holds no other up for long)
+            request = _receive(conn)
+            conn.settimeout(None)
+            if request is None:
+                conn.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
                 pid = os.fork()
-                if pid == 0:
-                    sel.close()
-                    listener.close()
-                    for other in children.values():
-                        other.close()
-                    _child(conn, *request)  # never returns
-                for fd in request[3]:  # (the client's streams are the child's alone: its end is their EOF)
-                    os.close(fd)
-                children[pid] = conn
+            except OSError:  # (a process limit, memory): the client starts its rank itself
+                pid = -1
+            if pid == 0:
+                sel.close()
+                listener.close()
+                for other in children.values():
+                    other.close()
+                _child(conn, *request)  # never returns
+            for fd in request[3]:  # (the client's streams are the child's alone: its end is their EOF)
+                os.close(fd)
+            if pid < 0:
+                conn.close()
+                continue
+            send(conn, "ok\n")
+            children[pid] = conn
+            try:
                 print(f"clusterddp: warm server: forked rank process {pid} ({_named(request[1])})", flush=True)
+            except OSError:
+                pass
         _reap(children)
 
 
@@ -164,11 +180,12 @@ def _reap(children: Dict[int, socket.socket]) -> None:
 
 
 def _receive(conn: socket.socket) -> Optional[tuple]:
-    """A client's request: (argv, env, cwd, its three standard streams), or None (not this user's, malformed)."""
+    """A client's request: (argv, env, cwd, its three standard streams, its CPUs), or None (not this user's,
+    malformed)."""
+    fds: List[int] = []
     try:
         if peer_uid(conn) != os.getuid():
             return None
-        fds: List[int] = []
         head, ancillary, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * struct.calcsize("i")))
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -180,18 +197,20 @@ def _receive(conn: socket.socket) -> Optional[tuple]:
             if not chunk:
                 break
             body += chunk
-        if len(fds) != 3 or len(body) != size:
-            for fd in fds:
-                os.close(fd)
-            return None
-        request = json.loads(body)
-        return request["argv"], request["env"], request["cwd"], fds
-    except (OSError, ValueError, KeyError, struct.error):
-        return None
+        if len(fds) == 3 and len(body) == size:
+            request = json.loads(body)
+            return request["argv"], request["env"], request["cwd"], fds, request.get("cpus")
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        pass
+    for fd in fds:  # (malformed, cut short, too large: nothing runs, the client starts its rank itself)
+        os.close(fd)
+    return None
 
 
-def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, fds: List[int]) -> None:
-    """The rank: the client's streams, environment and directory, then its script as ``__main__``."""
+def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, fds: List[int],
+           cpus: Optional[List[int]]) -> None:
+    """The rank: the client's streams, environment, directory and CPUs (its task's binding), then its script as
+    ``__main__``."""
     import runpy
     import threading
 
@@ -203,6 +222,11 @@ def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError):
+            pass
     _fresh_random()
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
     code = 0
@@ -223,6 +247,10 @@ def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         code = 1
+        if isinstance(exc, KeyboardInterrupt):  # (as the interpreter ends at Ctrl-C: by SIGINT itself)
+            sys.stdout.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
     sys.exit(code)
 
 

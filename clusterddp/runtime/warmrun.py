@@ -11,7 +11,7 @@ import socket
 import struct
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from .warm import RELAYED, STARTING, at, peer_uid, send, socket_path
 
@@ -24,15 +24,25 @@ def run(argv: Sequence[str]) -> int:
     conn = _connect(path) if path and _ready(path) else None
     if conn is None:
         os.execv(sys.executable, [sys.executable, *argv])
-    request = json.dumps({"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd()}).encode()
-    conn.sendmsg([struct.pack("!I", len(request)), request],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+    request = json.dumps({"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd(),
+                          "cpus": sorted(os.sched_getaffinity(0))}).encode()
+    lines = _lines(conn)
+    try:
+        message = struct.pack("!I", len(request)) + request  # (the streams go with its first bytes: warm._receive)
+        sent = conn.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+        conn.sendall(message[sent:])
+        started = next(lines, None) == b"ok"
+    except OSError:
+        started = False
+    if not started:  # the server did not start it (refused, could not fork, gone): nothing ran, start it here
+        conn.close()
+        os.execv(sys.executable, [sys.executable, *argv])
     for sig in RELAYED:  # every signal srun (or a user) sends the task reaches the rank
         try:
             signal.signal(sig, lambda num, _frame: send(conn, f"sig {num}\n"))
         except (OSError, ValueError):
             pass
-    status = _wait_exit(conn)
+    status = next((int(line[5:]) for line in lines if line.startswith(b"exit ")), None)
     if status is None:  # the server went away without the child's end (its node's step ended): as a lost rank
         return 1
     if status < 0:  # ended by a signal: the task too, by the same one (srun's "Killed", "Segmentation fault")
@@ -68,21 +78,22 @@ def _connect(path: str) -> Optional[socket.socket]:
     return conn
 
 
-def _wait_exit(conn: socket.socket) -> Optional[int]:
-    """The child's end as the server saw it: ``exit N`` (its code, or minus the signal that ended it)."""
+def _lines(conn: socket.socket) -> Iterator[bytes]:
+    """The server's lines (``ok``, then ``exit N``: the rank's code, or minus the signal that ended it)."""
     buffer = b""
     while True:
         try:
             chunk = conn.recv(4096)
         except InterruptedError:
             continue
+        except OSError:
+            return
         if not chunk:
-            return None
+            return
         buffer += chunk
-        for line in buffer.split(b"\n")[:-1]:
-            if line.startswith(b"exit "):
-                return int(line[5:])
-        buffer = buffer[buffer.rfind(b"\n") + 1:]
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            yield line
 
 
 if __name__ == "__main__":
