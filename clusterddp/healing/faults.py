@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .. import contract
 from ..datafiles import read_json
@@ -235,6 +235,20 @@ def slurm_lost_node(step_err: Path) -> Optional[Fault]:
                  evidence=cite(step_err.name, srun_said(err, node) or f"srun: error: Node failure on {node}"))
 
 
+#: What sinfo's compact state (``%t``) may end with: '*' not responding, '~' '#' '!' '%' powered (or powering)
+#: down, '$' '@' '^' maintenance or reboot, '-' planned.
+STATE_FLAGS = "*~#!%$@^-"
+
+
+def sinfo_states(lines: Iterable[str]) -> Iterator[Tuple[str, str, str]]:
+    """(node, compact state, the line) of each of sinfo's ``--Node --format='%N %t'`` lines (base.sh.j2's
+    clusterddp_room writes them)."""
+    for line in lines:
+        words = line.split()
+        if len(words) == 2:
+            yield words[0], words[1], line
+
+
 def slurm_down(sinfo: Path, nodes: Sequence[str], since: float) -> Optional[Fault]:
     """Slurm's own state of this attempt's nodes after it ended (sinfo's ``%N %t``, written by the batch script once
     srun is gone, base.sh.j2): a node that ran this attempt and is DOWN now went down during it (Slurm ends the jobs
@@ -249,10 +263,9 @@ def slurm_down(sinfo: Path, nodes: Sequence[str], since: float) -> Optional[Faul
     except OSError:
         return None
     down: Dict[str, str] = {}
-    for line in tail(sinfo):
-        words = line.split()
-        if len(words) == 2 and words[0] in nodes and words[1].rstrip("*~#!%$@^-") == "down":
-            down.setdefault(words[0], line)
+    for node, state, line in sinfo_states(tail(sinfo)):
+        if node in nodes and state.rstrip(STATE_FLAGS) == "down":
+            down.setdefault(node, line)
     if not down:
         return None
     first = sorted(down)[0]

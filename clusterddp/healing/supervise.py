@@ -15,7 +15,7 @@ from typing import FrozenSet, Iterable, NamedTuple, Optional, Sequence, Tuple
 
 from .. import contract
 from .attempts import Attempt
-from .faults import Fault, FaultKind
+from .faults import STATE_FLAGS, Fault, FaultKind, sinfo_states
 
 #: The decision table, as docs/node-failure.md shows it (tests/test_supervise.py holds the two equal): the evidence
 #: of one attempt, the fault it makes, what follows.
@@ -263,15 +263,11 @@ def parse_room(partition: str, text: Optional[str]) -> Optional[Room]:
     if text is None:
         return None
     usable, seen = [], 0
-    for line in text.splitlines()[:100000]:
-        words = line.split()
-        if len(words) < 2:
-            continue
+    for node, state, _ in sinfo_states(text.splitlines()[:100000]):
         seen += 1
-        state = words[1]
-        # '*': not responding; '~' '%' '!': powered (or powering) down; '$' '@' '^': maintenance or reboot.
-        if state.rstrip("*~#!%$@^-") in _USABLE and not any(c in state for c in "*~%!$@^"):
-            usable.append(words[0])
+        # usable: a state that takes jobs, with no flag of one that does not (faults.STATE_FLAGS; '#' and '-' do)
+        if state.rstrip(STATE_FLAGS) in _USABLE and not any(c in state for c in "*~%!$@^"):
+            usable.append(node)
     return Room(partition, tuple(dict.fromkeys(usable))) if seen else None
 
 

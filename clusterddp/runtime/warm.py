@@ -25,7 +25,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .. import contract
 
@@ -297,19 +297,28 @@ def _exit_code(value: object) -> int:
 
 def _watch(conn: socket.socket) -> None:
     """The client's relayed signals, raised here; the client gone (killed): this rank goes too."""
+    for line in lines(conn):
+        if line.startswith(b"sig ") and line[4:].isdigit():
+            os.kill(os.getpid(), int(line[4:]))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def lines(conn: socket.socket) -> Iterator[bytes]:
+    """The other end's lines until it is gone (the server's ``ok`` and ``exit N``; the client's ``sig N``)."""
     buffer = b""
     while True:
         try:
             chunk = conn.recv(4096)
+        except InterruptedError:
+            continue
         except OSError:
-            chunk = b""
+            return
         if not chunk:
-            os.kill(os.getpid(), signal.SIGKILL)
+            return
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            if line.startswith(b"sig ") and line[4:].isdigit():
-                os.kill(os.getpid(), int(line[4:]))
+            yield line
 
 
 def main(argv: Sequence[str]) -> int:

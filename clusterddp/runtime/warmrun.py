@@ -11,9 +11,9 @@ import socket
 import struct
 import sys
 import time
-from typing import Iterator, Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
-from .warm import RELAYED, STARTING, at, peer_uid, send, socket_path
+from .warm import RELAYED, STARTING, at, lines, peer_uid, send, socket_path
 
 WAIT_S = 120.0
 
@@ -23,26 +23,26 @@ def run(argv: Sequence[str]) -> int:
     path = socket_path()
     conn = _connect(path) if path and _ready(path) else None
     if conn is None:
-        os.execv(sys.executable, [sys.executable, *argv])
+        _cold(argv)
     request = json.dumps({"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd(),
                           "cpus": sorted(os.sched_getaffinity(0))}).encode()
-    lines = _lines(conn)
+    answers = lines(conn)
     try:
         message = struct.pack("!I", len(request)) + request  # (the streams go with its first bytes: warm._receive)
         sent = conn.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
         conn.sendall(message[sent:])
-        started = next(lines, None) == b"ok"
+        started = next(answers, None) == b"ok"
     except OSError:
         started = False
     if not started:  # the server did not start it (refused, could not fork, gone): nothing ran, start it here
         conn.close()
-        os.execv(sys.executable, [sys.executable, *argv])
+        _cold(argv)
     for sig in RELAYED:  # every signal srun (or a user) sends the task reaches the rank
         try:
             signal.signal(sig, lambda num, _frame: send(conn, f"sig {num}\n"))
         except (OSError, ValueError):
             pass
-    status = next((int(line[5:]) for line in lines if line.startswith(b"exit ")), None)
+    status = next((int(line[5:]) for line in answers if line.startswith(b"exit ")), None)
     if status is None:  # the server went away without the child's end (its node's step ended): as a lost rank
         return 1
     if status < 0:  # ended by a signal: the task too, by the same one (srun's "Killed", "Segmentation fault")
@@ -51,6 +51,11 @@ def run(argv: Sequence[str]) -> int:
         os.kill(os.getpid(), -status)
         return 128 - status  # (a signal whose default is to go on)
     return status
+
+
+def _cold(argv: Sequence[str]) -> NoReturn:
+    """The rank started here, as ``python SCRIPT ARGS`` (this process becomes it)."""
+    os.execv(sys.executable, [sys.executable, *argv])
 
 
 def _ready(path: str) -> bool:
@@ -76,24 +81,6 @@ def _connect(path: str) -> Optional[socket.socket]:
         conn.close()
         return None
     return conn
-
-
-def _lines(conn: socket.socket) -> Iterator[bytes]:
-    """The server's lines (``ok``, then ``exit N``: the rank's code, or minus the signal that ended it)."""
-    buffer = b""
-    while True:
-        try:
-            chunk = conn.recv(4096)
-        except InterruptedError:
-            continue
-        except OSError:
-            return
-        if not chunk:
-            return
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            yield line
 
 
 if __name__ == "__main__":
