@@ -348,3 +348,71 @@ def test_slurm_s_state_of_a_node_is_evidence_only_when_it_is_down_and_this_attem
     link.symlink_to(sinfo)
     assert slurm_down(link, ["node1", "node2"], began) is None
     assert slurm_down(tmp_path / "missing.txt", ["node1", "node2"], began) is None
+
+
+def _torchrun_report(when: str, rank: int, exitcode: str) -> str:
+    """torchrun's report of its node's two failed workers, as an agent prints it (torch 2.13's layout)."""
+    return ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "============================================================\n/x/train.py FAILED\n"
+            "------------------------------------------------------------\nFailures:\n"
+            f"[1]:\n  time      : {when}\n  host      : localhost\n  rank      : {rank + 1} (local_rank: 1)\n"
+            f"  exitcode  : {exitcode} (pid: 1235)\n  error_file: <N/A>\n  traceback : x\n"
+            "------------------------------------------------------------\nRoot Cause (first observed failure):\n"
+            f"[0]:\n  time      : {when}\n  host      : localhost\n  rank      : {rank} (local_rank: {rank % 2})\n"
+            f"  exitcode  : {exitcode} (pid: 1234)\n  error_file: <N/A>\n  traceback : x\n"
+            "============================================================\n")
+
+
+_LOST = ("[default0]:Traceback (most recent call last):\n[default0]:  File \"/x/train.py\", line 3, in <module>\n"
+         "[default0]:[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+         "[127.0.0.1]:49860: Connection reset by peer.\n")
+
+
+@pytest.mark.parametrize("case", ["survivors-first", "a-cause-of-its-own", "an-older-report"])
+def test_a_local_torchrun_kill_is_read_from_every_agent_s_report(tmp_path, case):
+    """The local runner's torchrun evidence (backends/local/submit.local_fault): every agent's report is read, not
+    only the one that ended first. CI once saw the survivors' agent end first, its root cause an exit 1 of a lost
+    peer, the killed workers' agent's -9 a second later: the kill is still the cause (the node a suspect) where every
+    error only reacts to a lost peer; a rank's error of its own keeps the verdict the program's (None); a report older
+    than the attempt (a run again appends to the logs) is not this attempt's."""
+    from clusterddp import JobSpec
+    from clusterddp.backends.local.plan import make_plan
+    from clusterddp.backends.local.submit import local_fault
+
+    plan = make_plan(JobSpec("train.py", nodes=2, procs_per_node=2), str(tmp_path), 29500, 7, [])
+    start = calendar.timegm(time.strptime("2026-12-06 22:00:00", "%Y-%m-%d %H:%M:%S")) - time.timezone
+    local = lambda s: time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(start + s))  # noqa: E731
+    survivors = _LOST if case != "a-cause-of-its-own" else _LOST.replace(
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:49860: "
+        "Connection reset by peer.", "ValueError: the batch is empty")
+    killed = _torchrun_report(local(-60 if case == "an-older-report" else 3), 2, "-9")
+    Path(plan.procs[0].log).write_text(survivors + _torchrun_report(local(1), 0, "1"))
+    Path(plan.procs[1].log).write_text(killed)
+    fault = local_fault(plan, {"first": 0, "returncode": 1, "codes": [1, None]}, ["local0", "local1"], start)
+    if case == "survivors-first":
+        assert fault is not None and fault.kind == "suspect" and fault.nodes == ("local1",), fault
+        assert fault.evidence == 'node-1.out: "torchrun\'s root cause: rank 2, exitcode -9"', fault
+    else:
+        assert fault is None, fault
+
+
+@pytest.mark.parametrize("case", ["survivors-first", "a-cause-of-its-own"])
+def test_on_slurm_torchrun_s_kill_is_the_cause_when_the_survivors_agent_reported_first(tmp_path, case):
+    """The same order on Slurm (faults.classify over the agents' logs, node1 and node2): the survivors' agent's root
+    cause (exit 1, a lost peer's error) a second before node2's (-9, both workers): node2 is the suspect; where a
+    rank's error is a cause of its own, the earliest root cause stands (it is not a signal: no node named)."""
+    from clusterddp.healing.faults import classify
+
+    when = lambda s: time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(1796590000 + s))  # noqa: E731
+    survivors = _LOST if case == "survivors-first" else _LOST.replace(
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:49860: "
+        "Connection reset by peer.", "ValueError: the batch is empty")
+    logs = [tmp_path / "node-0.out", tmp_path / "node-1.out"]
+    logs[0].write_text(survivors + _torchrun_report(when(1), 0, "1").replace("localhost", "node1"))
+    logs[1].write_text(_torchrun_report(when(3), 2, "-9").replace("localhost", "node2"))
+    fault = classify(tmp_path, logs, None, nodes=["node1", "node2"], per_node=2, launcher="torchrun")
+    if case == "survivors-first":
+        assert fault is not None and fault.kind == "suspect" and fault.nodes == ("node2",), fault
+        assert fault.evidence.startswith('node-1.out: "torchrun\'s root cause: rank 2 on node2, exitcode -9'), fault
+    else:
+        assert fault is not None and fault.kind == "program" and not fault.nodes, fault

@@ -44,7 +44,7 @@ def test_a_correct_script_passes_every_scenario_on_two_emulated_nodes(tmp_path):
     steps from there, which its save at step 9 tells peer heal, which stays on.)"""
     proc = drill(tmp_path, "--live", "--scaler-skip", "8", shape=("--nodes", "2", "--procs-per-node", "1"),
                  options=("--every-node",))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs_named(proc.stdout, tmp_path)
     found = verdicts(proc)
     assert set(found) == {"stop", "kill-node1", "kill-node0"}, found  # (--every-node: each node in turn)
     assert found["stop"]["identical"] and found["stop"]["why"].endswith(": bit-identical"), found
@@ -259,6 +259,18 @@ def test_only_takes_the_scenario_kinds_and_names_them_when_wrong(tmp_path):
     assert "'preempt' is not one of 'stop', 'kill'" in result.output, result.output
 
 
+def logs_named(out: str, work: Path) -> str:
+    """The end of each run log a failing drill names (\"see PATH\"), its runner's lines (not the ranks'): in a CI
+    report, where the files are gone with the machine."""
+    found = []
+    for name in dict.fromkeys(re.findall(r"see (\S+?\.log)\)", out)):
+        path = Path(name) if Path(name).is_absolute() else work / name
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if not ln.startswith("[rank ")] \
+            if path.is_file() else ["(gone)"]
+        found.append(f"\n--- {name}, its last lines but the ranks':\n" + "\n".join(lines[-60:]))
+    return "".join(found)
+
+
 def the_example_passes_the_drill_as_the_readme_says(work: Path, clusterddp: list, env: dict) -> None:
     """The README's drill line for the example, as written (``work`` holds examples/train_ddp.py; ``clusterddp``: the
     command, a fresh venv's in test_newcomer.py): its checkpoints where the README's contract puts them,
@@ -271,7 +283,7 @@ def the_example_passes_the_drill_as_the_readme_says(work: Path, clusterddp: list
     line = re.search(r"clusterddp drill examples/train_ddp\.py[^)\n]*", readme).group(0)
     proc = subprocess.run([*clusterddp, *shlex.split(line)[1:]], cwd=work, env=env, capture_output=True, text=True,
                           timeout=900)
-    assert proc.returncode == 0, line + "\n" + proc.stdout + proc.stderr
+    assert proc.returncode == 0, line + "\n" + proc.stdout + proc.stderr + logs_named(proc.stdout, work)
     assert "train_ddp.py, 2 node(s) x 2 rank(s)" in proc.stderr + proc.stdout
     assert "PASS  kill-node0" in proc.stdout and "kill-node1" not in proc.stdout, proc.stdout  # (rank 0's node)
     # (its running loss in one per_rank= dict kept in place: peer heal keeps it, and the drill's kill, at a step's
@@ -398,7 +410,7 @@ def test_the_skeleton_passes_the_drill_line_its_docstring_gives(tmp_path):
     assert argv[:2] == ["clusterddp", "drill"], line
     proc = subprocess.run([sys.executable, "-m", "clusterddp", *argv[1:]], cwd=tmp_path, capture_output=True,
                           text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs_named(proc.stdout, tmp_path)
     assert "2 node(s) x 2 rank(s)" in proc.stdout and "every scenario bit-identical" in proc.stdout, proc.stdout
     healed = r"PASS  kill-node0: .* \(resumed from the survivors' memory \(peer heal\)"
     assert re.search(healed, proc.stdout), proc.stdout

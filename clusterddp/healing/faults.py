@@ -86,16 +86,19 @@ def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: S
                                  "Slurm)", word, ranks)
 
 
-def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, per_node: int) -> Optional[Fault]:
+def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, per_node: int,
+                    primary: bool = True) -> Optional[Fault]:
     """torchrun's earliest root cause, when a signal ended it. Its times are whole seconds: a failure and its
-    collateral can share one, and then the signal is the cause (the collateral comes after it). A report of a host
-    this attempt did not run on is an earlier one's (never this attempt's evidence)."""
+    collateral can share one, and then the signal is the cause (the collateral comes after it). Where no rank's error
+    is a cause of its own (``primary`` False), the earliest signal is the cause even after a peer's reaction: an
+    agent's root cause's time is when it looked, and a loaded machine's killed workers' agent can look last. A report
+    of a host this attempt did not run on is an earlier one's (never this attempt's evidence)."""
     if nodes:
         roots = [r for r in roots if short(r.get("host", ""), nodes) in nodes]
     if not roots:
         return None
     tied = [r for r in roots if r.get("time", "") == roots[0].get("time", "")]
-    signalled = [r for r in tied if (exitcode(r) or 0) < 0 and exitcode(r) != -15]
+    signalled = [r for r in (roots if not primary else tied) if (exitcode(r) or 0) < 0 and exitcode(r) != -15]
     if not signalled:
         return None
     root = signalled[0]
@@ -174,7 +177,7 @@ def classify(run_dir: Path, logs: Sequence[Path], batch_log: Optional[Path], nod
     by_name = {path.name: path for path in logs}
     # Under spawn (and srun) node-N.out is the program's own output: a "Root Cause" block there is its text.
     roots = torchrun_roots([path for path in logs if path.name.startswith("node-")]) if launcher == "torchrun" else []
-    fault = _torchrun_fault(roots, nodes, by_name, per_node) if roots else None
+    fault = _torchrun_fault(roots, nodes, by_name, per_node, bool(primary)) if roots else None
     if fault is not None:
         return fault
     if first is not None and first[2] != "node failure" and any(first[2].startswith(w) for w in SIGNAL_WORDS):

@@ -159,6 +159,8 @@ def _torchrun_procs(spec: JobSpec, run: Path, port: int, job_id: int, devices: D
     for node in range(n):
         argv = [_python(spec), "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={per}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=local-{job_id}",
+                # the store in node 0's agent, as on Slurm on the first node (not whichever agent binds first)
+                f"--rdzv-conf=is_host={int(node == 0)}",
                 "--tee=3", f"--log-dir={run / 'torchrun' / f'node{node}'}", *spec.program_argv()]
         log = str(run / contract.NODE_LOG.format(node=node))
         procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), log, node))

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 KILL_GRACE_S = 5.0  # SIGTERM, then this long, then SIGKILL
+AGENTS_GRACE_S = 5.0  # after a torchrun agent failed, how long the others may take to end (and report) by themselves
 # torchrun's line prefix (contract.TORCHRUN_PREFIX) with the local rank captured
 _DEFAULT_PREFIX = re.compile("^" + re.escape(contract.TORCHRUN_PREFIX).replace(re.escape("{local_rank}"), r"(\d+)"))
 
@@ -92,8 +93,14 @@ class _Runner:
                 signalled = [i for i in failed if (codes[i] or 0) < 0 and codes[i] != -signal.SIGTERM]
                 first = (signalled or failed)[0]
                 # Which processes the cause ended: a node's ranks die within moments of each other (a second look
-                # after 0.2 s), what stop() kills after its grace is not the cause.
+                # after 0.2 s), what stop() kills after its grace is not the cause. torchrun's agents all end with 1
+                # whatever ended their workers, each writing its report (local_fault reads them all): the agent of
+                # the node at fault may end after the survivors' on a loaded machine, so the agents get a moment
+                # to end by themselves before stop() ends what is left (a SIGTERMed agent reports nothing).
+                deadline = time.monotonic() + (AGENTS_GRACE_S if self.plan.spec.launcher == "torchrun" else 0.2)
                 time.sleep(0.2)
+                while time.monotonic() < deadline and any(p.poll() is None for p in self.popens):
+                    time.sleep(0.05)
                 self.seen = [p.poll() for p in self.popens]
                 self.stop()
                 return codes[first] or 1, first
