@@ -184,7 +184,36 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped under CI=true, where every test must run: {why}"
 
 
+# CPU seconds each test took (setup to teardown): this process's and its reaped descendants' (ranks under Slurm's
+# slurmd are not ours: not counted). tests/run_both.py asks for them (CPU_REPORT) and lists the most in DURATIONS.md:
+# the suite's 2 cores are saturated, so CPU, not wall time, says what a cut would gain.
+CPU_REPORT = "CLUSTERDDP_TEST_CPU_REPORT"
+_CPU: dict = {}
+
+
+def _cpu_now() -> float:
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = _cpu_now()
+    yield
+    _CPU[item.nodeid] = _cpu_now() - before
+
+
 def pytest_sessionfinish(session, exitstatus):
+    report = os.environ.get(CPU_REPORT)
+    if report and _CPU:
+        top = sorted(_CPU.items(), key=lambda kv: -kv[1])
+        try:
+            Path(report).write_text(f"{sum(_CPU.values()):.0f} CPU-s in {len(_CPU)} tests\n" + "".join(
+                f"{cpu:8.1f}s  {nodeid}\n" for nodeid, cpu in top[:25]), encoding="utf-8")
+        except OSError:
+            pass
     if _strict() and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         print("\nCI=true: this run collected no test, which is a failure here", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -23,11 +23,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.conftest import CACHE, RELEASES  # noqa: E402  (the releases the cluster tests run on)
+from tests.conftest import CACHE, CPU_REPORT, RELEASES  # noqa: E402  (the releases the cluster tests run on)
 
 # The sandbox, as a shell line run by `unshare --mount --net --propagation private` ($1: its directory; the rest:
 # the command). A tmpfs on /run/netns hides the machine's network namespace names (ip netns adds its own there);
@@ -102,14 +102,16 @@ def main(argv: list) -> int:
         started = time.monotonic()
         procs: list = []
         durations: dict = {}
-        codes, ended = {}, {}
+        codes, ended, cpu = {}, {}, {}
         try:
             for i, (title, prefix) in enumerate(runs(tmp)):
                 log = open(tmp / f"run-{i}.log", "w+b")
                 argv_i = [*prefix, *argv]
                 print(f"run_both: {title}: {' '.join(argv_i[argv_i.index('pytest'):])}", flush=True)
+                cpu[title] = tmp / f"cpu-{i}.txt"
+                env = dict(os.environ, **{CPU_REPORT: str(cpu[title])})
                 procs.append((title, log, subprocess.Popen(argv_i, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                                           start_new_session=True)))
+                                                           start_new_session=True, env=env)))
             while len(codes) < len(procs):
                 for title, log, proc in procs:
                     if title not in codes and proc.poll() is not None:
@@ -122,6 +124,10 @@ def main(argv: list) -> int:
                         sys.stdout.buffer.write(text)
                         sys.stdout.flush()
                         durations[title] = text.decode("utf-8", "replace")
+                        try:
+                            cpu[title] = cpu[title].read_text(encoding="utf-8")
+                        except OSError:
+                            cpu[title] = ""
                 time.sleep(1)
         except BaseException as exc:  # Ctrl-C, or a run that could not start: the runs started end first
             for _, _, proc in procs:  # pytest tears its cluster down on SIGINT
@@ -135,7 +141,7 @@ def main(argv: list) -> int:
         finally:
             for _, log, _ in procs:
                 log.close()
-    write_durations(durations, codes, ended, time.monotonic() - started)
+    write_durations(durations, codes, ended, time.monotonic() - started, cpu)
     # 5: no test selected (every test of one kind deselected by the caller's -k/-m): not a failure of the others.
     failed = {t: c for t, c in codes.items() if c not in (0, 5)}
     print(f"\nrun_both: {len(procs)} runs in {time.monotonic() - started:.0f} s: "
@@ -148,9 +154,10 @@ def main(argv: list) -> int:
 DURATIONS = ROOT / "tests" / "DURATIONS.md"
 
 
-def write_durations(logs: dict, codes: dict, ended: dict, total: float) -> None:
+def write_durations(logs: dict, codes: dict, ended: dict, total: float, cpu: Optional[dict] = None) -> None:
     """Each run's summary line and slowest tests (pytest's --durations block) into tests/DURATIONS.md, which the
-    README links: where the suite's time goes, as measured by the last make test here."""
+    README links: where the suite's time goes, as measured by the last make test here; with ``cpu``, each run's
+    tests that took the most CPU (conftest.CPU_REPORT)."""
     import datetime
     import re
 
@@ -161,6 +168,12 @@ def write_durations(logs: dict, codes: dict, ended: dict, total: float) -> None:
         block = re.search(r"=+ slowest (?:\d+ )?durations =+\n(.*?)(?:\n\n|\n=)", text, re.S)
         parts.append(f"## {title}\n\nexit {codes[title]}, {ended[title]:.0f} s: {summary}\n\n```\n"
                      f"{block.group(1).strip() if block else '(no --durations report)'}\n```\n")
+        used = (cpu or {}).get(title)
+        if isinstance(used, str) and used.strip():
+            head, _, rest = used.partition("\n")
+            note = " (ranks started by the test cluster's slurmd are not counted)" if "Slurm" in title else ""
+            parts.append(f"The most CPU (setup to teardown, the test's process and what it reaped){note}: {head}\n\n"
+                         f"```\n{rest.rstrip()}\n```\n")
     try:
         DURATIONS.write_text("\n".join(parts), encoding="utf-8")
     except OSError as exc:
