@@ -78,16 +78,22 @@ def _phases(run_dir: Path, batch_log: Path, killed_at: float, world: int) -> Dic
     return seen
 
 
-MODES = {"peer": ("peer heal (default)", []), "warm": ("peer heal with --warm-start", ["--warm-start"]),
-         "ckpt": ("checkpoint (--no-peer-heal)", ["--no-peer-heal"])}
+# mode: (name, launcher, options); CLUSTERDDP_BENCH13_MODES picks some (comma-separated; default: all, alternating)
+MODES = {"peer": ("peer heal (default)", "srun", []), "warm": ("peer heal with --warm-start", "srun", ["--warm-start"]),
+         "ckpt": ("checkpoint (--no-peer-heal)", "srun", ["--no-peer-heal"]),
+         "tpeer": ("peer heal (default)", "torchrun", []),
+         "twarm": ("peer heal with --warm-start", "torchrun", ["--warm-start"])}
+# the job's own start without warm starts, per launcher: the fair baseline of a warm mode (its servers import torch
+# beside the first attempt's ranks, slower where cores are few)
+PLAIN = {"srun": "peer", "torchrun": "tpeer"}
 
 
 def one(work: Path, n: int, env: dict, mode: str = "peer") -> Tuple[float, float, int, Dict[str, float]]:
     """(submit to first step s, kill to first step after it s, steps run twice, {phase: s after the kill}) of one
     job."""
     log, d = work / f"run{n}.log", work
-    argv = [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
-            "--gpus", "2", "--time", "10", "--wait", *MODES[mode][1], "resumable.py", "--",
+    argv = [sys.executable, "-m", "clusterddp", "submit", "--launcher", MODES[mode][1], "--nodes", "2",
+            "--spare-nodes", "1", "--gpus", "2", "--time", "10", "--wait", *MODES[mode][2], "resumable.py", "--",
             "--ckpt-dir", str(d / f"ck{n}"), "--out", str(d / f"o{n}.pt"), "--steps-log", str(log),
             "--step-sleep", "0.3", "--ckpt-every", str(EVERY)]
     start = time.monotonic()
@@ -102,7 +108,7 @@ def one(work: Path, n: int, env: dict, mode: str = "peer") -> Tuple[float, float
     runs = sorted((work / "clusterddp-runs").glob("resumable-*/"), key=lambda d: d.stat().st_mtime)
     run_dir = runs[-1]
     victims = _rank_pids("node2")  # (with --warm-start: the ranks' tasks, and the ranks their server forked)
-    if mode == "warm":
+    if "--warm-start" in MODES[mode][2]:
         import re
 
         victims += [int(p) for p in re.findall(r"forked rank process (\d+) \(RANK=[23] ",
@@ -117,7 +123,7 @@ def one(work: Path, n: int, env: dict, mode: str = "peer") -> Tuple[float, float
         time.sleep(0.02)
     again = time.monotonic() - killed
     job.communicate(timeout=300)
-    if job.returncode != 0 or len(victims) != (4 if mode == "warm" else 2):
+    if job.returncode != 0 or len(victims) != (4 if "--warm-start" in MODES[mode][2] else 2):
         raise RuntimeError(f"job {n} ended {job.returncode} (killed {len(victims)} ranks)")
     steps = [int(line.split()[1]) for line in log.read_text().splitlines()]
     return first, again, len(steps) - len(set(steps)), phases
@@ -128,24 +134,27 @@ def rows(work: Path) -> List[Tuple[str, str, str, str]]:
 
     shutil.copy(ROOT / "tests" / "scripts" / "resumable.py", work)
     env = dict(os.environ, XDG_STATE_HOME=str(work / "state"))
-    found: dict = {mode: [] for mode in MODES}
+    chosen = [m for m in os.environ.get("CLUSTERDDP_BENCH13_MODES", ",".join(MODES)).split(",") if m in MODES]
+    found: dict = {mode: [] for mode in chosen}
     for n in range(RUNS):
-        for i, mode in enumerate(MODES):
-            found[mode].append(one(work, len(MODES) * n + i, env, mode))
+        for i, mode in enumerate(chosen):
+            found[mode].append(one(work, len(chosen) * n + i, env, mode))
             subprocess.run([sys.executable, "-m", "clusterddp", "nodes", "--forget", "node2"], env=env, cwd=work,
                            capture_output=True)
     out = []
-    plain_start = statistics.median(f for f, _, _, _ in found["peer"])
-    for mode, (name, _) in MODES.items():
+    for mode in chosen:
+        name, launcher, options = MODES[mode]
         peer = mode != "ckpt"
         first = statistics.median(f for f, _, _, _ in found[mode])
         again = statistics.median(a for _, a, _, _ in found[mode])
         redone = max(r for _, _, r, _ in found[mode])
         # (with --warm-start the servers import torch beside the first attempt's ranks: its own start is slower
         # where cores are few; the job's start without them, the default's, is the fair baseline)
-        versus = (f"; against the default's own start {plain_start:.1f} s: {again / plain_start:.2f}x"
-                  if mode == "warm" else "")
-        out += [("13", f"a lost node (node2's ranks SIGKILLed), 2x2 with 1 spare, srun, {name}: kill to training "
+        plain = [f for f, _, _, _ in found.get(PLAIN[launcher], [])]
+        versus = (f"; against the default's own start {statistics.median(plain):.1f} s: "
+                  f"{again / statistics.median(plain):.2f}x" if "--warm-start" in options and plain else "")
+        name = f"{launcher}, {name}"
+        out += [("13", f"a lost node (node2's ranks SIGKILLed), 2x2 with 1 spare, {name}: kill to training "
                        f"again / the job's own start (sbatch to first step); medians of {RUNS}",
                  f"{again:.1f} s / {first:.1f} s = {again / first:.2f}x{versus}",
                  "<= 5 s and <= 0.5x" if peer else "< 60 s"),

@@ -220,20 +220,22 @@ def test_a_killed_node_is_replaced_by_a_spare_and_the_run_is_bit_identical(work,
     assert shown.stdout.splitlines()[-1].startswith("stragglers: ")
 
 
+@pytest.mark.parametrize("launcher", ["srun", pytest.param("torchrun", marks=pytest.mark.slurm_releases("26.05"))])
 def test_with_warm_start_the_retry_s_ranks_are_forked_from_the_warm_servers_and_the_run_is_bit_identical(
-        work, reference):
+        work, reference, launcher):
     """Issue 55, --warm-start: one server per node imports torch once and forks every rank, the first attempt's
-    too; node2's ranks (and their tasks) are killed, and the retry's ranks on node1 and the spare node3 are forked
-    by those nodes' servers (no torch import again): the job completes bit-identical, from the survivors' memory."""
+    too; node2's ranks (and their tasks: srun's, or torchrun's workers) are killed, and the retry's ranks on node1
+    and the spare node3 are forked by those nodes' servers (no torch import again): the job completes bit-identical,
+    from the survivors' memory. (torchrun on 26.05 only: its agents are the srun case's tasks plus an agent.)"""
     job = subprocess.Popen(
-        [sys.executable, "-m", "clusterddp", "submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1",
+        [sys.executable, "-m", "clusterddp", "submit", "--launcher", launcher, "--nodes", "2", "--spare-nodes", "1",
          "--gpus", "2", "--time", "10", "--wait", "--warm-start", *job_args(work, "run", 0.3),
          "--ckpt-every", str(EVERY)], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 150
     while not victims_logged(work / "run.log", EVERY + 3) and time.monotonic() < deadline:
         time.sleep(0.05)
     run_dir = next((work / "clusterddp-runs").glob("resumable-*/"))
-    tasks = _rank_pids("node2", "resumable.py")  # (the tasks: python -m clusterddp.runtime.warmrun resumable.py)
+    tasks = _rank_pids("node2", "resumable.py")  # (the clients: python [-u] -m clusterddp.runtime.warmrun resumable.py)
     forked = re.findall(r"forked rank process (\d+) \(RANK=[23] ", (run_dir / "warm-node2.out").read_text())
     assert len(tasks) == 2 and len(forked) == 2, (tasks, forked)  # the first attempt's ranks are forks too
     assert spoil_checkpoints(work / "run-ck") >= 1
@@ -247,7 +249,9 @@ def test_with_warm_start_the_retry_s_ranks_are_forked_from_the_warm_servers_and_
     first, second = attempts.read(run_dir)
     assert (first.fault, first.fault_nodes, second.nodes, second.exit) == ("suspect", ("node2",), ("node1", "node3"),
                                                                           0), (first, second)
-    assert re.fullmatch(r'srun-0\.0\.err: "srun: error: node2: (tasks 2-3|task [23]): Killed"', first.evidence), first
+    assert re.fullmatch(r'srun-0\.0\.err: "srun: error: node2: (tasks 2-3|task [23]): Killed"' if launcher == "srun"
+                        else r'node-1\.out: "torchrun\'s root cause: rank [23] on node2, exitcode -9 \(pid: \d+\) +'
+                             r'\(SIGKILL\)"', first.evidence), first
     # each rank of the retry is a process its node's server forked (the server's log and the rank's own hello)
     for node, ranks in (("node1", (0, 1)), ("node3", (2, 3))):
         log = (run_dir / f"warm-{node}.out").read_text()

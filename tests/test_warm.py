@@ -52,6 +52,10 @@ if what == "sleep":
     time.sleep(60)
 if what == "selfkill":
     os.kill(os.getpid(), signal.SIGKILL)
+if what == "unflushed":  # (written without a flush, then killed: under python -u it was out already)
+    print("written before the kill")
+    print("and to stderr", file=sys.stderr)
+    os.kill(os.getpid(), signal.SIGKILL)
 '''
 
 
@@ -77,10 +81,14 @@ def server(tmp_path, request):
     assert proc.returncode == 0 and not os.path.exists(path), (out, err)
 
 
-def start(tmp_path: Path, env: dict, *args: str, warm_start: bool = True, cpus=None) -> subprocess.Popen:
+def start(tmp_path: Path, env: dict, *args: str, warm_start: bool = True, cpus=None,
+          unbuffered: bool = False) -> subprocess.Popen:
+    """The script as a rank's task starts it: ``python [-u] [-m clusterddp.runtime.warmrun] train.py ARGS`` (-u: as
+    torchrun starts its workers)."""
     (tmp_path / "job").mkdir(exist_ok=True)
     (tmp_path / "job" / "train.py").write_text(SCRIPT)
-    argv = [sys.executable, "-m", "clusterddp.runtime.warmrun"] if warm_start else [sys.executable]
+    python = [sys.executable, *(["-u"] if unbuffered else [])]
+    argv = [*python, "-m", "clusterddp.runtime.warmrun"] if warm_start else python
     return subprocess.Popen([*argv, "train.py", *args], cwd=tmp_path / "job", env=dict(env, X="from the task"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
@@ -132,6 +140,22 @@ def test_signals_reach_the_warm_rank_and_its_end_is_the_task_s(tmp_path, server)
     os.kill(rank, signal.SIGKILL)
     assert proc.wait(timeout=10) == -signal.SIGKILL
     assert first["pid"] != rank
+
+
+@pytest.mark.ranks
+def test_a_warm_rank_s_streams_are_buffered_as_its_task_s_python(tmp_path, server):
+    """torchrun starts each worker as ``python -u``: what a rank wrote before it was killed is in its log, warm as
+    cold; without -u (srun's tasks), block-buffered as a cold python's writing to a file or pipe."""
+    env = {k: v for k, v in server[0].items() if k != "PYTHONUNBUFFERED"}  # (-u alone says it here)
+    for unbuffered in (True, False):
+        got = []
+        for warm_start in (True, False):
+            proc = start(tmp_path, env, "unflushed", warm_start=warm_start, unbuffered=unbuffered)
+            out, err = proc.communicate(timeout=60)
+            got.append((proc.returncode, out.splitlines()[1:], err.splitlines()[1:]))
+        assert got[0] == got[1], (unbuffered, got)
+        assert got[0][1:] == ((["written before the kill"], ["and to stderr"]) if unbuffered else
+                              ([], ["and to stderr"])), (unbuffered, got)
 
 
 @pytest.mark.ranks
@@ -256,8 +280,9 @@ def test_the_rank_keeps_its_task_s_cpus_and_a_request_the_server_refuses_starts_
 
 
 def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_path):
-    """--warm-start renders one server step per node and each rank's task as the client (srun launcher); torchrun,
-    spawn, a container or one GPU per task are a usage error that says what to do; --local says it ignores it."""
+    """--warm-start renders one server step per node and each rank's task (srun) or torchrun's worker as the
+    client; spawn, a container or one GPU per task are a usage error that says what to do; --local says it ignores
+    it."""
     from .conftest import run_cli
 
     (tmp_path / "train.py").write_text("print('hi')\n")
@@ -266,10 +291,15 @@ def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_pat
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.count("-m clusterddp.runtime.warm serve") == 1 and "--overlap" in ok.stdout
     assert "python3 -m clusterddp.runtime.warmrun train.py" in ok.stdout
+    agents = run_cli("submit", "--dry-run", "--launcher", "torchrun", "--nodes", "2", "--gpus", "2", "--warm-start",
+                     "-m", "pkg.train", "--", "--lr", "0.1", cwd=tmp_path)  # (torchrun: each worker the client)
+    assert agents.returncode == 0, agents.stderr
+    assert agents.stdout.count("-m clusterddp.runtime.warm serve") == 1 and "--overlap" in agents.stdout
+    assert "--module clusterddp.runtime.warmrun -m pkg.train --lr 0.1 &" in agents.stdout, agents.stdout
     plain = run_cli("submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "train.py",
                     cwd=tmp_path)
     assert plain.returncode == 0 and "warm" not in plain.stdout.lower(), plain.stdout
-    for extra in (["--launcher", "torchrun"], ["--launcher", "spawn"], ["--launcher", "srun", "--apptainer", "x.sif"],
+    for extra in (["--launcher", "spawn"], ["--launcher", "torchrun", "--apptainer", "x.sif"],
                   ["--launcher", "srun", "--gpu-request", "gpus-per-task"]):
         bad = run_cli("submit", "--dry-run", "--nodes", "2", "--gpus", "2", "--warm-start", *extra, "train.py",
                       cwd=tmp_path)

@@ -119,11 +119,12 @@ HEALING_OPTIONS = [
                       "2+ nodes, a Checkpointer whose save() steps count optimizer steps. Else, and with "
                       "--no-peer-heal, from the last checkpoint."),
     click.option("--warm-start/--no-warm-start", default=D("warm_start"), show_default=True,
-                 help="--launcher srun: one server per node imports torch once and forks every rank from it, so a "
-                      "retry's ranks (after a lost node) start without importing torch again (and the first "
-                      "attempt imports it once per node, not once per rank). The ranks share the server's job step "
-                      "(its CPUs, memory and GPUs: the job's on that node; Slurm's memory kill then names that "
-                      "step). A node without a server starts its ranks as usual."),
+                 help="--launcher srun or torchrun: one server per node imports torch once and forks every rank "
+                      "from it, so a retry's ranks (after a lost node) start without importing torch again (and the "
+                      "first attempt imports it once per node, not once per rank; torchrun's agents still import "
+                      "it). The ranks share the server's job step (its CPUs, memory and GPUs: the job's on that "
+                      "node; Slurm's memory kill then names that step). A node without a server starts its ranks "
+                      "as usual."),
     click.option("--flight-recorder/--no-flight-recorder", default=D("flight_recorder"), show_default=True,
                  help="NCCL jobs: PyTorch's flight recorder keeps each rank's last collectives and writes them "
                       "into the run directory on a timeout or hang (TORCH_NCCL_TRACE_BUFFER_SIZE)."),

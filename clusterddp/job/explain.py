@@ -140,8 +140,8 @@ def node_faults(spec: JobSpec) -> List[str]:
            ("  every rank is forked from its node's warm server, torch imported once per node (--warm-start): a "
             "retry's ranks start without importing it again" if spec.warm_start else
             "  a retry's ranks start as the first attempt's did, importing torch again"
-            + (" (--warm-start: forked from a server per node that imported it once)" if spec.launcher == "srun"
-               else "")),
+            + (" (--warm-start: forked from a server per node that imported it once)"
+               if spec.launcher in ("srun", "torchrun") else "")),
            "health gate: before " + ("every attempt" if spec.health_check or spec.spare_nodes else "each retry")
            + ", each candidate node checks that the run directory is writable there and its GPUs are visible "
            "(nvidia-smi)" + (f", and runs --health-check {spec.health_check!r}" if spec.health_check else "")

@@ -127,11 +127,12 @@ def _choices(spec: JobSpec) -> None:
     if spec.warm_start and spec.gpu_request == "gpus-per-task":
         raise SpecError("--warm-start with --gpu-request gpus-per-task: each node's server step would hold one task's "
                         "GPU, not the node's; use --gpu-request gpus-per-node (or gres) with --warm-start")
-    if spec.warm_start and (spec.launcher != "srun" or spec.container_image or spec.apptainer):
-        raise SpecError(f"--warm-start needs --launcher srun without a container (given: --launcher {spec.launcher}"
-                        + (", a container" if spec.container_image or spec.apptainer else "") + "): its server forks "
-                        "each rank's process, which torchrun's agent and mp.spawn start themselves; use --launcher "
-                        "srun, or leave --warm-start out")
+    if spec.warm_start and (spec.launcher == "spawn" or spec.container_image or spec.apptainer):
+        raise SpecError(f"--warm-start needs --launcher srun or torchrun without a container (given: --launcher "
+                        f"{spec.launcher}" + (", a container" if spec.container_image or spec.apptainer else "")
+                        + "): its server forks each rank's process, which mp.spawn starts itself and a container's "
+                        "runtime must start inside the image; use --launcher srun or torchrun without a container, "
+                        "or leave --warm-start out")
 
 
 def _names(spec: JobSpec) -> None:

@@ -18,6 +18,7 @@ other's uid (SO_PEERCRED).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import selectors
@@ -199,7 +200,8 @@ def _receive(conn: socket.socket) -> Optional[tuple]:
             body += chunk
         if len(fds) == 3 and len(body) == size:
             request = json.loads(body)
-            return request["argv"], request["env"], request["cwd"], fds, request.get("cpus")
+            return request["argv"], request["env"], request["cwd"], fds, request.get("cpus"), \
+                bool(request.get("unbuffered"))
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         pass
     for fd in fds:  # (malformed, cut short, too large: nothing runs, the client starts its rank itself)
@@ -208,9 +210,9 @@ def _receive(conn: socket.socket) -> Optional[tuple]:
 
 
 def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, fds: List[int],
-           cpus: Optional[List[int]]) -> None:
+           cpus: Optional[List[int]], unbuffered: bool = False) -> None:
     """The rank: the client's streams, environment, directory and CPUs (its task's binding), then its script as
-    ``__main__``."""
+    ``__main__``; ``unbuffered``: the client ran as ``python -u`` (torchrun's workers do), so the rank's does too."""
     import runpy
     import threading
 
@@ -219,6 +221,13 @@ def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     for target, fd in enumerate(fds):  # (sys.stdin/stdout/stderr stay: their descriptors are the client's now)
         os.dup2(fd, target)
         os.close(fd)
+    # The streams as the task's python makes them (-u: unbuffered; else stdout block-buffered unless a terminal,
+    # stderr line-buffered), not as the server's were: what a killed rank wrote is in its log as it would be.
+    sys.stdout, sys.stderr = (io.TextIOWrapper(
+        raw if unbuffered else io.BufferedWriter(raw), encoding=old.encoding, errors=old.errors,
+        line_buffering=not unbuffered and (fd == 2 or raw.isatty()), write_through=unbuffered)
+        for fd, old, raw in ((1, sys.stdout, io.FileIO(1, "w", closefd=False)),
+                             (2, sys.stderr, io.FileIO(2, "w", closefd=False))))
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)

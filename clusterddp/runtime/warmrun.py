@@ -25,7 +25,7 @@ def run(argv: Sequence[str]) -> int:
     if conn is None:
         _cold(argv)
     request = json.dumps({"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd(),
-                          "cpus": sorted(os.sched_getaffinity(0))}).encode()
+                          "cpus": sorted(os.sched_getaffinity(0)), "unbuffered": _unbuffered()}).encode()
     answers = lines(conn)
     try:
         message = struct.pack("!I", len(request)) + request  # (the streams go with its first bytes: warm._receive)
@@ -51,6 +51,13 @@ def run(argv: Sequence[str]) -> int:
         os.kill(os.getpid(), -status)
         return 128 - status  # (a signal whose default is to go on)
     return status
+
+
+def _unbuffered() -> bool:
+    """This interpreter runs as ``python -u`` (or PYTHONUNBUFFERED): its text streams write through, on a raw file
+    (sys.flags does not say it)."""
+    return bool(getattr(sys.stdout, "write_through", False)) and not hasattr(getattr(sys.stdout, "buffer", None),
+                                                                             "raw")
 
 
 def _cold(argv: Sequence[str]) -> NoReturn:
