@@ -138,7 +138,9 @@ def node_faults(spec: JobSpec) -> List[str]:
            f"  {then}; {last}",
            peer_heal(spec),
            ("  every rank is forked from its node's warm server, torch imported once per node (--warm-start): a "
-            "retry's ranks start without importing it again" if spec.warm_start else
+            "retry's ranks start without importing it again"
+            + (" (each node's torchrun agent still imports it)" if spec.launcher == "torchrun" else "")
+            if spec.warm_start else
             "  a retry's ranks start as the first attempt's did, importing torch again"
             + (" (--warm-start: forked from a server per node that imported it once)"
                if spec.launcher in ("srun", "torchrun") else "")),
