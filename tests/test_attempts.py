@@ -368,13 +368,13 @@ _LOST = ("[default0]:Traceback (most recent call last):\n[default0]:  File \"/x/
          "[127.0.0.1]:49860: Connection reset by peer.\n")
 
 
-@pytest.mark.parametrize("case", ["survivors-first", "a-cause-of-its-own", "an-older-report"])
+@pytest.mark.parametrize("case", ["survivors-first", "a-cause-of-its-own", "watchdog-first"])
 def test_a_local_torchrun_kill_is_read_from_every_agent_s_report(tmp_path, case):
     """The local runner's torchrun evidence (backends/local/submit.local_fault): every agent's report is read, not
     only the one that ended first. CI once saw the survivors' agent end first, its root cause an exit 1 of a lost
     peer, the killed workers' agent's -9 a second later: the kill is still the cause (the node a suspect) where every
-    error only reacts to a lost peer; a rank's error of its own keeps the verdict the program's (None); a report older
-    than the attempt (a run again appends to the logs) is not this attempt's."""
+    error only reacts to a lost peer, and also where the survivors were aborted by torch's distributed watchdog
+    (SIGABRT, NCCL's collateral) before it; a rank's error of its own keeps the verdict the program's (None)."""
     from clusterddp import JobSpec
     from clusterddp.backends.local.plan import make_plan
     from clusterddp.backends.local.submit import local_fault
@@ -385,11 +385,17 @@ def test_a_local_torchrun_kill_is_read_from_every_agent_s_report(tmp_path, case)
     survivors = _LOST if case != "a-cause-of-its-own" else _LOST.replace(
         "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:49860: "
         "Connection reset by peer.", "ValueError: the batch is empty")
-    killed = _torchrun_report(local(-60 if case == "an-older-report" else 3), 2, "-9")
-    Path(plan.procs[0].log).write_text(survivors + _torchrun_report(local(1), 0, "1"))
+    killed = _torchrun_report(local(3), 2, "-9")
+    if case == "watchdog-first":  # (NCCL's watchdog aborts the survivors: "terminate called ...", then SIGABRT)
+        survivors = ("[default0]:[rank0]:[E] ProcessGroupNCCL's watchdog got stuck\n[default0]:terminate called "
+                     "after throwing an instance of 'c10::DistBackendError'\n[default0]:  what():  [PG ID 0 PG GUID "
+                     "0(default_pg) Rank 0] Process group watchdog thread terminated with exception: NCCL error: "
+                     "remote process exited or there was a network error\n")
+    Path(plan.procs[0].log).write_text(survivors + _torchrun_report(local(1), 0,
+                                                                    "-6" if case == "watchdog-first" else "1"))
     Path(plan.procs[1].log).write_text(killed)
-    fault = local_fault(plan, {"first": 0, "returncode": 1, "codes": [1, None]}, ["local0", "local1"], start)
-    if case == "survivors-first":
+    fault = local_fault(plan, {"first": 0, "returncode": 1, "codes": [1, None]}, ["local0", "local1"])
+    if case != "a-cause-of-its-own":
         assert fault is not None and fault.kind == "suspect" and fault.nodes == ("local1",), fault
         assert fault.evidence == 'node-1.out: "torchrun\'s root cause: rank 2, exitcode -9"', fault
     else:

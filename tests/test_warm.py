@@ -189,6 +189,11 @@ def test_without_a_server_the_task_starts_its_rank_cold(tmp_path):
     off = {k: v for k, v in env.items() if k != contract.WARM}
     proc = start(tmp_path, off, "plain")
     assert proc.wait(timeout=60) == 0
+    # started as torchrun starts its workers (python -u), the cold rank is unbuffered too: its last words are kept
+    quiet = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}
+    proc = start(tmp_path, quiet, "unflushed", unbuffered=True)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and stdout.endswith("written before the kill\n"), (stdout, stderr)
 
 
 def test_the_socket_is_in_the_user_s_private_node_directory_and_off_without_a_key(tmp_path):

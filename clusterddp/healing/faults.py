@@ -49,7 +49,7 @@ from .memory import SKEW_S, out_of_memory, over_memory
 
 __all__ = ["Fault", "FaultKind", "INFRASTRUCTURE", "SUSPECT", "AMBIGUOUS", "PROGRAM", "AFTER_WORK", "SYNCHRONOUS",
            "SKEW_S", "cite", "classify", "attempt", "after_work", "signal_fault", "recorded", "slurm_lost_node",
-           "slurm_down", "hang_place"]
+           "slurm_down", "hang_place", "torchrun_cause"]
 
 
 def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: Sequence[Optional[Path]],
@@ -86,22 +86,33 @@ def signal_fault(what: str, node: str, tasks: str, ranks: Sequence[int], logs: S
                                  "Slurm)", word, ranks)
 
 
+def torchrun_cause(roots: Sequence[dict], by_name: dict, primary: bool = True) -> Optional[dict]:
+    """Of torchrun's root causes (earliest first), the one a signal ended that is the cause, or None. Their times are
+    whole seconds: a failure and its collateral can share one, and then the signal is the cause (the collateral
+    comes after it). Where no rank's error is a cause of its own (``primary`` False), the earliest signal is the
+    cause even after a peer's reaction (an agent's root cause's time is when it looked, and a loaded machine's
+    killed workers' agent can look last), an abort by torch's distributed watchdog (a peer's collateral) only where
+    no other signal is. ``by_name``: the logs by name."""
+    def signalled(r: dict) -> bool:
+        return (exitcode(r) or 0) < 0 and exitcode(r) != -15
+
+    if primary:
+        return next((r for r in roots if r.get("time", "") == roots[0].get("time", "") and signalled(r)), None)
+    found = [r for r in roots if signalled(r)]
+    watchdog = [r for r in found if exitcode(r) == -6 and (terminate_words(by_name.get(r.get("log", ""))) or
+                                                              ("", False))[1]]
+    return next((r for r in found if r not in watchdog), found[0] if found else None)
+
+
 def _torchrun_fault(roots: Sequence[dict], nodes: Sequence[str], by_name: dict, per_node: int,
                     primary: bool = True) -> Optional[Fault]:
-    """torchrun's earliest root cause, when a signal ended it. Its times are whole seconds: a failure and its
-    collateral can share one, and then the signal is the cause (the collateral comes after it). Where no rank's error
-    is a cause of its own (``primary`` False), the earliest signal is the cause even after a peer's reaction: an
-    agent's root cause's time is when it looked, and a loaded machine's killed workers' agent can look last. A report
-    of a host this attempt did not run on is an earlier one's (never this attempt's evidence)."""
+    """torchrun's root cause, when a signal ended it (torchrun_cause). A report of a host this attempt did not run
+    on is an earlier one's (never this attempt's evidence)."""
     if nodes:
         roots = [r for r in roots if short(r.get("host", ""), nodes) in nodes]
-    if not roots:
+    root = torchrun_cause(roots, by_name, primary)
+    if root is None:
         return None
-    tied = [r for r in roots if r.get("time", "") == roots[0].get("time", "")]
-    signalled = [r for r in (roots if not primary else tied) if (exitcode(r) or 0) < 0 and exitcode(r) != -15]
-    if not signalled:
-        return None
-    root = signalled[0]
     host, rank = short(root.get("host", ""), nodes), root.get("rank", "?").split()[0]
     lost = [c for c in root.get("failed", []) if c < 0 and c != -15]
     fault = signal_fault(BY_SIGNUM.get(exitcode(root) or 0, "Killed"), host, rank,

@@ -218,7 +218,7 @@ def _child(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
-    for target, fd in enumerate(fds):  # (sys.stdin/stdout/stderr stay: their descriptors are the client's now)
+    for target, fd in enumerate(fds):  # (descriptors 0-2 are the client's now; the streams are made below)
         os.dup2(fd, target)
         os.close(fd)
     # The streams as the task's python makes them (-u: unbuffered; else stdout block-buffered unless a terminal,

@@ -61,8 +61,9 @@ def _unbuffered() -> bool:
 
 
 def _cold(argv: Sequence[str]) -> NoReturn:
-    """The rank started here, as ``python SCRIPT ARGS`` (this process becomes it)."""
-    os.execv(sys.executable, [sys.executable, *argv])
+    """The rank started here, as ``python [-u] SCRIPT ARGS`` (this process becomes it; -u where it ran so, as
+    torchrun starts its workers)."""
+    os.execv(sys.executable, [sys.executable, *(["-u"] if _unbuffered() else []), *argv])
 
 
 def _ready(path: str) -> bool:

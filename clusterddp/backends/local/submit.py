@@ -32,14 +32,13 @@ def _signame(number: int) -> str:
         return f"signal {number}"
 
 
-def local_fault(plan: Plan, outcome: dict, names: Sequence[str], since: float = 0.0,
-                restart: int = 0) -> Optional[Fault]:
+def local_fault(plan: Plan, outcome: dict, names: Sequence[str], restart: int = 0) -> Optional[Fault]:
     """The evidence of a failed local attempt, as faults.py reads it on Slurm: the process that failed first was
     ended by a signal (not our SIGTERM), or it is a torchrun agent whose earliest root cause was; how many of its
-    emulated node's ranks the signal ended. None: nothing says it was not the program (never retried). ``since``:
-    the attempt's start (a run again in its run directory appends to the agents' logs: an older report is not this
-    attempt's); ``restart``: the run's restart (its runtime records)."""
-    from ...healing.faults import cite, signal_fault
+    emulated node's ranks the signal ended. None: nothing says it was not the program (never retried). The logs
+    are this attempt's alone (a failed attempt's are set aside, a restart's at its start); ``restart``: the run's
+    restart (its runtime records)."""
+    from ...healing.faults import cite, signal_fault, torchrun_cause
     from ...healing.launchers import BY_SIGNUM, torchrun_roots
 
     first, code = outcome.get("first"), outcome.get("returncode")
@@ -57,16 +56,12 @@ def local_fault(plan: Plan, outcome: dict, names: Sequence[str], since: float = 
                      f"by {_signame(-code)}, {lost} of the node's processes by a signal")
     if plan.spec.launcher != "torchrun":
         return None
-    # Every agent's report, as faults.py reads torchrun's on Slurm: the earliest root cause; within its second (the
-    # times are whole seconds), a signal before the collateral. The agent that ended first need not be the one at
-    # fault: on a loaded machine the killed workers' agent can see their end after the survivors' agent saw theirs
-    # (its root cause's time is when it looked). So where every rank's error only reacts to a lost peer, the
-    # earliest signal is the cause, as a signal srun reports after a peer's reaction is (faults.classify).
-    roots = [r for r in torchrun_roots([Path(p.log) for p in plan.procs]) if _when(r) >= int(since)]
-    tied = [r for r in roots if r.get("time", "") == roots[0].get("time", "")] if roots else []
-    root = next((r for r in tied if _signalled(r)), None)
-    if root is None and any(_signalled(r) for r in roots) and not _primary(plan, restart):
-        root = next(r for r in roots if _signalled(r))
+    # Where a rank's error is a cause of its own, the first agent to end tells, as before (a tie in its second: the
+    # signal first). Where every error only reacts to a lost peer, every agent's report is read: the killed
+    # workers' agent can end after the survivors' on a loaded machine (its root cause's time is when it looked).
+    logs = [Path(p.log) for p in plan.procs]
+    root = torchrun_cause(torchrun_roots(logs if not _primary(logs, plan, restart) else [Path(proc.log)]),
+                          {path.name: path for path in logs}, primary=_primary(logs, plan, restart))
     if root is None:
         return None
     proc = next(p for p in plan.procs if Path(p.log).name == root["log"])
@@ -78,28 +73,13 @@ def local_fault(plan: Plan, outcome: dict, names: Sequence[str], since: float = 
         evidence=cite(Path(proc.log).name, f"torchrun's root cause: rank {rank}, exitcode {exit_}"))
 
 
-def _primary(plan: Plan, restart: int) -> bool:
+def _primary(logs: List[Path], plan: Plan, restart: int) -> bool:
     """Some rank's error of this attempt is a cause of its own, not a reaction to a lost peer (the runtime's records,
     else the logs' tracebacks)."""
     from ...healing.faults import recorded
     from ...healing.logscan import tracebacks
 
-    return bool(recorded(Path(plan.run_dir), restart)) or \
-        any(not t.secondary for t in tracebacks([Path(p.log) for p in plan.procs]))
-
-
-def _when(root: dict) -> float:
-    """A torchrun root cause's time (local time, whole seconds); infinity where it has none (then it counts)."""
-    try:
-        return time.mktime(time.strptime(root.get("time", ""), "%Y-%m-%d_%H:%M:%S"))
-    except ValueError:
-        return float("inf")
-
-
-def _signalled(root: dict) -> bool:
-    """A torchrun root cause whose worker a signal ended (not the SIGTERM of a stop)."""
-    exit_ = (root.get("exitcode") or "").split()[:1]
-    return bool(exit_) and exit_[0].lstrip("-").isdigit() and int(exit_[0]) < 0 and int(exit_[0]) != -signal.SIGTERM
+    return bool(recorded(Path(plan.run_dir), restart)) or any(not t.secondary for t in tracebacks(logs))
 
 
 def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
@@ -140,7 +120,7 @@ def _attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequenc
         outcome: dict = {}
         start = int(time.time())
         code = run_plan(plan, quiet, echo, note, outcome)
-        fault = local_fault(plan, outcome, chosen, start, restart) \
+        fault = local_fault(plan, outcome, chosen, restart) \
             if code not in (0, contract.EXIT["INTERRUPTED"]) else None
         record = attempts.Attempt(restart, attempt, start, int(time.time()), chosen, code, "", (), "",
                                   contract.NEXT_END)
@@ -198,6 +178,8 @@ def submit_local(spec: JobSpec, quiet: bool = False, echo: Callable[[str], None]
     if run_dir is not None:
         own_dir(run_dir)
         restart = max((a.restart + 1 for a in attempts.read(Path(run_dir))), default=0)
+        if restart:  # (as a requeued job's: the last restart's logs to attempts/RESTART.end/, this one's apart)
+            attempts.set_aside_logs(Path(run_dir), restart - 1)
     run_dir = run_dir or new_dir
     prepare(run_dir)  # (a sweep writes its trial's file there)
     from ...healing import identity
