@@ -60,8 +60,9 @@ def local_fault(plan: Plan, outcome: dict, names: Sequence[str], restart: int = 
     # signal first). Where every error only reacts to a lost peer, every agent's report is read: the killed
     # workers' agent can end after the survivors' on a loaded machine (its root cause's time is when it looked).
     logs = [Path(p.log) for p in plan.procs]
-    root = torchrun_cause(torchrun_roots(logs if not _primary(logs, plan, restart) else [Path(proc.log)]),
-                          {path.name: path for path in logs}, primary=_primary(logs, plan, restart))
+    primary = _primary(logs, plan, restart)
+    root = torchrun_cause(torchrun_roots([Path(proc.log)] if primary else logs), {path.name: path for path in logs},
+                          primary=primary)
     if root is None:
         return None
     proc = next(p for p in plan.procs if Path(p.log).name == root["log"])
