@@ -52,6 +52,60 @@ def sandboxable() -> bool:
     return sys.platform.startswith("linux") and os.geteuid() == 0
 
 
+class CpuGroup:
+    """A cgroup (cpuacct, v1 or v2) for one run: the CPU of all it starts, the ranks the test cluster's slurmd
+    starts included (a daemon stays in the cgroup it was forked in). Where none can be made (not root, no cgroup
+    file system), ``seconds()`` is None."""
+
+    def __init__(self, name: str) -> None:
+        self.path: Optional[Path] = None
+        self.used: Optional[float] = None  # (read when the run ends)
+        for base, usage in ((Path("/sys/fs/cgroup/cpuacct"), "cpuacct.usage"), (Path("/sys/fs/cgroup"), "cpu.stat")):
+            if (base / usage).is_file() or (base / "cgroup.controllers").is_file():
+                try:
+                    (base / name).mkdir(exist_ok=True)
+                except OSError:
+                    continue
+                self.path, self.usage = base / name, usage
+                break
+
+    def enter(self) -> None:
+        """(In the child, before exec: so that nothing it forks escapes.)"""
+        if self.path is not None:
+            try:
+                (self.path / "cgroup.procs").write_text(str(os.getpid()))
+            except OSError:
+                pass
+
+    def seconds(self) -> Optional[float]:
+        if self.path is None:
+            return None
+        try:
+            text = (self.path / self.usage).read_text()
+        except OSError:
+            return None
+        if self.usage == "cpu.stat":
+            return int(text.split("usage_usec")[1].split()[0]) / 1e6
+        return int(text) / 1e9
+
+    def remove(self) -> None:
+        if self.path is not None:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
+
+
+def machine_busy() -> Tuple[int, int]:
+    """(busy, total) jiffies of the machine's CPUs since boot (/proc/stat), (0, 0) where there is none."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
 def installed(release: str) -> str:
     """' (slurm-client 26.05.5-1)': what the release's cluster really runs (a moving suite's root may hold another
     release than its label), or '' where it cannot be asked."""
@@ -103,6 +157,8 @@ def main(argv: list) -> int:
         procs: list = []
         durations: dict = {}
         codes, ended, cpu = {}, {}, {}
+        groups: dict = {}
+        busy: list = [machine_busy()]  # every 10 s: how saturated the machine was
         try:
             for i, (title, prefix) in enumerate(runs(tmp)):
                 log = open(tmp / f"run-{i}.log", "w+b")
@@ -110,13 +166,16 @@ def main(argv: list) -> int:
                 print(f"run_both: {title}: {' '.join(argv_i[argv_i.index('pytest'):])}", flush=True)
                 cpu[title] = tmp / f"cpu-{i}.txt"
                 env = dict(os.environ, **{CPU_REPORT: str(cpu[title])})
+                groups[title] = CpuGroup(f"clusterddp-tests-{os.getpid()}-{i}")
                 procs.append((title, log, subprocess.Popen(argv_i, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                                           start_new_session=True, env=env)))
+                                                           start_new_session=True, env=env,
+                                                           preexec_fn=groups[title].enter)))
             while len(codes) < len(procs):
                 for title, log, proc in procs:
                     if title not in codes and proc.poll() is not None:
                         codes[title] = proc.returncode
                         ended[title] = time.monotonic() - started
+                        groups[title].used = groups[title].seconds()
                         log.seek(0)
                         text = log.read()
                         sys.stdout.write(f"\n===== {title} (exit {proc.returncode}, {ended[title]:.0f} s) =====\n")
@@ -129,6 +188,8 @@ def main(argv: list) -> int:
                         except OSError:
                             cpu[title] = ""
                 time.sleep(1)
+                if time.monotonic() - started >= 10 * len(busy):
+                    busy.append(machine_busy())
         except BaseException as exc:  # Ctrl-C, or a run that could not start: the runs started end first
             for _, _, proc in procs:  # pytest tears its cluster down on SIGINT
                 if proc.poll() is None:
@@ -141,7 +202,14 @@ def main(argv: list) -> int:
         finally:
             for _, log, _ in procs:
                 log.close()
-    write_durations(durations, codes, ended, time.monotonic() - started, cpu)
+            for group in groups.values():
+                group.remove()
+    busy.append(machine_busy())
+    machine = saturation(busy)
+    for title, group in groups.items():
+        if group.used is not None:
+            machine += f"\n- {title}: {group.used:.0f} CPU-s with everything it started"
+    write_durations(durations, codes, ended, time.monotonic() - started, cpu, machine)
     # 5: no test selected (every test of one kind deselected by the caller's -k/-m): not a failure of the others.
     failed = {t: c for t, c in codes.items() if c not in (0, 5)}
     print(f"\nrun_both: {len(procs)} runs in {time.monotonic() - started:.0f} s: "
@@ -154,7 +222,20 @@ def main(argv: list) -> int:
 DURATIONS = ROOT / "tests" / "DURATIONS.md"
 
 
-def write_durations(logs: dict, codes: dict, ended: dict, total: float, cpu: Optional[dict] = None) -> None:
+def saturation(samples: List[Tuple[int, int]]) -> str:
+    """How busy the machine's CPUs were over the runs, from /proc/stat read every 10 s: whether cutting CPU or
+    rebalancing the runs would shorten the suite."""
+    steps = [(b2 - b1, t2 - t1) for (b1, t1), (b2, t2) in zip(samples, samples[1:]) if t2 > t1]
+    if not steps:
+        return ""
+    busy, total = sum(b for b, _ in steps), sum(t for _, t in steps)
+    full = sum(1 for b, t in steps if b >= 0.95 * t)
+    return (f"The machine's CPUs ({os.cpu_count()}) were {100 * busy / total:.0f}% busy over the runs; "
+            f"{100 * full / len(steps):.0f}% of the 10-second intervals 95% busy or more. CPU per run:")
+
+
+def write_durations(logs: dict, codes: dict, ended: dict, total: float, cpu: Optional[dict] = None,
+                    machine: str = "") -> None:
     """Each run's summary line and slowest tests (pytest's --durations block) into tests/DURATIONS.md, which the
     README links: where the suite's time goes, as measured by the last make test here; with ``cpu``, each run's
     tests that took the most CPU (conftest.CPU_REPORT)."""
@@ -163,6 +244,8 @@ def write_durations(logs: dict, codes: dict, ended: dict, total: float, cpu: Opt
 
     parts = [f"# Where `make test` spends its time\n\nWritten by `tests/run_both.py` at the end of `make test` "
              f"({datetime.date.today().isoformat()}): {len(logs)} runs side by side, {total:.0f} s in all.\n"]
+    if machine:
+        parts.append(machine + "\n")
     for title, text in logs.items():
         summary = next((ln.strip("= ") for ln in reversed(text.splitlines()) if re.search(r" in [0-9.]+s", ln)), "")
         block = re.search(r"=+ slowest (?:\d+ )?durations =+\n(.*?)(?:\n\n|\n=)", text, re.S)
