@@ -171,6 +171,57 @@ def test_a_killed_task_takes_its_warm_rank_with_it(tmp_path, server):
     assert not _alive(rank)
 
 
+@pytest.mark.ranks
+@pytest.mark.preload("torch", "torch.distributed.run")
+def test_a_forked_torchrun_agent_s_workers_are_forked_too_and_a_killed_task_takes_them_all(tmp_path, server):
+    """--warm-start under torchrun: the task is a client for ``-m torch.distributed.run`` (the agent, forked), whose
+    workers are clients too (forked). The task ends as the agent did; killed (srun's SIGKILL after KillWait, or
+    a lost node), it takes the agent, the workers' clients and the ranks with it: they live in the server's step,
+    which no attempt's end would clear."""
+    env, proc, _ = server
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.py").write_text(SCRIPT)
+    agent = [sys.executable, "-m", "clusterddp.runtime.warmrun", "-m", "torch.distributed.run", "--standalone",
+             "--nnodes=1", "--nproc-per-node=2", "--monitor-interval=0.1", "--module", "clusterddp.runtime.warmrun",
+             "train.py"]
+    task = subprocess.run([*agent, "exit", "3"], cwd=tmp_path / "job", env=env, capture_output=True, text=True,
+                          timeout=120)
+    ranks = [json.loads(line) for line in task.stdout.splitlines() if line.startswith("{")]
+    assert task.returncode == 1 and len(ranks) == 2, (task.stdout, task.stderr[-3000:])  # (the agent's: 1)
+    assert {r["ppid"] for r in ranks} == {proc.pid}, ranks  # each rank the server's child
+    assert "exitcode  : 3" in task.stderr, task.stderr[-3000:]  # (the agent's report: it ran the workers)
+    task = subprocess.Popen([*agent, "sleep"], cwd=tmp_path / "job", env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    ranks = [json.loads(task.stdout.readline())["pid"] for _ in range(2)]
+    deadline = time.monotonic() + 10
+    while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    forked = _children(proc.pid)  # the server's: the agent and the two ranks
+    assert set(ranks) < set(forked) and len(forked) == 3, (forked, ranks)
+    agent_pid = (set(forked) - set(ranks)).pop()
+    clients = _children(agent_pid)  # the agent's workers: clients
+    assert len(clients) == 2, clients
+    task.kill()
+    task.wait(timeout=10)
+    everyone = [agent_pid, *clients, *ranks]
+    while any(map(_alive, everyone)) and time.monotonic() < deadline + 10:
+        time.sleep(0.05)
+    assert not any(map(_alive, everyone)), [pid for pid in everyone if _alive(pid)]
+
+
+def _children(pid: int) -> list:
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read().rsplit(")", 1)[1].split()
+            if entry.isdigit() and int(stat[1]) == pid and stat[0] != "Z":
+                out.append(int(entry))
+        except (OSError, IndexError):
+            continue
+    return sorted(out)
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
@@ -301,6 +352,7 @@ def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_pat
     assert agents.returncode == 0, agents.stderr
     assert agents.stdout.count("-m clusterddp.runtime.warm serve") == 1 and "--overlap" in agents.stdout
     assert "--module clusterddp.runtime.warmrun -m pkg.train --lr 0.1 &" in agents.stdout, agents.stdout
+    assert "python3 -m clusterddp.runtime.warmrun -m torch.distributed.run --nnodes=2" in agents.stdout  # (the agent)
     plain = run_cli("submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "train.py",
                     cwd=tmp_path)
     assert plain.returncode == 0 and "warm" not in plain.stdout.lower(), plain.stdout

@@ -139,7 +139,8 @@ def node_faults(spec: JobSpec) -> List[str]:
            peer_heal(spec),
            ("  every rank is forked from its node's warm server, torch imported once per node (--warm-start): a "
             "retry's ranks start without importing it again"
-            + (" (each node's torchrun agent still imports it)" if spec.launcher == "torchrun" else "")
+            + (" (each node's torchrun agent is forked too, in the ranks' python)" if spec.launcher == "torchrun"
+               else "")
             if spec.warm_start else
             "  a retry's ranks start as the first attempt's did, importing torch again"
             + (" (--warm-start: forked from a server per node that imported it once)"

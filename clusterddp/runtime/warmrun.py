@@ -13,7 +13,8 @@ import sys
 import time
 from typing import NoReturn, Optional, Sequence
 
-from .warm import RELAYED, STARTING, at, lines, peer_uid, send, socket_path
+from .warm import RELAYED, STARTING, at, peer_uid, send, socket_path
+from .warmchild import lines
 
 WAIT_S = 120.0
 
