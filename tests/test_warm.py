@@ -177,7 +177,7 @@ def test_a_forked_torchrun_agent_s_workers_are_forked_too_and_a_killed_task_take
     """--warm-start under torchrun: the task is a client for ``-m torch.distributed.run`` (the agent, forked), whose
     workers are clients too (forked). The task ends as the agent did; killed (srun's SIGKILL after KillWait, or
     a lost node), it takes the agent, the workers' clients and the ranks with it: they live in the server's step,
-    which no attempt's end would clear."""
+    which no attempt's end would clear; so does an agent that ends by a signal it does not handle."""
     env, proc, _ = server
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "train.py").write_text(SCRIPT)
@@ -190,23 +190,24 @@ def test_a_forked_torchrun_agent_s_workers_are_forked_too_and_a_killed_task_take
     assert task.returncode == 1 and len(ranks) == 2, (task.stdout, task.stderr[-3000:])  # (the agent's: 1)
     assert {r["ppid"] for r in ranks} == {proc.pid}, ranks  # each rank the server's child
     assert "exitcode  : 3" in task.stderr, task.stderr[-3000:]  # (the agent's report: it ran the workers)
-    task = subprocess.Popen([*agent, "sleep"], cwd=tmp_path / "job", env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    ranks = [json.loads(task.stdout.readline())["pid"] for _ in range(2)]
-    deadline = time.monotonic() + 10
-    while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    forked = _children(proc.pid)  # the server's: the agent and the two ranks
-    assert set(ranks) < set(forked) and len(forked) == 3, (forked, ranks)
-    agent_pid = (set(forked) - set(ranks)).pop()
-    clients = _children(agent_pid)  # the agent's workers: clients
-    assert len(clients) == 2, clients
-    task.kill()
-    task.wait(timeout=10)
-    everyone = [agent_pid, *clients, *ranks]
-    while any(map(_alive, everyone)) and time.monotonic() < deadline + 10:
-        time.sleep(0.05)
-    assert not any(map(_alive, everyone)), [pid for pid in everyone if _alive(pid)]
+    for end in (signal.SIGKILL, signal.SIGUSR1):  # the task killed; the agent ended by a signal it does not handle
+        task = subprocess.Popen([*agent, "sleep"], cwd=tmp_path / "job", env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        ranks = [json.loads(task.stdout.readline())["pid"] for _ in range(2)]
+        deadline = time.monotonic() + 10
+        while len(_children(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        forked = _children(proc.pid)  # the server's: the agent and the two ranks
+        assert set(ranks) < set(forked) and len(forked) == 3, (forked, ranks)
+        agent_pid = (set(forked) - set(ranks)).pop()
+        clients = _children(agent_pid)  # the agent's workers: clients
+        assert len(clients) == 2, clients
+        task.send_signal(end)
+        assert task.wait(timeout=10) == -end
+        everyone = [agent_pid, *clients, *ranks]
+        while any(map(_alive, everyone)) and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert not any(map(_alive, everyone)), (end, [pid for pid in everyone if _alive(pid)])
 
 
 def _children(pid: int) -> list:
@@ -264,7 +265,7 @@ RANDOM = r"""
 import json, random, sys
 import numpy, torch
 print(json.dumps({"python": random.random(), "numpy": float(numpy.random.rand()), "torch": float(torch.rand(1)),
-                  "warm": "numpy" in sys.argv}))
+                  "warm": "numpy" in sys.argv, "threads": torch.get_num_threads()}))
 """
 
 
@@ -272,19 +273,21 @@ print(json.dumps({"python": random.random(), "numpy": float(numpy.random.rand())
 @pytest.mark.preload("random", "numpy", "torch")
 def test_each_warm_rank_draws_its_own_random_numbers_as_a_new_process_would(tmp_path, server):
     """Forked ranks would share the server's random states: every rank of a node drawing the same numbers. Python's,
-    NumPy's and torch's are seeded anew, as a new process seeds each at import."""
+    NumPy's and torch's are seeded anew, as a new process seeds each at import; torch's threads are as many as the
+    task's OMP_NUM_THREADS says (torch reads it at its start: the server's value otherwise)."""
     env, _, _ = server
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "draw.py").write_text(RANDOM)
     draws = []
     for argv in ([sys.executable, "-m", "clusterddp.runtime.warmrun"],) * 2 + ([sys.executable],):
-        out = subprocess.run([*argv, "draw.py"], cwd=tmp_path / "job", env=env, capture_output=True, text=True,
-                             timeout=120)
+        out = subprocess.run([*argv, "draw.py"], cwd=tmp_path / "job", env=dict(env, OMP_NUM_THREADS="1"),
+                             capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         draws.append(json.loads(out.stdout))
     warm_a, warm_b, cold = draws
     for source in ("python", "numpy", "torch"):
         assert len({warm_a[source], warm_b[source], cold[source]}) == 3, (source, draws)
+    assert warm_a["threads"] == cold["threads"] == 1, draws  # (the server's: its own environment's)
 
 
 @pytest.mark.ranks

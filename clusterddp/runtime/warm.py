@@ -11,7 +11,7 @@ with the client's environment. The client relays every signal it gets to the chi
 answers (not started yet, gone with its node, another user's), the client execs the script itself: a cold start,
 never a failure.
 
-Fork safety: the server never starts a thread, never touches a GPU and never initialises a process group; it forks
+Fork safety: the server starts no thread of its own (NumPy's BLAS pool is fork-safe), never touches a GPU and never initialises a process group; it forks
 from its only thread, as a DataLoader forks its workers from a process that imported torch. The socket lives in
 this user's private directory in node memory (runtime/peerpaths.py: 0700, owner checked); both ends check the
 other's uid (SO_PEERCRED).
@@ -154,7 +154,8 @@ def _loop(listener: socket.socket) -> int:
             send(conn, "ok\n")
             children[pid] = conn
             try:
-                print(f"clusterddp: warm server: forked rank process {pid} ({_named(request[1])})", flush=True)
+                what = "torchrun agent" if request[0][:2] == ["-m", "torch.distributed.run"] else "rank process"
+                print(f"clusterddp: warm server: forked {what} {pid} ({_named(request[1])})", flush=True)
             except OSError:
                 pass
         _reap(children)

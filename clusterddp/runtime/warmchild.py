@@ -10,6 +10,9 @@ import socket
 import sys
 from typing import Dict, Iterator, List, Optional
 
+#: Set in a forked torchrun agent's environment (its pid): its workers, warm clients, end with it (warmrun.py).
+AGENT = "CLUSTERDDP_WARM_AGENT"
+
 
 def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, fds: List[int],
            cpus: Optional[List[int]], unbuffered: bool = False) -> None:
@@ -40,6 +43,11 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
         except (OSError, ValueError):
             pass
     _fresh_random()
+    torch = sys.modules.get("torch")
+    if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():  # (torch read the server's at its start;
+        torch.set_num_threads(max(1, min(int(env["OMP_NUM_THREADS"]), os.cpu_count() or 1)))  # as it caps it)
+    if argv[:2] == ["-m", "torch.distributed.run"]:
+        os.environ[AGENT] = str(os.getpid())
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
     code = 0
     try:
@@ -108,21 +116,12 @@ def _exit_code(value: object) -> int:
 
 
 def _watch(conn: socket.socket) -> None:
-    """The client's relayed signals, raised here; the client gone (killed): this process goes too, its children
-    first: a forked torchrun agent's workers have sessions of their own and live in the server's step, so nothing
-    else would end them (a cold agent's go with its own step)."""
+    """The client's relayed signals, raised here; the client gone (killed): this process goes too. (A forked
+    torchrun agent's workers, clients in sessions of their own that nothing else would end, go with the agent:
+    warmrun.py.)"""
     for line in lines(conn):
         if line.startswith(b"sig ") and line[4:].isdigit():
             os.kill(os.getpid(), int(line[4:]))
-    me = str(os.getpid())
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-            if entry.isdigit() and stat[stat.rfind(")") + 2:].split()[1] == me:  # after "pid (comm)": state, ppid
-                os.kill(int(entry), signal.SIGKILL)
-        except (OSError, IndexError):
-            pass
     os.kill(os.getpid(), signal.SIGKILL)
 
 

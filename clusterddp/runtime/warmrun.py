@@ -14,13 +14,15 @@ import time
 from typing import NoReturn, Optional, Sequence
 
 from .warm import RELAYED, STARTING, at, peer_uid, send, socket_path
-from .warmchild import lines
+from .warmchild import AGENT, lines
 
 WAIT_S = 120.0
 
 
 def run(argv: Sequence[str]) -> int:
     """A rank's task: its script started by this node's server, else by itself (exec: a cold start)."""
+    if os.environ.pop(AGENT, None) == str(os.getppid()):
+        _die_with_parent()
     path = socket_path()
     conn = _connect(path) if path and _ready(path) else None
     if conn is None:
@@ -52,6 +54,20 @@ def run(argv: Sequence[str]) -> int:
         os.kill(os.getpid(), -status)
         return 128 - status  # (a signal whose default is to go on)
     return status
+
+
+def _die_with_parent() -> None:
+    """A worker of a forked torchrun agent ends with the agent, however the agent ends (a cold agent's workers end
+    with its srun step; a forked agent lives in its server's step, which outlives the attempt)."""
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # (it ended before the call)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _unbuffered() -> bool:
