@@ -11,10 +11,10 @@ with the client's environment. The client relays every signal it gets to the chi
 answers (not started yet, gone with its node, another user's), the client execs the script itself: a cold start,
 never a failure.
 
-Fork safety: the server starts no thread of its own (NumPy's BLAS pool is fork-safe), never touches a GPU and never initialises a process group; it forks
-from its only thread, as a DataLoader forks its workers from a process that imported torch. The socket lives in
-this user's private directory in node memory (runtime/peerpaths.py: 0700, owner checked); both ends check the
-other's uid (SO_PEERCRED).
+Fork safety: the server starts no thread of its own (NumPy's BLAS pool is fork-safe), never touches a GPU and never
+initialises a process group; it forks from its main thread, as a DataLoader forks its workers from a process that
+imported torch. The socket lives in this user's private directory in node memory (runtime/peerpaths.py: 0700,
+owner checked); both ends check the other's uid (SO_PEERCRED).
 """
 from __future__ import annotations
 
