@@ -61,6 +61,8 @@ PEER_HEAL = "CLUSTERDDP_PEER_HEAL"
 PEER_DIR = "CLUSTERDDP_PEER_DIR"
 #: Warm starts (runtime/warm.py): the job's key for its per-node warm servers; unset: every rank starts cold.
 WARM = "CLUSTERDDP_WARM"
+#: Set in a forked torchrun agent's environment (its pid): its workers, warm clients, end with it (runtime/warmrun.py).
+WARM_AGENT = "CLUSTERDDP_WARM_AGENT"
 #: Rank 0's record of where each attempt started, one JSON line per load_latest: {"time", "restart", "how": peer |
 #: checkpoint | fresh, "step", "why" (peer heal not used), "nodes" (the survivors')}; status and report read it.
 RECOVERY_FILE = "recovery.jsonl"

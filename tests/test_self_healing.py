@@ -262,7 +262,7 @@ def test_with_warm_start_the_retry_s_ranks_are_forked_from_the_warm_servers_and_
             hello = json.loads((run_dir / "stacks" / "ranks" / f"rank-{rank}.json").read_text())
             assert forked.get(rank) == hello["pid"], (node, rank, forked, hello)
         # torchrun: the retry's agent on each node is a fork too (no torch import at all in the retry)
-        agents = re.findall(r"forked torchrun agent \d+ \(SLURM_PROCID=\d+ SLURM_STEP_ID=(\d+)\)", log)
+        agents = re.findall(r"forked torchrun agent \d+ \(SLURM_PROCID=\d+ SLURM_STEP_ID=(\d+)\) at ", log)
         assert len(agents) == (0 if launcher == "srun" else 2 if node == "node1" else 1), (node, log)
     # the servers' own srun messages stay out of the attempts' evidence (srun-RESTART.ATTEMPT.err)
     errs = sorted(run_dir.rglob("srun-*.err"))

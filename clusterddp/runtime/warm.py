@@ -18,6 +18,7 @@ owner checked); both ends check the other's uid (SO_PEERCRED).
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import selectors
@@ -155,7 +156,8 @@ def _loop(listener: socket.socket) -> int:
             children[pid] = conn
             try:
                 what = "torchrun agent" if request[0][:2] == ["-m", "torch.distributed.run"] else "rank process"
-                print(f"clusterddp: warm server: forked {what} {pid} ({_named(request[1])})", flush=True)
+                print(f"clusterddp: warm server: forked {what} {pid} ({_named(request[1])}) at "
+                      f"{datetime.datetime.now().isoformat(timespec='milliseconds')}", flush=True)
             except OSError:
                 pass
         _reap(children)

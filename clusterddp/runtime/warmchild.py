@@ -10,8 +10,7 @@ import socket
 import sys
 from typing import Dict, Iterator, List, Optional
 
-#: Set in a forked torchrun agent's environment (its pid): its workers, warm clients, end with it (warmrun.py).
-AGENT = "CLUSTERDDP_WARM_AGENT"
+from .. import contract
 
 
 def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, fds: List[int],
@@ -47,7 +46,7 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():  # (torch read the server's at its start;
         torch.set_num_threads(max(1, min(int(env["OMP_NUM_THREADS"]), os.cpu_count() or 1)))  # as it caps it)
     if argv[:2] == ["-m", "torch.distributed.run"]:
-        os.environ[AGENT] = str(os.getpid())
+        os.environ[contract.WARM_AGENT] = str(os.getpid())
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
     code = 0
     try:

@@ -13,15 +13,16 @@ import sys
 import time
 from typing import NoReturn, Optional, Sequence
 
+from .. import contract
 from .warm import RELAYED, STARTING, at, peer_uid, send, socket_path
-from .warmchild import AGENT, lines
+from .warmchild import lines
 
 WAIT_S = 120.0
 
 
 def run(argv: Sequence[str]) -> int:
     """A rank's task: its script started by this node's server, else by itself (exec: a cold start)."""
-    if os.environ.pop(AGENT, None) == str(os.getppid()):
+    if os.environ.pop(contract.WARM_AGENT, None) == str(os.getppid()):
         _die_with_parent()
     path = socket_path()
     conn = _connect(path) if path and _ready(path) else None
