@@ -25,9 +25,11 @@ def run(argv: Sequence[str]) -> int:
     if os.environ.pop(contract.WARM_AGENT, None) == str(os.getppid()):
         _die_with_parent()
     path = socket_path()
-    conn = _connect(path) if path and _ready(path) else None
+    if path is None:
+        _cold(argv, "")
+    conn = _connect(path) if _ready(path) else None
     if conn is None:
-        _cold(argv)
+        _cold(argv, f"no server answers at {path}")
     request = json.dumps({"argv": list(argv), "env": dict(os.environ), "cwd": os.getcwd(),
                           "cpus": sorted(os.sched_getaffinity(0)), "unbuffered": _unbuffered()}).encode()
     answers = lines(conn)
@@ -40,7 +42,7 @@ def run(argv: Sequence[str]) -> int:
         started = False
     if not started:  # the server did not start it (refused, could not fork, gone): nothing ran, start it here
         conn.close()
-        _cold(argv)
+        _cold(argv, "the server did not start it")
     for sig in RELAYED:  # every signal srun (or a user) sends the task reaches the rank
         try:
             signal.signal(sig, lambda num, _frame: send(conn, f"sig {num}\n"))
@@ -78,9 +80,11 @@ def _unbuffered() -> bool:
                                                                              "raw")
 
 
-def _cold(argv: Sequence[str]) -> NoReturn:
+def _cold(argv: Sequence[str], why: str) -> NoReturn:
     """The rank started here, as ``python [-u] SCRIPT ARGS`` (this process becomes it; -u where it ran so, as
-    torchrun starts its workers)."""
+    torchrun starts its workers); ``why``: what the log says (nothing where warm starts are off)."""
+    if why:
+        print(f"clusterddp: warm start: {why}; starting {' '.join(argv[:2])[:200]} cold", file=sys.stderr, flush=True)
     os.execv(sys.executable, [sys.executable, *(["-u"] if _unbuffered() else []), *argv])
 
 
