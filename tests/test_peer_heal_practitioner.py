@@ -768,3 +768,19 @@ def test_a_batchnorm_model_s_state_says_it_has_buffers(keeping):
     model, opt, keeper = keeping(model=torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
     peerheal.saved(0, {}, None)
     assert keeper.state()["buffers"]
+
+
+@pytest.mark.parametrize("lost_node_left_states", [False, True])
+def test_a_load_leaves_no_empty_directory_of_its_run_in_node_memory(job, monkeypatch, lost_node_left_states):
+    """Each node's local rank 0 removes its node's states of the run once read, and the run's directory with them
+    when no other node's are left in it (the test cluster's nodes share one /dev/shm: node2's, the lost node's,
+    stay, as on a real node that came back, until a day old)."""
+    for r in (0, 1):
+        write_state(job, "run-z", "n1", r, 2, 4, 7)
+        if lost_node_left_states:
+            write_state(job, "run-z", "n2", r + 2, 2, 4, 7)
+    got, _, _ = next_attempt(monkeypatch, "run-z", ["n1", "n3"], 2, newest=4, as_rank=0, model=torch.nn.Linear(2, 1))
+    assert got["step"] == 7
+    run_dir = job / peerpaths.run_key("run-z")
+    assert not (run_dir / "n1").exists()
+    assert run_dir.exists() == lost_node_left_states and (run_dir / "n2").exists() == lost_node_left_states

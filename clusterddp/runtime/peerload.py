@@ -148,6 +148,10 @@ def _clean(run: str) -> None:
     where = peerpaths.node_dir(run)
     if where is not None and STATE["env"].local_rank == 0:
         shutil.rmtree(where, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(where))  # (the run's own directory, once no node's states are left in it)
+        except OSError:
+            pass
         top = peerpaths.root() or ""
         for name in os.listdir(top) if top else []:
             path = os.path.join(top, name)
