@@ -237,7 +237,10 @@ def test_with_warm_start_the_retry_s_ranks_are_forked_from_the_warm_servers_and_
     run_dir = next((work / "clusterddp-runs").glob("resumable-*/"))
     tasks = _rank_pids("node2", "resumable.py")  # (the clients: python [-u] -m clusterddp.runtime.warmrun resumable.py)
     forked = re.findall(r"forked rank process (\d+) \(RANK=[23] ", (run_dir / "warm-node2.out").read_text())
-    assert len(tasks) == 2 and len(forked) == 2, (tasks, forked)  # the first attempt's ranks are forks too
+    cold = [line for f in sorted(run_dir.rglob("*.out")) + sorted(run_dir.rglob("*.log"))
+            for line in f.read_text(errors="replace").splitlines() if "clusterddp: warm start:" in line]
+    assert len(tasks) == 2 and len(forked) == 2, (tasks, forked, cold,  # the first attempt's ranks are forks too
+                                                  [(f.name, f.read_text()) for f in run_dir.glob("warm-*.out")])
     assert spoil_checkpoints(work / "run-ck") >= 1
     kill_at_once(tasks + [int(pid) for pid in forked])
     out, err = job.communicate(timeout=300)
