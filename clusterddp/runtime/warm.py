@@ -29,7 +29,7 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from .. import contract
-from .warmchild import become
+from .warmchild import AGENT_ARGV, become
 
 #: What the server imports before it serves: what a DDP script's start pays for (DDP's constructor imports
 #: torch._dynamo) and clusterddp's own job side.
@@ -155,7 +155,7 @@ def _loop(listener: socket.socket) -> int:
             send(conn, "ok\n")
             children[pid] = conn
             try:
-                what = "torchrun agent" if request[0][:2] == ["-m", "torch.distributed.run"] else "rank process"
+                what = "torchrun agent" if request[0][:2] == AGENT_ARGV else "rank process"
                 print(f"clusterddp: warm server: forked {what} {pid} ({_named(request[1])}) at "
                       f"{datetime.datetime.now().isoformat(timespec='milliseconds')}", flush=True)
             except OSError:

@@ -12,6 +12,9 @@ from typing import Dict, Iterator, List, Optional
 
 from .. import contract
 
+#: A request for torchrun's agent (the template's ``warmrun -m torch.distributed.run ...``), whose workers are clients.
+AGENT_ARGV = ["-m", "torch.distributed.run"]
+
 
 def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, fds: List[int],
            cpus: Optional[List[int]], unbuffered: bool = False) -> None:
@@ -45,7 +48,7 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     torch = sys.modules.get("torch")
     if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():  # (torch read the server's at its start;
         torch.set_num_threads(max(1, min(int(env["OMP_NUM_THREADS"]), os.cpu_count() or 1)))  # as it caps it)
-    if argv[:2] == ["-m", "torch.distributed.run"]:
+    if argv[:2] == AGENT_ARGV:
         os.environ[contract.WARM_AGENT] = str(os.getpid())
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
     code = 0
