@@ -221,7 +221,6 @@ class Launcher(NamedTuple):
     name: str
     task_per_rank: bool            # Slurm starts every rank (srun); else one task per node starts its node's ranks
     line_prefix: Optional[str]     # how a rank's lines are marked in its node's log (None: a log of its own)
-    node_known: bool               # rank // ranks-per-node is its node (torchrun: its rendezvous deals node ranks)
     login_command: Optional[str]   # what the login node's PATH must have for the batch script to start it
 
     def log(self, rank: int, per_node: int) -> Tuple[str, Optional[str]]:
@@ -236,9 +235,9 @@ class Launcher(NamedTuple):
 
 
 LAUNCHERS: Dict[str, Launcher] = {
-    "torchrun": Launcher("torchrun", False, TORCHRUN_PREFIX, False, "torchrun"),
-    "srun": Launcher("srun", True, None, True, None),
-    "spawn": Launcher("spawn", False, None, True, None),
+    "torchrun": Launcher("torchrun", False, TORCHRUN_PREFIX, "torchrun"),
+    "srun": Launcher("srun", True, None, None),
+    "spawn": Launcher("spawn", False, None, None),
 }
 
 # --- what a job started from inside another job must not inherit --------------------------------------------

@@ -69,7 +69,7 @@ LAUNCHERS_OF = {
     "node_dies": ("srun", "torchrun", "spawn"), "node_killed": ("srun", "torchrun"),
     "hang_script": ("srun", "torchrun", "spawn"), "hang_silent": ("srun", "torchrun", "spawn"),
     "hang_tie": ("srun", "torchrun", "spawn"), "hang_all": ("srun", "torchrun", "spawn"),
-    "watchdog": ("srun", "torchrun"), "rendezvous": ("srun", "spawn"),
+    "watchdog": ("srun", "torchrun"), "rendezvous": ("srun", "torchrun", "spawn"),
     "gate_no_start": ("srun", "torchrun", "spawn"), "cancelled": ("srun", "torchrun", "spawn"),
 }
 REPEATABLE = ("segfault", "kill_one", "hang_script", "hang_tie", "hang_all", "node_killed")
@@ -123,7 +123,8 @@ class Truth:
     order: str = "cause_first"                # cause_first | collateral_first: the order srun learned of the ends
     room: str = "ample"                       # ample | tight: the partition beside the allocation
     fqdn: bool = False                        # torchrun names hosts by FQDN
-    swap: bool = False                        # torchrun dealt node ranks in reverse of Slurm's node order
+    swap: bool = False                        # node ranks dealt in reverse of Slurm's order (as c10d could: a
+                                              # verdict must not rest on the layout; the static rendezvous keeps it)
     variant: int = 0                          # which of a class's wordings (see the writers)
     cause: str = "unknown"                    # watchdog: unknown | node_failure (the real cause elsewhere)
     term: str = ""                            # node_dies: "" srun ends and the script asks; "word": Slurm's SIGTERM
@@ -270,8 +271,7 @@ def draw(choose: Callable[[Sequence], object], node_only: bool = False) -> Truth
     launcher = choose(LAUNCHERS_OF[cls])
     per_node = choose((2, 4) if cls == "node_killed" else (1, 2, 4))
     repeat = cls in REPEATABLE and (node_only or choose((False, False, True)))
-    stales = [""] + [s for s in STALE_KINDS if (s != "root_cause" or launcher == "torchrun")
-                     and (s not in ("rendezvous", "rendezvous-9") or launcher != "torchrun")]
+    stales = [""] + [s for s in STALE_KINDS if (s != "root_cause" or launcher == "torchrun")]
     stale = choose(stales + [""] * 4) if cls != "gate_no_start" else ""
     if stale == "root_cause":
         per_node = max(2, per_node)  # (restart 0's story: every rank of node2 killed twice in place, then requeued)

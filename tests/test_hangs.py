@@ -363,7 +363,7 @@ def test_slow_steps_that_advance_are_never_a_hang(tmp_path):
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("launcher", ["srun", "spawn"])  # torchrun starts workers after its own rendezvous
+@pytest.mark.parametrize("launcher", ["srun", "spawn", "torchrun"])  # (torchrun: its node ranks given, so its node)
 def test_a_rank_that_never_starts_is_named_by_the_others(tmp_path, launcher):
     env = dict(os.environ, **{contract.TIMEOUT: "10"})
     job = LocalJob(tmp_path, HANG, "--launcher", launcher, str(HANG), "--", "--where", "rendezvous", "--rank", "3",
@@ -415,15 +415,15 @@ def work(slurm_env, tmp_path_factory):
     return d, dict(os.environ)
 
 
-def node_of(launcher: str, rank: int, job_id: str) -> str:
-    """A pattern for the node of ``rank``: srun and spawn place ranks in blocks in the order of the job's nodes;
-    torchrun's agents take node ranks in arrival order. (The test cluster has 3 nodes: a job may get node[1,3].)"""
+def node_of(rank: int, job_id: str) -> str:
+    """The node of ``rank``: every launcher places ranks in blocks in the order of the job's nodes (torchrun's node
+    rank is given at its static rendezvous). (The test cluster has 3 nodes: a job may get node[1,3].)"""
     from clusterddp.hostlist import expand
 
     shown = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True).stdout
     found = re.search(r"(?<!\S)NodeList=(\S+)", shown)
     nodes = expand(found.group(1) if found and found.group(1) != "(null)" else "node[1-2]")
-    return f"({'|'.join(nodes)})" if launcher == "torchrun" else nodes[rank // 2]
+    return nodes[rank // 2]
 
 
 def wait_for_hellos(run_dir: Path, n: int, timeout: float = 120) -> None:
@@ -464,7 +464,7 @@ def test_stacks_of_an_unmodified_script_on_the_cluster_through_srun_overlap(work
         assert out.returncode == 0, out.stdout + out.stderr
         lines = out.stdout.splitlines()
         assert lines[0].startswith("3 of 4 ranks wait at the same place: all_reduce  <- hang_raw.py:"), out.stdout
-        node = node_of(launcher, 3, job_id)
+        node = node_of(3, job_id)
         assert re.match(rf"rank 3 \({node}\) is elsewhere:  hang_raw.py:\d+ stuck", lines[1]), lines
     finally:
         run_cli("cancel", job_id, cwd=d, env=env)
@@ -494,7 +494,7 @@ def test_stacks_names_the_hung_rank_then_the_watchdog_ends_the_job_on_the_cluste
             time.sleep(0.5)
         wait_for_hellos(run_dir, 4)
         lines = settled_stacks(job_id, d, run_dir, 1)
-        node = node_of(launcher, 1, job_id)
+        node = node_of(1, job_id)
         assert re.match(rf"rank 1 \({node}\) is elsewhere:  hang.py:{SLEEP_IN_LOADER} __getitem__", lines[1]), lines
         out, err = cli.communicate(timeout=300)
     finally:
@@ -514,7 +514,7 @@ def test_stacks_names_the_hung_rank_then_the_watchdog_ends_the_job_on_the_cluste
 
 @pytest.mark.slurm
 @pytest.mark.slurm_releases("22.05")  # the runtime's rendezvous report: Slurm's part is the exit code, tested above
-@pytest.mark.parametrize("launcher", ["srun", "spawn"])  # torchrun starts workers after its own rendezvous
+@pytest.mark.parametrize("launcher", ["srun", "spawn"])  # (torchrun's node naming: the test above, and the stacks')
 def test_a_rank_that_never_starts_on_the_cluster_is_named_with_its_node(work, launcher):
     d, env = work
     env = dict(env, **{contract.TIMEOUT: "15"})  # sbatch passes the submitting environment on

@@ -37,9 +37,6 @@ class Target:
 
 
 def _node_guess(rank: int, target: Target, hellos: Dict[int, Dict[str, Any]]) -> str:
-    launcher = target.launcher or next((str(h.get("launcher")) for h in hellos.values()), "")
-    if launcher in contract.LAUNCHERS and not contract.LAUNCHERS[launcher].node_known:
-        return "node unknown: torchrun gives node ranks out at its rendezvous"
     per = target.per_node if target.job_id else next(
         (h["local_world_size"] for h in hellos.values() if isinstance(h.get("local_world_size"), int)), 1)
     index = rank // max(1, per)

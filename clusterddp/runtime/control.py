@@ -84,16 +84,16 @@ def dump_stacks(rank: int, source: str = "runtime") -> Dict[str, Any]:
 
 
 def node_of(rank: int, env: DistEnv, hellos: Mapping[int, Mapping[str, Any]], environ: Mapping[str, str]) -> str:
-    """The node a rank runs (or would run) on: srun and spawn place ranks in blocks in node-list order."""
+    """The node a rank runs (or would run) on: every launcher places ranks in blocks in the step's node-list order
+    (torchrun's node rank is SLURM_NODEID, given at its static rendezvous)."""
     if rank in hellos:
         return str(hellos[rank].get("node", "?"))
     node_index = rank // max(1, env.local_world_size)
     same_node = [h for r, h in hellos.items() if r // max(1, env.local_world_size) == node_index]
-    if env.source == "torchrun":
-        return "node unknown: torchrun gives node ranks out at its rendezvous"
     if same_node:
         return str(same_node[0].get("node", "?"))
-    nodelist = environ.get("SLURM_JOB_NODELIST", "")
+    # (the step's nodes: a retry on a spare runs on a part of the job's, in the job's order)
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
     if nodelist and not environ.get(contract.LOCAL):
         try:
             hosts = expand(nodelist)

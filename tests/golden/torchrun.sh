@@ -140,11 +140,14 @@ while :; do
     CLUSTERDDP_STEP_ERR="$RUN_DIR/srun-$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT.err"
     exec {CLUSTERDDP_ERR_FD}>&2 2> >(tee -a -- "$CLUSTERDDP_STEP_ERR" >&2)
     CLUSTERDDP_TEE_PID=$!
-# One torchrun agent per node; the agents meet at a c10d rendezvous on MASTER_ADDR:MASTER_PORT.
+# One torchrun agent per node, at a static rendezvous: node rank = SLURM_NODEID, set inside each task (single
+# quotes: expanded per task; torchrun reads PET_NODE_RANK as --node-rank); node 0's agent holds the store on
+# MASTER_ADDR:MASTER_PORT. (c10d's rendezvous polls its store once a second until every agent has joined.)
 srun --nodes=2 --ntasks=2 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
     --output="${RUN_DIR//%/%%}/node-%n.out" \
+    bash --norc -c 'export PET_NODE_RANK="$SLURM_NODEID"; exec "$@"' clusterddp-agent \
     torchrun --nnodes=2 --nproc-per-node=8 \
-    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
+    --rdzv-backend=static --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \
     --tee=3 --log-dir="$RUN_DIR/torchrun" \
     train.py --epochs 10 --lr 0.1 &
 CLUSTERDDP_SRUN_PID=$!

@@ -2,7 +2,7 @@
 (pure: the dry run prints it; run.py starts them, submit.py runs the attempts).
 
 Each launcher is emulated honestly, without a layer of our own on top:
-- torchrun: one torch.distributed.run agent per emulated node, meeting at a c10d rendezvous on 127.0.0.1;
+- torchrun: one torch.distributed.run agent per emulated node, at a static rendezvous on 127.0.0.1 (node ranks given);
 - srun: one process per rank with the variables srun (and the srun template) would set;
 - spawn: one process per emulated node running the script, placeholders filled in.
 What is ours: starting those processes, their logs, and ending all of them when one fails or on Ctrl-C.
@@ -153,14 +153,14 @@ def _slurm_env(spec: JobSpec, job_id: int) -> List[Tuple[str, str]]:
 
 
 def _torchrun_procs(spec: JobSpec, run: Path, port: int, job_id: int, devices: Devices) -> List[Proc]:
-    """One torch.distributed.run agent per emulated node, meeting at a c10d rendezvous on 127.0.0.1."""
+    """One torch.distributed.run agent per emulated node, at a static rendezvous on 127.0.0.1 (node ranks given)."""
     n, per = spec.nodes, spec.tasks_per_node
     procs = []
     for node in range(n):
         argv = [_python(spec), "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={per}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=local-{job_id}",
-                # the store in node 0's agent, as on Slurm on the first node (not whichever agent binds first)
-                f"--rdzv-conf=is_host={int(node == 0)}",
+                # as on Slurm: a static rendezvous, node 0's agent holding the store, each agent's node rank given
+                "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={port}", f"--node-rank={node}",
+                f"--rdzv-id=local-{job_id}",
                 "--tee=3", f"--log-dir={run / 'torchrun' / f'node{node}'}", *spec.program_argv()]
         log = str(run / contract.NODE_LOG.format(node=node))
         procs.append(Proc(f"node {node}", tuple(argv), tuple(devices(node)), log, node))

@@ -32,7 +32,6 @@ class _Runner:
         self.plan, self.quiet, self.echo = plan, quiet, echo
         self.popens: List[subprocess.Popen] = []
         self.lock = threading.Lock()
-        self.node_rank: Dict[int, int] = {}
 
     def start(self) -> None:
         # A job started from inside a Slurm allocation must not inherit that job's variables.
@@ -50,10 +49,6 @@ class _Runner:
                 self.stop()
                 raise LocalRunError(f"cannot start {p.argv[0]}: {exc.strerror}") from None
             self.popens.append(popen)
-        # torchrun's c10d rendezvous orders agents of one host by pid: that order is their node rank.
-        if not contract.LAUNCHERS[self.plan.spec.launcher].node_known:
-            order = sorted(range(len(self.popens)), key=lambda i: self.popens[i].pid)
-            self.node_rank = {i: pos for pos, i in enumerate(order)}
         self.threads = [threading.Thread(target=self._pump, args=(i,), daemon=True) for i in range(len(self.popens))]
         for t in self.threads:
             t.start()
@@ -64,7 +59,7 @@ class _Runner:
             return f"[rank {p.rank}] ", line, p.rank
         m = _DEFAULT_PREFIX.match(line)
         if m:
-            rank = self.node_rank.get(i, i) * self.plan.spec.tasks_per_node + int(m.group(1))
+            rank = i * self.plan.spec.tasks_per_node + int(m.group(1))  # (agent i: node rank i, given)
             return f"[rank {rank}] ", line[m.end():], rank
         return f"[{p.label}] ", line, None
 
