@@ -39,8 +39,10 @@ def environment(spec: JobSpec) -> List[str]:
     """Every variable the training script sees, with where it comes from."""
     per, rows = spec.tasks_per_node, []
     if spec.launcher == "torchrun":
-        rows += [("RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK", "torchrun, per worker"),
-                 ("MASTER_ADDR, MASTER_PORT", "torchrun (its rendezvous store on the first node)"),
+        rows += [("RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK", "torchrun, per worker (GROUP_RANK: the "
+                  "node's SLURM_NODEID, given at its static rendezvous; RANK = GROUP_RANK x ranks per node + "
+                  "LOCAL_RANK)"),
+                 ("MASTER_ADDR, MASTER_PORT", "torchrun (its rendezvous store in the first node's agent)"),
                  ("TORCHELASTIC_RUN_ID", "torchrun (= the Slurm job id, --rdzv-id)")]
     elif spec.launcher == "srun":
         rows += [("RANK, LOCAL_RANK, WORLD_SIZE, NODE_RANK", "set inside each srun task from SLURM_PROCID, "
