@@ -111,6 +111,34 @@ def test_reports_read_back_from_a_shared_run_directory_cannot_drive_the_terminal
     assert rollcall.hang_report(tmp_path / "nothing") is None and rollcall.rendezvous_failure(tmp_path / "x") is None
 
 
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "spawn"])
+def test_a_missing_rank_s_node_is_the_step_s_not_the_job_s(launcher):
+    """A rank no other rank of its node vouches for is placed by the attempt's nodes (a retry on a spare runs on a
+    part of the job's), in blocks, under every launcher (torchrun's node rank is SLURM_NODEID)."""
+    from clusterddp.runtime import control
+    from clusterddp.runtime.env import DistEnv
+
+    env = DistEnv(0, 0, 4, 2, 0, 2, "node1", 24242, launcher)
+    hellos = {0: {"node": "node1"}, 1: {"node": "node1"}}
+    job = {"SLURM_JOB_NODELIST": "node[1-3]"}
+    assert control.node_of(3, env, hellos, job) == "node2"
+    assert control.node_of(3, env, hellos, dict(job, SLURM_STEP_NODELIST="node[1,3]")) == "node3"
+    assert control.node_of(1, env, hellos, dict(job, SLURM_STEP_NODELIST="node[1,3]")) == "node1"
+
+
+def test_stacks_names_a_silent_rank_s_node_only_where_the_job_s_nodes_tell_it():
+    """stacks, for a rank that gave no hello and no other rank of its node did: the job's nodes place it, in blocks,
+    where the ranks use them all; with spares a retry may run on a part of them, and nothing is guessed."""
+    from clusterddp.observe import stacks
+
+    hellos = {0: {"node": "node1"}, 1: {"node": "node1"}}
+    whole = stacks.Target(Path("."), 4, "torchrun", 2, "7", ("node1", "node2"))
+    assert stacks._node_guess(3, whole, hellos) == "node2"
+    spare = stacks.Target(Path("."), 4, "torchrun", 2, "7", ("node1", "node2", "node3"))
+    assert stacks._node_guess(3, spare, hellos) == "node 1 of the attempt"
+    assert stacks._node_guess(1, spare, hellos) == "node1"
+
+
 def test_hang_timeout_is_validated_and_exported():
     from clusterddp.backends.slurm.script import render
     from clusterddp.errors import SpecError

@@ -386,16 +386,20 @@ def test_a_requeue_after_a_hang_then_a_python_exception_is_the_program_s_and_bla
 
 @ONCE
 def test_a_node_that_fails_the_health_hook_gets_no_rank_and_a_spare_is_used(work, reference):
-    proc = run_cli("submit", "--launcher", "srun", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2", "--time", "5",
-                   "--health-check", 'test "$(hostname)" != node2 || { echo "node2: ECC errors"; exit 3; }', "--wait",
-                   *job_args(work, "run", 0), cwd=work, timeout=300)
+    """node1, the allocation's first host (MASTER_ADDR), fails the gate before the first attempt: the rendezvous moves
+    to node2, the step's first node, where torchrun's static rendezvous puts node rank 0 and its store (it stayed on
+    node1, and every agent waited for a store that no one held)."""
+    proc = run_cli("submit", "--launcher", "torchrun", "--nodes", "2", "--spare-nodes", "1", "--gpus", "2", "--time",
+                   "5", "--health-check", 'test "$(hostname)" != node1 || { echo "node1: ECC errors"; exit 3; }',
+                   "--wait", *job_args(work, "run", 0), cwd=work, timeout=300)
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.split()[0]
     (only,) = attempts.read(work / "clusterddp-runs" / f"resumable-{job_id}")
-    assert only.nodes == ("node1", "node3") and only.exit == 0, only
+    assert only.nodes == ("node2", "node3") and only.exit == 0, only
     batch = (work / "clusterddp-runs" / f"resumable-{job_id}.out").read_text()
-    assert "clusterddp: health gate: node2 gets no rank: node2: ECC errors --health-check exited with 3" in batch
-    assert "health gate: node1" not in batch and "health gate: node3" not in batch
+    assert "clusterddp: health gate: node1 gets no rank: node1: ECC errors --health-check exited with 3" in batch
+    assert "health gate: node2" not in batch and "health gate: node3" not in batch
+    assert re.search(r"clusterddp: attempt 1 on node2,node3: MASTER_ADDR=node2 MASTER_PORT=\d+", batch), batch
     assert identical(work / "run.pt", reference)
 
 

@@ -43,7 +43,11 @@ def _node_guess(rank: int, target: Target, hellos: Dict[int, Dict[str, Any]]) ->
     for r, h in hellos.items():
         if r // max(1, per) == index:
             return str(h.get("node", "?"))
-    return target.nodes[index] if index < len(target.nodes) else f"node {index}"
+    used = -(-target.world_size // max(1, per)) if target.world_size else len(target.nodes)
+    if index < len(target.nodes) and len(target.nodes) == used:
+        return target.nodes[index]
+    # (more nodes than the ranks use: spares, and a retry may run on a part of them; not guessed)
+    return f"node {index} of the attempt"
 
 
 def _fallback(target: Target, directory: Path, timeout: float) -> str:

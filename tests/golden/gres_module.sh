@@ -169,8 +169,9 @@ while :; do
         requeue) clusterddp_requeue "$CLUSTERDDP_STEP_NODES" ;;
         *) break ;;
     esac
-    if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ]; then
+    if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ] || [ "${CLUSTERDDP_STEP_NODES%%,*}" != "$MASTER_ADDR" ]; then
         # The rendezvous moves with the nodes: a new port (a lost rank may hold the old), checked free where it listens.
+        # (At the first attempt too, where the health gate left the first host out: rank 0 runs on the step's first.)
         MASTER_ADDR="${CLUSTERDDP_STEP_NODES%%,*}"
         CLUSTERDDP_ON=()
         [ "$MASTER_ADDR" = "$CLUSTERDDP_HEAD" ] || CLUSTERDDP_ON=(srun --nodes=1 --ntasks=1 --nodelist="$MASTER_ADDR")

@@ -129,8 +129,9 @@ while :; do
         gate) clusterddp_gate; clusterddp_room; clusterddp_next gated; continue ;;
         *) break ;;
     esac
-    if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ]; then
+    if [ "$CLUSTERDDP_ATTEMPT" -gt 0 ] || [ "${CLUSTERDDP_STEP_NODES%%,*}" != "$MASTER_ADDR" ]; then
         # The rendezvous moves with the nodes: a new port (a lost rank may hold the old), checked free where it listens.
+        # (At the first attempt too, where the health gate left the first host out: rank 0 runs on the step's first.)
         MASTER_ADDR="${CLUSTERDDP_STEP_NODES%%,*}"
         MASTER_PORT=$(( 20000 + (MASTER_PORT - 20000 + 1) % 10000 ))
         CLUSTERDDP_ON=()
