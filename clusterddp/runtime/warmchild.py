@@ -8,7 +8,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, NoReturn, Optional
 
 from .. import contract
 
@@ -73,7 +73,37 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
             sys.stdout.flush()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
+    if argv[:2] == AGENT_ARGV:
+        _end_without_teardown(code)
     sys.exit(code)
+
+
+def _end_without_teardown(code: int) -> NoReturn:
+    """A forked torchrun agent's end: the interpreter's exit up to its teardown (non-daemon threads joined, the exit
+    handlers, the streams flushed), not the teardown itself. With the server's modules (torch, torch._dynamo) it took
+    about a second here, and a lost node's verdict waited for it: srun sees the task end when the agent has."""
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    try:
+        atexit._run_exitfuncs()  # (logging's shutdown among them)
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:  # what C++ printed (torch's own logging) and the C library still holds
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
+    os._exit(code)
 
 
 def _run_script(argv: List[str]) -> None:
