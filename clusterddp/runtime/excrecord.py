@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Callable, List, NoReturn
 
 from .. import rollcall
 from ..datafiles import write_atomic
@@ -83,17 +83,37 @@ def end_now() -> None:
     atexit.unregister(end_now)
     if getattr(sys, "last_value", None) is not (_ENDING[0] if _ENDING else None):
         return  # (the process goes on or ends otherwise: the interpreter's own exit)
+    exit_without_teardown(1, _flush_open_files)  # (1: Python's own status for an uncaught exception)
+
+
+def exit_without_teardown(code: int, flush_more: Callable[[], None] = lambda: None) -> NoReturn:
+    """The interpreter's exit up to its teardown, then ``os._exit(code)``: every exit handler runs (logging's
+    shutdown, multiprocessing's children, the script's own), the streams are flushed (and what ``flush_more``
+    flushes), and what C code printed; the teardown itself (0.4-1.1 s with torch imported) is skipped. A rank at a
+    lost peer (end_now) and a forked torchrun agent (warmchild) end this way."""
     try:
-        atexit._run_exitfuncs()  # (logging's shutdown, multiprocessing's children, the script's own handlers)
+        atexit._run_exitfuncs()
     except BaseException:  # (Python 3.9 raises a handler's error again here; 3.10+ prints it)
         pass
     _flush(sys.stdout, sys.stderr)
+    flush_more()
+    _flush(sys.stdout, sys.stderr)
+    try:  # what C code printed (an extension's printf, torch's C++ logging) and the C library still holds
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
+    os._exit(code)
+
+
+def _flush_open_files() -> None:
+    """Every open file object flushed, outer before inner: text into the files under it (a gzip file under
+    gzip.open(..., "wt")), then the compressed files closed whole (their trailers), then the buffers."""
     standard = {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
     files = [f for f in gc.get_objects() if issubclass(type(f), _io._IOBase) and id(f) not in standard]  # (type():
     # isinstance() would read __class__, which some objects turn into a deprecation warning)
     closing = tuple(getattr(sys.modules[m], n) for m, n in _CLOSED_AT_END if m in sys.modules)
-    # Outer before inner: text into the files under it (a gzip file under gzip.open(..., "wt")), then the compressed
-    # files closed, then the buffers into the operating system.
     _flush(*(f for f in files if issubclass(type(f), _io.TextIOWrapper)))
     for f in files:
         if closing and issubclass(type(f), closing):
@@ -102,14 +122,6 @@ def end_now() -> None:
             except Exception:
                 pass
     _flush(*(f for f in files if not issubclass(type(f), _io.TextIOWrapper)))
-    _flush(sys.stdout, sys.stderr)
-    try:  # what C code printed (an extension's printf) and the C library still holds
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    except Exception:
-        pass
-    os._exit(1)  # Python's own status for an uncaught exception
 
 
 def _flush(*files: Any) -> None:

@@ -82,28 +82,14 @@ def _end_without_teardown(code: int) -> NoReturn:
     """A forked torchrun agent's end: the interpreter's exit up to its teardown (non-daemon threads joined, the exit
     handlers, the streams flushed), not the teardown itself. With the server's modules (torch, torch._dynamo) it took
     about a second here, and a lost node's verdict waited for it: srun sees the task end when the agent has."""
-    import atexit
     import threading
+
+    from .excrecord import exit_without_teardown
 
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
-    try:
-        atexit._run_exitfuncs()  # (logging's shutdown among them)
-    except BaseException:
-        pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    try:  # what C++ printed (torch's own logging) and the C library still holds
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-    except Exception:
-        pass
-    os._exit(code)
+    exit_without_teardown(code)
 
 
 def _run_script(argv: List[str]) -> None:
