@@ -8,7 +8,9 @@
 5. images/s of clusterddp.runtime against raw DDP (bench/train_raw.py), interleaved, in the same run;
 6. the desk check's GPU-only items (bench/gpu_desk.py): sparse gradients and device_ids=None in wrap(), the CUDA
    random state per device across GPU layouts, the watchdog before torch's timeout at NCCL set-up, the dump
-   directory of --local runs, --gpus 0 on an unmasked node, native bf16, distinct GPUs per rank.
+   directory of --local runs, --gpus 0 on an unmasked node, native bf16, distinct GPUs per rank;
+7. --warm-start (issue 55) on CUDA: ranks forked from a warm server, under srun's and torchrun's lines, against
+   cold starts of the same script (what a default-on for GPU jobs waits for).
 Only the GPUs the environment gives (CUDA_VISIBLE_DEVICES) are used. Writes bench/RESULTS-gpu.md; exit code 1 when
 a check failed, 2 without a GPU.
 
@@ -143,6 +145,103 @@ def check_mask(rows: List[Row], n: int, work: Path) -> None:
                  "no synchronisation" if not errors else errors[0], "ok" if results and not errors else "FAILED"))
 
 
+WARM_RANK = r"""
+import hashlib, json, os, sys, time
+import torch
+fresh = {"bad_fork": torch.cuda._is_in_bad_fork(), "cuda_initialised": torch.cuda.is_initialized()}
+from clusterddp import runtime
+env = runtime.init(timeout=120)
+dev = runtime.device()
+torch.manual_seed(0)
+model = runtime.wrap(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.Generator().manual_seed(env.rank)
+for step in range(20):
+    x = torch.randn(64, 256, generator=data).to(dev)
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+if dev.type == "cuda":
+    torch.cuda.synchronize()
+h = hashlib.sha256()
+for p in model.parameters():
+    h.update(p.detach().cpu().numpy().tobytes())
+print("RESULT " + json.dumps({"rank": env.rank, "pid": os.getpid(), "ppid": os.getppid(), "device": str(dev),
+      "digest": h.hexdigest(), "first_step_s": time.time() - float(sys.argv[1]), **fresh}), flush=True)
+runtime.shutdown()
+"""
+
+
+def check_warm(rows: List[Row], n: int, work: Path) -> None:
+    """Issue 55's --warm-start on CUDA (not measured on a GPU before): ranks forked from a warm server that imported
+    torch, torch._dynamo and clusterddp's job side (runtime/warm.py's PRELOAD) initialise CUDA and NCCL in the
+    child, train, and end as ranks started by ``python`` do, with the same parameters; under srun's line (each rank a
+    client) and torchrun's (the agent forked, its workers clients). What decides whether warm starts can be on by
+    default for GPU jobs."""
+    from clusterddp import contract
+    from clusterddp.runtime import warm
+
+    (work / "warm.py").write_text(WARM_RANK)
+    (work / "shm").mkdir(mode=0o700, exist_ok=True)
+    base = dict(os.environ, **{contract.WARM: f"gpu-check-{os.getpid()}", contract.PEER_DIR: str(work / "shm")})
+    path = warm.socket_path(base)
+    server = subprocess.Popen([PY, "-m", "clusterddp.runtime.warm", "serve"], env=base, cwd=work,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (path and os.path.exists(path)) and time.monotonic() < deadline and server.poll() is None:
+            time.sleep(0.1)
+        if not (path and os.path.exists(path)):
+            rows.append(("--warm-start on CUDA: the warm server", "did not start", "FAILED"))
+            return
+        runs = {}
+        for mode in ("srun-warm", "srun-cold", "torchrun-warm", "torchrun-cold"):
+            runs[mode] = _warm_run(mode, n, base, work)
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+    for launcher in ("srun", "torchrun"):
+        (w_codes, w), (c_codes, c) = runs[f"{launcher}-warm"], runs[f"{launcher}-cold"]
+        forked = [r for r in w if r["ppid"] == server.pid]
+        same = sorted(r["digest"] for r in w) == sorted(r["digest"] for r in c) and len(w) == n
+        clean = not any(r["bad_fork"] or r["cuda_initialised"] for r in w)
+        ok = set(w_codes) == set(c_codes) == {0} and len(forked) == n and clean and same
+        start = (statistics.median(r["first_step_s"] for r in w) if w else float("nan"),
+                 statistics.median(r["first_step_s"] for r in c) if c else float("nan"))
+        rows.append((f"--warm-start on CUDA, {launcher}'s line, {n} rank(s): forked from the warm server, NCCL, "
+                     "20 SGD steps, against a cold start",
+                     f"exit {w_codes} / {c_codes}; {len(forked)} of {n} forked; CUDA untouched at the fork: {clean}; "
+                     f"parameters {'identical' if same else 'DIFFER'}; start to done {start[0]:.1f} s / "
+                     f"{start[1]:.1f} s", "ok" if ok else "FAILED"))
+
+
+def _warm_run(mode: str, n: int, base: dict, work: Path) -> Tuple[List[int], List[dict]]:
+    """One run of warm.py as ``mode`` says: (exit codes, each rank's RESULT)."""
+    import json
+
+    launcher, how = mode.split("-")
+    warm_line = [PY, "-m", "clusterddp.runtime.warmrun"] if how == "warm" else [PY]
+    now = str(time.time())
+    if launcher == "torchrun":
+        agent = [*warm_line, "-m", "torch.distributed.run"] if how == "warm" else [PY, "-m", "torch.distributed.run"]
+        worker = ["--module", "clusterddp.runtime.warmrun"] if how == "warm" else []
+        argvs = [[*agent, "--standalone", f"--nproc-per-node={n}", *worker, "warm.py", now]]
+        envs = [dict(base)]
+    else:
+        port = gpu_desk.free_port()
+        argvs = [[*warm_line, "warm.py", now] for _ in range(n)]
+        envs = [dict(base, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)) for r in range(n)]
+    procs = [subprocess.Popen(a, env=e, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for a, e in zip(argvs, envs)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    results = [json.loads(line.split("RESULT ", 1)[1]) for o in outs for line in o.splitlines() if "RESULT " in line]
+    if any(p.returncode for p in procs):
+        print(f"gpu-check: {mode}:\n" + "\n".join(o[-2000:] for o in outs), file=sys.stderr)
+    return [p.returncode for p in procs], results
+
+
 def check_stacks(rows: List[Row], n: int, work: Path) -> None:
     out = work / "hang-runs"
     last = n - 1
@@ -207,7 +306,8 @@ def main() -> int:
     rows: List[Row] = []
     with tempfile.TemporaryDirectory(prefix="clusterddp-gpu-") as tmp:
         work = Path(tmp)
-        for check in (check_train, check_observatory, check_mask, check_stacks, check_throughput, *gpu_desk.CHECKS):
+        for check in (check_train, check_observatory, check_mask, check_warm, check_stacks, check_throughput,
+                      *gpu_desk.CHECKS):
             print(f"gpu-check: {check.__name__} ...", file=sys.stderr, flush=True)
             try:
                 check(rows, n, work)
