@@ -1,4 +1,6 @@
 """DistEnv.from_env: a pure function of the environment, one table per launcher."""
+import time
+
 import pytest
 
 from clusterddp.errors import RuntimeEnvError
@@ -211,3 +213,36 @@ def test_after_a_hang_no_rank_exits_before_every_rank_that_answered_has_kept_its
     begun = time.monotonic()
     alone.wait_all_kept()
     assert 0.4 < time.monotonic() - begun < 2.0
+
+
+def test_a_rank_waits_for_rank_0_s_store_by_polling_and_gives_up_at_its_bound():
+    """runtime/rendezvous.await_store: torch's store client retries a refused connect after 0.25-0.75 s and longer;
+    a rank that starts first polls instead (real sockets). It returns once something listens, having connected, and
+    returns (no error: init_process_group and the control thread decide then) when nothing listens by its bound."""
+    import socket
+    import threading
+
+    from clusterddp.runtime.rendezvous import await_store, free_port
+
+    port = free_port()
+    accepted = []
+
+    def listen_later() -> None:
+        time.sleep(0.3)
+        with socket.socket() as server:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen()
+            server.settimeout(30)
+            conn, _ = server.accept()
+            accepted.append(conn)
+            conn.close()
+
+    thread = threading.Thread(target=listen_later)
+    thread.start()
+    await_store("127.0.0.1", port, 30)
+    thread.join(timeout=30)
+    assert len(accepted) == 1  # (it returned only after the listener accepted its probe)
+    start = time.monotonic()
+    await_store("127.0.0.1", free_port(), 0.3)  # nothing listens there: back after its bound
+    assert time.monotonic() - start >= 0.3

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import time
 import weakref
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from . import commtime, drill, report, rundir, telemetry
 from .ckptfile import atomic
 from .control import heartbeat
 from .env import DistEnv
+from .rendezvous import await_store, free_port
 from .state import STATE, channel, device, distributed, is_main, rank, world_size
 
 __all__ = ["init", "shutdown", "wrap", "unwrap", "barrier", "device", "channel", "rank", "world_size", "is_main",
@@ -36,12 +36,6 @@ class Joined(DistEnv):
 
     def __exit__(self, *exc: object) -> None:
         shutdown()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def select_device(env: DistEnv) -> Any:
@@ -108,7 +102,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     device = _job_device(env, environ)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if env.source == "single" and env.master_port == 0:
-        env = DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", _free_port(), "single")
+        env = DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", free_port(), "single")
     # torchrun's workers share the agent's store (TORCHELASTIC_USE_AGENT_STORE): env:// knows how to join it.
     init_method = "env://" if env.source == "torchrun" else f"tcp://{env.master_addr}:{env.master_port}"
     if dist.is_available() and dist.is_initialized():
@@ -116,6 +110,8 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
                               "init_process_group?): call clusterddp.runtime.init() instead of it, not after it")
     control.start()
     try:
+        if init_method.startswith("tcp://") and env.rank != 0:  # (torchrun's workers: the agent's store is up)
+            await_store(env.master_addr, env.master_port, seconds)
         dist.init_process_group(backend=backend, init_method=init_method, rank=env.rank,
                                 world_size=env.world_size, timeout=timedelta(seconds=torch_seconds + 30))
         # The control channel: stop agreement on the CPU, never on the training device's stream.

@@ -50,6 +50,7 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
         torch.set_num_threads(max(1, min(int(env["OMP_NUM_THREADS"]), os.cpu_count() or 1)))  # as it caps it)
     if argv[:2] == AGENT_ARGV:
         os.environ[contract.WARM_AGENT] = str(os.getpid())
+        _await_node0_agent(argv)
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
     code = 0
     try:
@@ -76,6 +77,23 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     if argv[:2] == AGENT_ARGV:
         _end_without_teardown(code)
     sys.exit(code)
+
+
+def _await_node0_agent(argv: List[str]) -> None:
+    """An agent of node rank > 0 (PET_NODE_RANK) goes on once node 0's agent's store listens (at most a minute, then
+    torch's own retry): the agents of a retry are forked at once, and torch's client retries a refused connect only
+    after 0.25-0.75 s, then longer (rendezvous.await_store)."""
+    given: Dict[str, str] = {}
+    for arg in argv[2:]:  # torchrun's own options, up to the script (the template writes them as --name=value)
+        if not arg.startswith("-"):
+            break
+        name, _, value = arg.partition("=")
+        given.setdefault(name[2:], value)
+    if os.environ.get("PET_NODE_RANK", "0") != "0" and given.get("master-addr") and \
+            given.get("master-port", "").isdigit():
+        from .rendezvous import await_store
+
+        await_store(given["master-addr"], int(given["master-port"]), 60)
 
 
 def _end_without_teardown(code: int) -> NoReturn:
