@@ -372,10 +372,11 @@ def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_pat
 
 
 def test_a_forked_agent_past_node_0_waits_for_node_0_s_store_and_node_0_s_agent_does_not(monkeypatch):
-    """(warmchild._await_node0_agent: the master's address and port from torchrun's own options, not the script's)"""
+    """(warmchild._as_agent: the master's address and port from torchrun's own options, not the script's)"""
     from clusterddp.runtime import rendezvous, warmchild
 
     waited = []
+    monkeypatch.setenv(contract.WARM_AGENT, "")  # (restored after: _as_agent sets it to this process's pid)
     monkeypatch.setattr(rendezvous, "await_store", lambda *args: waited.append(args))
     argv = [*warmchild.AGENT_ARGV, "--nnodes=2", "--rdzv-backend=static", "--master-addr=node1",
             "--master-port=29512", "--module", "clusterddp.runtime.warmrun", "train.py", "--master-port=1"]
@@ -385,5 +386,5 @@ def test_a_forked_agent_past_node_0_waits_for_node_0_s_store_and_node_0_s_agent_
             monkeypatch.delenv("PET_NODE_RANK", raising=False)
         else:
             monkeypatch.setenv("PET_NODE_RANK", node_rank)
-        warmchild._await_node0_agent(argv)
+        warmchild._as_agent(argv)
         assert waited == expected, (node_rank, waited)

@@ -84,8 +84,7 @@ def init(backend: Optional[str] = None, timeout: Optional[float] = None, allow_s
     code 78. Collectives are bounded by the hang watchdog ($CLUSTERDDP_HANG_TIMEOUT, default 900 s; 0 = off),
     which names the rank that stopped advancing and ends the job with exit code 79; they get torch's own timeout
     two minutes later (or ``timeout`` with the watchdog off). Beside the training group, a gloo group on the CPU
-    carries the control traffic (``should_stop()``), so it never synchronises the GPU.
-    """
+    carries the control traffic (``should_stop()``), so it never synchronises the GPU."""
     import torch
     import torch.distributed as dist
 

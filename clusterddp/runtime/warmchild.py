@@ -49,8 +49,7 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():  # (torch read the server's at its start;
         torch.set_num_threads(max(1, min(int(env["OMP_NUM_THREADS"]), os.cpu_count() or 1)))  # as it caps it)
     if argv[:2] == AGENT_ARGV:
-        os.environ[contract.WARM_AGENT] = str(os.getpid())
-        _await_node0_agent(argv)
+        _as_agent(argv)
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
     code = 0
     try:
@@ -79,10 +78,12 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     sys.exit(code)
 
 
-def _await_node0_agent(argv: List[str]) -> None:
-    """An agent of node rank > 0 (PET_NODE_RANK) goes on once node 0's agent's store listens (at most a minute, then
-    torch's own retry): the agents of a retry are forked at once, and torch's client retries a refused connect only
-    after 0.25-0.75 s, then longer (rendezvous.await_store)."""
+def _as_agent(argv: List[str]) -> None:
+    """A forked torchrun agent: its workers know it by its pid (warmrun); an agent of node rank > 0 (PET_NODE_RANK)
+    goes on once node 0's agent's store listens (at most a minute, then torch's own retry): a retry's agents are
+    forked at once, and torch's client retries a refused connect only after 0.25-0.75 s, then longer
+    (rendezvous.await_store)."""
+    os.environ[contract.WARM_AGENT] = str(os.getpid())
     given: Dict[str, str] = {}
     for arg in argv[2:]:  # torchrun's own options, up to the script (the template writes them as --name=value)
         if not arg.startswith("-"):
