@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterddp.runtime import ckptstate, peerheal
+from clusterddp.runtime import ckptstate, peerheal, peerstate, rngraw
 from clusterddp.runtime.peerlink import Link
 
 # Draws that change (or leave) the states in every way a script can: NumPy's Gaussian cache filled and taken (a
@@ -29,6 +29,8 @@ OPS = {
     "python reseed": lambda: random.seed(7),
     "python gauss": lambda: random.gauss(0, 1),
     "torch": lambda: torch.rand(2),
+    # another twister put under NumPy's global functions: its memory is elsewhere (rngraw.NumpyRaw follows it)
+    "numpy new bit generator": lambda: numpy.random.set_bit_generator(numpy.random.MT19937(5)),
 }
 
 
@@ -58,6 +60,24 @@ def test_the_gaussian_numpy_cached_is_seen_taken():
     taken = peerheal.unpack_rng(peerheal.pack_rng())["numpy"]
     assert cached[1:3] == taken[1:3] and (cached[3], taken[3]) == (1, 0), (cached[2:], taken[2:])
     assert taken == ckptstate.rng_state()["numpy"]
+
+
+def test_the_states_are_read_as_memory_here_and_by_the_getters_where_a_layout_does_not_check_out(monkeypatch):
+    """rngraw: on this interpreter and NumPy the layouts check out (else each step pays the getters' ~40 us); a
+    reader whose check failed leaves pack_rng to the getters, with the same result."""
+    assert rngraw.PythonRaw().ok and rngraw.NumpyRaw(numpy).ok
+    numpy.random.standard_normal()
+    random.gauss(0, 1)
+    failed = [rngraw.PythonRaw(), rngraw.NumpyRaw(numpy)]
+    for reader in failed:
+        reader.ok = False
+    monkeypatch.setattr(peerstate, "_RAW", failed)
+    monkeypatch.setattr(peerstate, "_LAST", {})
+    assert peerheal.unpack_rng(peerheal.pack_rng()) == ckptstate.rng_state()
+    monkeypatch.setattr(peerstate, "_RAW", [])
+    monkeypatch.setattr(peerstate, "_LAST", {})
+    assert peerheal.unpack_rng(peerheal.pack_rng()) == ckptstate.rng_state()
+    assert [r.ok for r in peerstate._RAW] == [True, True]
 
 
 def test_unchanged_states_are_the_same_bytes():
