@@ -57,38 +57,29 @@ def pack_rng() -> bytes:
     """This rank's random states (ckptstate.rng_state's content) as bytes: a small JSON head, then the torch, CUDA,
     Python and NumPy words, in a few us (Python's and NumPy's read as their memory: rngraw.py), the same bytes object
     where nothing changed since the last call: it runs at every optimizer step."""
-    import random
-
     import torch
 
     if not _RAW:
         numpy = numpy_module()
-        _RAW[:] = [rngraw.PythonRaw(), rngraw.NumpyRaw(numpy) if numpy is not None else None, numpy]
-    python = _RAW[0].read()
-    if python is None:
-        version, internal, gauss = random.getstate()
-        python = version, array.array("I", internal).tobytes(), gauss
-    version, words, gauss = python
+        _RAW[:] = [rngraw.PythonRaw(), rngraw.NumpyRaw(numpy) if numpy is not None else None]
+    python, numpy_state = _RAW[0].read(), _RAW[1].read() if _RAW[1] is not None else None
     dev = STATE.get("device")  # (as ckptstate.rank_device(), without its import and lookups: ~20 us a step)
-    blobs = [_raw(torch.get_rng_state()), words,
+    blobs = [_raw(torch.get_rng_state()), b"",
              _raw(torch.cuda.get_rng_state(dev)) if dev is not None and dev.type == "cuda" else b""]
-    numpy, head_numpy = _RAW[2], None
-    if numpy is not None:
-        got = _RAW[1].read() if _RAW[1] is not None else None
-        if got is None:
-            name, keys, pos, has_gauss, cached = numpy.random.get_state()
-            got = numpy.asarray(keys, dtype=numpy.uint32).tobytes(), [name, int(pos), int(has_gauss), float(cached)]
-        blobs.append(got[0])
-        head_numpy = got[1]
-    key = (version, gauss, head_numpy, blobs)
+    key = (python, numpy_state, blobs[0], blobs[2])
     if key == _LAST.get("key"):
         return _LAST["packed"]
+    version, blobs[1], gauss = _RAW[0].decode(python)
+    head_numpy = None
+    if numpy_state is not None:
+        keys, head_numpy = _RAW[1].decode(numpy_state)
+        blobs.append(keys)
     head = json.dumps({"v": version, "g": gauss, "n": head_numpy, "l": [len(b) for b in blobs]}).encode()
     _LAST["key"], _LAST["packed"] = key, len(head).to_bytes(4, "little") + head + b"".join(blobs)
     return _LAST["packed"]
 
 
-_RAW: List[Any] = []  # pack_rng's readers of Python's and NumPy's memory, and numpy (made at its first call)
+_RAW: List[Any] = []  # pack_rng's readers of Python's and NumPy's states (made at its first call)
 _LAST: Dict[str, Any] = {}  # pack_rng's last reading, by part
 
 

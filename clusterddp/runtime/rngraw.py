@@ -25,20 +25,25 @@ class PythonRaw:
         self.ok = self.inst is not None and all(self._matches(r) for r in _drawn(random.Random(7), "random"))
         self.ok = self.ok and self._matches(self.inst)
 
-    def _memory(self, inst: Any) -> bytes:
-        return ctypes.string_at(id(inst) + _HEAD, 4 + 4 * _WORDS)
-
     def _matches(self, inst: Any) -> bool:
-        _, internal, _ = inst.getstate()
-        raw = self._memory(inst)
-        return raw[4:] + raw[:4] == array.array("I", internal).tobytes()
+        version, internal, gauss = inst.getstate()
+        return self.decode((_memory(id(inst) + _HEAD, 4 + 4 * _WORDS), inst.gauss_next)) == (
+            version, array.array("I", internal).tobytes(), gauss)
 
-    def read(self) -> Optional[Tuple[int, bytes, Optional[float]]]:
-        """(version, the 625 words as getstate() orders them, as uint32 bytes, gauss_next), or None."""
+    def read(self) -> Tuple[Any, ...]:
+        """What to compare with the last reading: the memory and gauss_next, else (the layout did not check out)
+        random.getstate()."""
         if not self.ok:
-            return None
-        raw = self._memory(self.inst)
-        return 3, raw[4:] + raw[:4], self.inst.gauss_next
+            return random.getstate()
+        return _memory(id(self.inst) + _HEAD, 4 + 4 * _WORDS), self.inst.gauss_next
+
+    @staticmethod
+    def decode(token: Tuple[Any, ...]) -> Tuple[int, bytes, Optional[float]]:
+        """(version, the 625 words as getstate() orders them, as uint32 bytes, gauss_next)."""
+        if len(token) == 3:
+            return token[0], array.array("I", token[1]).tobytes(), token[2]
+        raw, gauss = token
+        return 3, raw[4:] + raw[:4], gauss
 
 
 class NumpyRaw:
@@ -65,26 +70,36 @@ class NumpyRaw:
             self.address = self.bitgen.ctypes.state_address  # (a namedtuple made at each call: read once)
         return self.bitgen is not None
 
-    def _memory(self, inst: Any, address: int = 0) -> Tuple[bytes, int, int, float]:
-        state = ctypes.string_at(address or inst._bit_generator.ctypes.state_address, 4 * _WORDS + 4)
-        has_gauss, _, gauss = struct.unpack("iid", ctypes.string_at(id(inst) + self.aug, 16))
-        return state[:-4], int.from_bytes(state[-4:], sys.byteorder, signed=True), has_gauss, gauss
+    def _memory(self, inst: Any, address: int) -> Tuple[bytes, bytes]:
+        return _memory(address, 4 * _WORDS + 4), _memory(id(inst) + self.aug, 16)
 
     def _matches(self, inst: Any) -> bool:
         name, keys, pos, has_gauss, gauss = inst.get_state()
-        return name == "MT19937" and self._memory(inst) == (keys.astype("uint32").tobytes(), pos, has_gauss, gauss)
+        return name == "MT19937" and self.decode(self._memory(inst, inst._bit_generator.ctypes.state_address)) == (
+            keys.astype("uint32").tobytes(), ["MT19937", pos, has_gauss, gauss])
 
-    def read(self) -> Optional[Tuple[bytes, list]]:
-        """(the key words as uint32 bytes, [name, pos, has_gauss, gauss] as get_state() gives them), or None (and
-        for good) where the layout did not check out or the global generator's bit generator was replaced."""
-        if not self.ok:
-            return None
-        if self.inst._bit_generator is not self.bitgen:  # (numpy.random.set_bit_generator)
+    def read(self) -> Tuple[Any, ...]:
+        """What to compare with the last reading: the twister's memory and the Gaussian cache's, else (the layout did
+        not check out, or the global generator's bit generator was replaced by another kind) get_state()'s."""
+        if self.ok and self.inst._bit_generator is not self.bitgen:  # (numpy.random.set_bit_generator)
             self.ok = self._attach()
-            if not self.ok:
-                return None
-        keys, pos, has_gauss, gauss = self._memory(self.inst, self.address)
-        return keys, ["MT19937", pos, has_gauss, gauss]
+        if not self.ok:
+            name, keys, pos, has_gauss, gauss = self.inst.get_state()
+            return name, keys.astype("uint32").tobytes(), int(pos), int(has_gauss), float(gauss)
+        return self._memory(self.inst, self.address)
+
+    @staticmethod
+    def decode(token: Tuple[Any, ...]) -> Tuple[bytes, list]:
+        """(the key words as uint32 bytes, [name, pos, has_gauss, gauss] as get_state() gives them)."""
+        if len(token) == 5:
+            return token[1], [token[0], *token[2:]]
+        state, aug = token
+        has_gauss, _, gauss = struct.unpack("iid", aug)
+        return state[:-4], ["MT19937", int.from_bytes(state[-4:], sys.byteorder, signed=True), has_gauss, gauss]
+
+
+def _memory(address: int, size: int) -> bytes:
+    return ctypes.string_at(address, size)
 
 
 def _drawn(inst: Any, kind: str) -> Any:
