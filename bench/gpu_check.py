@@ -148,6 +148,8 @@ def check_mask(rows: List[Row], n: int, work: Path) -> None:
 WARM_RANK = r"""
 import hashlib, json, os, sys, time
 import torch
+from clusterddp.runtime import DistEnv
+assert DistEnv.from_env().source == sys.argv[2], (DistEnv.from_env(), sys.argv[2])  # (each line's own variables)
 fresh = {"bad_fork": torch.cuda._is_in_bad_fork(), "cuda_initialised": torch.cuda.is_initialized()}
 from clusterddp import runtime
 env = runtime.init(timeout=120)
@@ -168,7 +170,7 @@ h = hashlib.sha256()
 for p in model.parameters():
     h.update(p.detach().cpu().numpy().tobytes())
 print("RESULT " + json.dumps({"rank": env.rank, "pid": os.getpid(), "ppid": os.getppid(), "device": str(dev),
-      "digest": h.hexdigest(), "first_step_s": time.time() - float(sys.argv[1]), **fresh}), flush=True)
+      "digest": h.hexdigest(), "done_s": time.time() - float(sys.argv[1]), **fresh}), flush=True)
 runtime.shutdown()
 """
 
@@ -200,15 +202,19 @@ def check_warm(rows: List[Row], n: int, work: Path) -> None:
             runs[mode] = _warm_run(mode, n, base, work)
     finally:
         server.terminate()
-        server.communicate(timeout=30)
+        try:
+            server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()
     for launcher in ("srun", "torchrun"):
         (w_codes, w), (c_codes, c) = runs[f"{launcher}-warm"], runs[f"{launcher}-cold"]
         forked = [r for r in w if r["ppid"] == server.pid]
         same = sorted(r["digest"] for r in w) == sorted(r["digest"] for r in c) and len(w) == n
         clean = not any(r["bad_fork"] or r["cuda_initialised"] for r in w)
         ok = set(w_codes) == set(c_codes) == {0} and len(forked) == n and clean and same
-        start = (statistics.median(r["first_step_s"] for r in w) if w else float("nan"),
-                 statistics.median(r["first_step_s"] for r in c) if c else float("nan"))
+        start = (statistics.median(r["done_s"] for r in w) if w else float("nan"),
+                 statistics.median(r["done_s"] for r in c) if c else float("nan"))
         rows.append((f"--warm-start on CUDA, {launcher}'s line, {n} rank(s): forked from the warm server, NCCL, "
                      "20 SGD steps, against a cold start",
                      f"exit {w_codes} / {c_codes}; {len(forked)} of {n} forked; CUDA untouched at the fork: {clean}; "
@@ -226,16 +232,23 @@ def _warm_run(mode: str, n: int, base: dict, work: Path) -> Tuple[List[int], Lis
     if launcher == "torchrun":
         agent = [*warm_line, "-m", "torch.distributed.run"] if how == "warm" else [PY, "-m", "torch.distributed.run"]
         worker = ["--module", "clusterddp.runtime.warmrun"] if how == "warm" else []
-        argvs = [[*agent, "--standalone", f"--nproc-per-node={n}", *worker, "warm.py", now]]
+        argvs = [[*agent, "--standalone", f"--nproc-per-node={n}", *worker, "warm.py", now, "torchrun"]]
         envs = [dict(base)]
     else:
         port = gpu_desk.free_port()
-        argvs = [[*warm_line, "warm.py", now] for _ in range(n)]
-        envs = [dict(base, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+        argvs = [[*warm_line, "warm.py", now, "srun"] for _ in range(n)]
+        # srun's task variables (not RANK: that is torchrun's, and its workers join by env://)
+        envs = [dict(base, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_STEP_ID="0",
+                     SLURM_STEP_NUM_TASKS=str(n), SLURM_STEP_NUM_NODES="1", SLURM_STEP_TASKS_PER_NODE=str(n),
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)) for r in range(n)]
     procs = [subprocess.Popen(a, env=e, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for a, e in zip(argvs, envs)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    except subprocess.TimeoutExpired:  # (never left holding the GPUs for the checks after)
+        for p in procs:
+            p.kill()
+        raise
     results = [json.loads(line.split("RESULT ", 1)[1]) for o in outs for line in o.splitlines() if "RESULT " in line]
     if any(p.returncode for p in procs):
         print(f"gpu-check: {mode}:\n" + "\n".join(o[-2000:] for o in outs), file=sys.stderr)

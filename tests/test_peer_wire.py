@@ -80,6 +80,19 @@ def test_the_states_are_read_as_memory_here_and_by_the_getters_where_a_layout_do
     assert [r.ok for r in peerstate._RAW[:2]] == [True, True]
 
 
+def test_getters_wrapped_by_another_library_are_used_and_never_read_past(monkeypatch):
+    """A getter bound to something else (a wrapper, a replay tool's stand-in): no memory is read, the getters are."""
+    real_np, real_py = numpy.random.get_state, random.getstate
+    monkeypatch.setattr(numpy.random, "get_state", lambda *a, **k: real_np(*a, **k))
+    monkeypatch.setattr(random, "getstate", lambda: real_py())
+    readers = [rngraw.PythonRaw(), rngraw.NumpyRaw(numpy)]
+    assert [r.ok for r in readers] == [False, False]
+    monkeypatch.setattr(peerstate, "_RAW", readers)
+    monkeypatch.setattr(peerstate, "_LAST", {})
+    numpy.random.standard_normal()
+    assert peerheal.unpack_rng(peerheal.pack_rng()) == ckptstate.rng_state()
+
+
 def test_unchanged_states_are_the_same_bytes():
     first = peerheal.pack_rng()
     assert peerheal.pack_rng() is first

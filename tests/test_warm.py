@@ -388,3 +388,9 @@ def test_a_forked_agent_past_node_0_waits_for_node_0_s_store_and_node_0_s_agent_
             monkeypatch.setenv("PET_NODE_RANK", node_rank)
         warmchild._as_agent(argv)
         assert waited == expected, (node_rank, waited)
+    monkeypatch.setenv("PET_NODE_RANK", "1")  # (torchrun's own --node-rank wins over the variable; _ spellings too)
+    waited.clear()
+    warmchild._as_agent([*argv[:2], "--node_rank=0", *argv[2:]])
+    assert waited == []
+    warmchild._as_agent([*argv[:2], "--master_addr=node3", *argv[2:]])
+    assert waited == [("node3", 29512, 60)]

@@ -96,7 +96,10 @@ def exit_without_teardown(code: int, flush_more: Callable[[], None] = lambda: No
     except BaseException:  # (Python 3.9 raises a handler's error again here; 3.10+ prints it)
         pass
     _flush(sys.stdout, sys.stderr)
-    flush_more()
+    try:
+        flush_more()
+    except Exception:
+        pass
     _flush(sys.stdout, sys.stderr)
     try:  # what C code printed (an extension's printf, torch's C++ logging) and the C library still holds
         import ctypes

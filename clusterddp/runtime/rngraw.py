@@ -2,7 +2,7 @@
 ``random.getstate()`` builds 625 Python ints (9 us) and ``numpy.random.get_state()`` copies its twister through
 Python (33 us); their memory is read in about a microsecond. Each layout is checked before use against the
 generators' own getters, on a private instance through several draws and on the global one; where a check fails
-(another interpreter, another NumPy), ``read()`` answers None and the getters are used."""
+(another interpreter, another NumPy, a getter bound to something else), the getters are used."""
 from __future__ import annotations
 
 import array
@@ -10,10 +10,14 @@ import ctypes
 import random
 import struct
 import sys
+import sysconfig
 from typing import Any, Optional, Tuple
 
 _WORDS = 624  # the Mersenne twister's words, in both
 _HEAD = object.__basicsize__  # where a C object's own fields start (after its reference count and type)
+# Only where id() is an address and the GIL makes a read whole (a free-threaded build's draws in another thread
+# could tear it; getstate() takes a lock there).
+_MEMORY = sys.implementation.name == "cpython" and not sysconfig.get_config_var("Py_GIL_DISABLED")
 
 
 class PythonRaw:
@@ -22,8 +26,9 @@ class PythonRaw:
 
     def __init__(self) -> None:
         self.inst: Any = getattr(random.getstate, "__self__", None)
-        self.ok = self.inst is not None and all(self._matches(r) for r in _drawn(random.Random(7), "random"))
-        self.ok = self.ok and self._matches(self.inst)
+        self.ok = _MEMORY and isinstance(self.inst, random.Random) and all(  # (never a read past another object)
+            type(i).__basicsize__ >= _HEAD + 4 + 4 * _WORDS and self._matches(i)
+            for i in (*_drawn(random.Random(7), "random"), self.inst))
 
     def _matches(self, inst: Any) -> bool:
         version, internal, gauss = inst.getstate()
@@ -52,13 +57,15 @@ class NumpyRaw:
     object, at an offset found on a private instance (the one offset where both follow every draw)."""
 
     def __init__(self, numpy: Any) -> None:
+        self.numpy = numpy
         self.inst: Any = getattr(numpy.random.get_state, "__self__", None)
         self.bitgen: Any = None
         self.address, self.aug, self.ok = 0, -1, False
         try:
-            self.aug = _gauss_offset(numpy)
-            self.ok = self.aug >= 0 and self._attach() and all(self._matches(r) for r in _drawn(
-                numpy.random.RandomState(7), "numpy"))
+            kind = numpy.random.RandomState
+            self.ok = _MEMORY and isinstance(self.inst, kind) and type(self.inst).__basicsize__ >= 32
+            self.aug = _gauss_offset(numpy) if self.ok else -1
+            self.ok = self.aug >= 0 and self._attach() and all(self._matches(r) for r in _drawn(kind(7), "numpy"))
         except Exception:  # (any surprise: the getters, as before)
             self.ok = False
 
@@ -80,11 +87,11 @@ class NumpyRaw:
 
     def read(self) -> Tuple[Any, ...]:
         """What to compare with the last reading: the twister's memory and the Gaussian cache's, else (the layout did
-        not check out, or the global generator's bit generator was replaced by another kind) get_state()'s."""
-        if self.ok and self.inst._bit_generator is not self.bitgen:  # (numpy.random.set_bit_generator)
+        not check out, or the global generator's bit generator is of another kind) get_state()'s."""
+        if self.aug >= 0 and self.inst._bit_generator is not self.bitgen:  # (numpy.random.set_bit_generator)
             self.ok = self._attach()
         if not self.ok:
-            name, keys, pos, has_gauss, gauss = self.inst.get_state()
+            name, keys, pos, has_gauss, gauss = self.numpy.random.get_state()
             return name, keys.astype("uint32").tobytes(), int(pos), int(has_gauss), float(gauss)
         return self._memory(self.inst, self.address)
 

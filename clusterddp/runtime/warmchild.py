@@ -48,9 +48,9 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     torch = sys.modules.get("torch")
     if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():  # (torch read the server's at its start;
         torch.set_num_threads(max(1, min(int(env["OMP_NUM_THREADS"]), os.cpu_count() or 1)))  # as it caps it)
-    if argv[:2] == AGENT_ARGV:
-        _as_agent(argv)
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
+    if argv[:2] == AGENT_ARGV:  # (after the watch: a client killed while the agent waits takes it with it)
+        _as_agent(argv)
     code = 0
     try:
         if argv[:1] == ["-m"]:
@@ -89,9 +89,9 @@ def _as_agent(argv: List[str]) -> None:
         if not arg.startswith("-"):
             break
         name, _, value = arg.partition("=")
-        given.setdefault(name[2:], value)
-    if os.environ.get("PET_NODE_RANK", "0") != "0" and given.get("master-addr") and \
-            given.get("master-port", "").isdigit():
+        given.setdefault(name[2:].replace("_", "-"), value)
+    node_rank = given.get("node-rank", os.environ.get("PET_NODE_RANK", "0"))
+    if node_rank != "0" and given.get("master-addr") and given.get("master-port", "").isdigit():
         from .rendezvous import await_store
 
         await_store(given["master-addr"], int(given["master-port"]), 60)
@@ -103,11 +103,13 @@ def _end_without_teardown(code: int) -> NoReturn:
     about a second here, and a lost node's verdict waited for it: srun sees the task end when the agent has."""
     import threading
 
-    from .excrecord import exit_without_teardown
-
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
+    try:
+        from .excrecord import exit_without_teardown
+    except Exception:  # (never back into the server's loop from a forked child)
+        os._exit(code)
     exit_without_teardown(code)
 
 
