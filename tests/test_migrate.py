@@ -407,7 +407,19 @@ def the_readme_screen(tmp_path: Path, clusterddp: list, env: dict) -> None:
     assert status.returncode == 0 and re.search(rf"\blocal +{local_id} +COMPLETED\b", status.stdout), status.stdout
     assert top.returncode == 0 and top.stdout.splitlines()[-1].startswith("stragglers: "), top.stdout + top.stderr
     assert report.returncode == 0 and "report written to" in report.stdout + report.stderr, report.stderr
-    assert all("Traceback" not in proc.stdout + proc.stderr for proc in said.values())
+    shown = {line: without_exit_barrier_race(proc.stdout + proc.stderr) for line, proc in said.items()}
+    assert not [line for line, text in shown.items() if "Traceback" in text], shown
+
+
+def without_exit_barrier_race(text: str) -> str:
+    """``text`` without torch's agent's log lines (agent/server/api.py) where it says "Error waiting on exit barrier":
+    at the end of a successful torchrun run, an agent may log that with a traceback when node 0's agent, which holds
+    the store, has already ended (torch's own race, pytorch/pytorch#69520; the run's result is unaffected, and
+    docs/launchers.md says so). Any other traceback stays in."""
+    if "Error waiting on exit barrier" not in text:
+        return text
+    agent = re.compile(r"^(\[node \d+\] )?[EWI]\d{4} \S+ +\d+ torch/distributed/elastic/agent/server/api\.py:\d+\]")
+    return "\n".join(line for line in text.splitlines() if not agent.match(line))
 
 
 @pytest.mark.ranks
