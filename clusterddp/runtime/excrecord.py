@@ -86,6 +86,16 @@ def end_now() -> None:
     exit_without_teardown(1, _flush_open_files)  # (1: Python's own status for an uncaught exception)
 
 
+def exit_code(value: object) -> int:
+    """A SystemExit's code as the interpreter turns it into an exit status (a message printed: 1)."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
+
+
 def exit_without_teardown(code: int, flush_more: Callable[[], None] = lambda: None) -> NoReturn:
     """The interpreter's exit up to its teardown, then ``os._exit(code)``: every exit handler runs (logging's
     shutdown, multiprocessing's children, the script's own), the streams are flushed (and what ``flush_more``

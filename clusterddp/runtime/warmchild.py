@@ -8,12 +8,14 @@ import os
 import signal
 import socket
 import sys
-from typing import Dict, Iterator, List, NoReturn, Optional
+from typing import Dict, Iterator, List, Optional
 
 from .. import contract
+from .excrecord import exit_code
 
-#: A request for torchrun's agent (the template's ``warmrun -m torch.distributed.run ...``), whose workers are clients.
-AGENT_ARGV = ["-m", "torch.distributed.run"]
+#: A request for torchrun's agent (the template's ``warmrun -m clusterddp.runtime.agent ...``), whose workers are
+#: clients; it waits for node 0's store, and ends without the teardown, itself (agent.py).
+AGENT_ARGV = ["-m", "clusterddp.runtime.agent"]
 
 
 def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, fds: List[int],
@@ -49,8 +51,8 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
     if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():  # (torch read the server's at its start;
         torch.set_num_threads(max(1, min(int(env["OMP_NUM_THREADS"]), os.cpu_count() or 1)))  # as it caps it)
     threading.Thread(target=_watch, args=(conn,), name="clusterddp-warm", daemon=True).start()
-    if argv[:2] == AGENT_ARGV:  # (after the watch: a client killed while the agent waits takes it with it)
-        _as_agent(argv)
+    if argv[:2] == AGENT_ARGV:  # (its workers know it by its pid: warmrun; it waits for node 0's store after the
+        os.environ[contract.WARM_AGENT] = str(os.getpid())  # watch: a client killed meanwhile takes it with it)
     code = 0
     try:
         if argv[:1] == ["-m"]:
@@ -60,7 +62,7 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
         else:
             _run_script(argv)
     except SystemExit as exc:
-        code = _exit_code(exc.code)
+        code = exit_code(exc.code)
     except BaseException as exc:  # as Python would: the hook prints it (the runtime's excepthook records it), exit 1
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
@@ -73,44 +75,7 @@ def become(conn: socket.socket, argv: List[str], env: Dict[str, str], cwd: str, 
             sys.stdout.flush()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-    if argv[:2] == AGENT_ARGV:
-        _end_without_teardown(code)
     sys.exit(code)
-
-
-def _as_agent(argv: List[str]) -> None:
-    """A forked torchrun agent: its workers know it by its pid (warmrun); an agent of node rank > 0 (PET_NODE_RANK)
-    goes on once node 0's agent's store listens (at most a minute, then torch's own retry): a retry's agents are
-    forked at once, and torch's client retries a refused connect only after 0.25-0.75 s, then longer
-    (rendezvous.await_store)."""
-    os.environ[contract.WARM_AGENT] = str(os.getpid())
-    given: Dict[str, str] = {}
-    for arg in argv[2:]:  # torchrun's own options, up to the script (the template writes them as --name=value)
-        if not arg.startswith("-"):
-            break
-        name, _, value = arg.partition("=")
-        given.setdefault(name[2:].replace("_", "-"), value)
-    node_rank = given.get("node-rank", os.environ.get("PET_NODE_RANK", "0"))
-    if node_rank != "0" and given.get("master-addr") and given.get("master-port", "").isdigit():
-        from .rendezvous import await_store
-
-        await_store(given["master-addr"], int(given["master-port"]), 60)
-
-
-def _end_without_teardown(code: int) -> NoReturn:
-    """A forked torchrun agent's end: the interpreter's exit up to its teardown (non-daemon threads joined, the exit
-    handlers, the streams flushed), not the teardown itself. With the server's modules (torch, torch._dynamo) it took
-    about a second here, and a lost node's verdict waited for it: srun sees the task end when the agent has."""
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    try:
-        from .excrecord import exit_without_teardown
-    except Exception:  # (never back into the server's loop from a forked child)
-        os._exit(code)
-    exit_without_teardown(code)
 
 
 def _run_script(argv: List[str]) -> None:
@@ -143,15 +108,6 @@ def _fresh_random() -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.default_generator.seed()
-
-
-def _exit_code(value: object) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value & 0xFF
-    print(value, file=sys.stderr)
-    return 1
 
 
 def _watch(conn: socket.socket) -> None:

@@ -2,7 +2,8 @@
 (pure: the dry run prints it; run.py starts them, submit.py runs the attempts).
 
 Each launcher is emulated honestly, without a layer of our own on top:
-- torchrun: one torch.distributed.run agent per emulated node, at a static rendezvous on 127.0.0.1 (node ranks given);
+- torchrun: one torchrun agent per emulated node, as the batch script starts it (runtime/agent.py), at a static
+  rendezvous on 127.0.0.1 (node ranks given);
 - srun: one process per rank with the variables srun (and the srun template) would set;
 - spawn: one process per emulated node running the script, placeholders filled in.
 What is ours: starting those processes, their logs, and ending all of them when one fails or on Ctrl-C.
@@ -153,11 +154,14 @@ def _slurm_env(spec: JobSpec, job_id: int) -> List[Tuple[str, str]]:
 
 
 def _torchrun_procs(spec: JobSpec, run: Path, port: int, job_id: int, devices: Devices) -> List[Proc]:
-    """One torch.distributed.run agent per emulated node, at a static rendezvous on 127.0.0.1 (node ranks given)."""
+    """One torchrun agent (clusterddp.runtime.agent: torch.distributed.run) per emulated node, at a static rendezvous
+    on 127.0.0.1 (node ranks given)."""
     n, per = spec.nodes, spec.tasks_per_node
+    # (torch's own where --python names another interpreter, which may lack clusterddp: only torch is asked of it)
+    agent = "clusterddp.runtime.agent" if _python(spec) == sys.executable else "torch.distributed.run"
     procs = []
     for node in range(n):
-        argv = [_python(spec), "-m", "torch.distributed.run", f"--nnodes={n}", f"--nproc-per-node={per}",
+        argv = [_python(spec), "-m", agent, f"--nnodes={n}", f"--nproc-per-node={per}",
                 # as on Slurm: a static rendezvous, node 0's agent holding the store, each agent's node rank given
                 "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={port}", f"--node-rank={node}",
                 f"--rdzv-id=local-{job_id}",
