@@ -67,7 +67,7 @@ def test_hostile_directives_stay_on_their_line():
 def test_user_template_dir_first(tmp_path, monkeypatch):
     site = EXAMPLES / "site-templates"
     text = render(CASES["torchrun"], template_dirs=[str(site)])
-    assert "NCCL_SOCKET_IFNAME" in text and "torchrun --nnodes=2" in text
+    assert "NCCL_SOCKET_IFNAME" in text and "-m clusterddp.runtime.agent --nnodes=2" in text
     bash_n(text)
     # The same through the environment variable.
     monkeypatch.setenv("CLUSTERDDP_TEMPLATE_DIR", str(site))

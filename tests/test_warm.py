@@ -371,26 +371,3 @@ def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_pat
     assert local.returncode == 0 and "--local does not apply --warm-start" in local.stdout + local.stderr, local
 
 
-def test_a_forked_agent_past_node_0_waits_for_node_0_s_store_and_node_0_s_agent_does_not(monkeypatch):
-    """(warmchild._as_agent: the master's address and port from torchrun's own options, not the script's)"""
-    from clusterddp.runtime import rendezvous, warmchild
-
-    waited = []
-    monkeypatch.setenv(contract.WARM_AGENT, "")  # (restored after: _as_agent sets it to this process's pid)
-    monkeypatch.setattr(rendezvous, "await_store", lambda *args: waited.append(args))
-    argv = [*warmchild.AGENT_ARGV, "--nnodes=2", "--rdzv-backend=static", "--master-addr=node1",
-            "--master-port=29512", "--module", "clusterddp.runtime.warmrun", "train.py", "--master-port=1"]
-    for node_rank, expected in (("1", [("node1", 29512, 60)]), ("0", []), (None, [])):
-        waited.clear()
-        if node_rank is None:
-            monkeypatch.delenv("PET_NODE_RANK", raising=False)
-        else:
-            monkeypatch.setenv("PET_NODE_RANK", node_rank)
-        warmchild._as_agent(argv)
-        assert waited == expected, (node_rank, waited)
-    monkeypatch.setenv("PET_NODE_RANK", "1")  # (torchrun's own --node-rank wins over the variable; _ spellings too)
-    waited.clear()
-    warmchild._as_agent([*argv[:2], "--node_rank=0", *argv[2:]])
-    assert waited == []
-    warmchild._as_agent([*argv[:2], "--master_addr=node3", *argv[2:]])
-    assert waited == [("node3", 29512, 60)]
