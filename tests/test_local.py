@@ -116,7 +116,7 @@ def test_ctrl_c_leaves_no_process(tmp_path, launcher, ranks_ignore_term):
 
 
 def test_dry_run_prints_commands_and_environment(tmp_path):
-    for launcher, needle in (("torchrun", "torch.distributed.run --nnodes=2 --nproc-per-node=2"),
+    for launcher, needle in (("torchrun", "-m clusterddp.runtime.agent --nnodes=2 --nproc-per-node=2"),
                              ("srun", "SLURM_PROCID=3"), ("spawn", "--rank 1")):
         args = SPAWN_ARGS if launcher == "spawn" else []
         proc = run_cli("submit", "--local", "--dry-run", "--launcher", launcher, "--nodes", "2", "--gpus", "2",

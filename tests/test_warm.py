@@ -174,14 +174,14 @@ def test_a_killed_task_takes_its_warm_rank_with_it(tmp_path, server):
 @pytest.mark.ranks
 @pytest.mark.preload("torch", "torch.distributed.run")
 def test_a_forked_torchrun_agent_s_workers_are_forked_too_and_a_killed_task_takes_them_all(tmp_path, server):
-    """--warm-start under torchrun: the task is a client for ``-m torch.distributed.run`` (the agent, forked), whose
+    """--warm-start under torchrun: the task is a client for ``-m clusterddp.runtime.agent`` (the agent, forked), whose
     workers are clients too (forked). The task ends as the agent did; killed (srun's SIGKILL after KillWait, or
     a lost node), it takes the agent, the workers' clients and the ranks with it: they live in the server's step,
     which no attempt's end would clear; so does an agent that ends by a signal it does not handle."""
     env, proc, _ = server
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "train.py").write_text(SCRIPT)
-    agent = [sys.executable, "-m", "clusterddp.runtime.warmrun", "-m", "torch.distributed.run", "--standalone",
+    agent = [sys.executable, "-m", "clusterddp.runtime.warmrun", "-m", "clusterddp.runtime.agent", "--standalone",
              "--nnodes=1", "--nproc-per-node=2", "--monitor-interval=0.1", "--module", "clusterddp.runtime.warmrun",
              "train.py"]
     task = subprocess.run([*agent, "exit", "3"], cwd=tmp_path / "job", env=env, capture_output=True, text=True,
@@ -357,7 +357,7 @@ def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_pat
     assert agents.returncode == 0, agents.stderr
     assert agents.stdout.count("-m clusterddp.runtime.warm serve") == 1 and "--overlap" in agents.stdout
     assert "--module clusterddp.runtime.warmrun -m pkg.train --lr 0.1 &" in agents.stdout, agents.stdout
-    assert "python3 -m clusterddp.runtime.warmrun -m torch.distributed.run --nnodes=2" in agents.stdout  # (the agent)
+    assert "python3 -m clusterddp.runtime.warmrun -m clusterddp.runtime.agent --nnodes=2" in agents.stdout  # (the agent)
     plain = run_cli("submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "train.py",
                     cwd=tmp_path)
     assert plain.returncode == 0 and "warm" not in plain.stdout.lower(), plain.stdout

@@ -122,7 +122,7 @@ HEALING_OPTIONS = [
                  help="--launcher srun or torchrun: one server per node imports torch once and forks every rank "
                       "from it, so a retry's ranks (after a lost node) start without importing torch again (and the "
                       "first attempt imports it once per node, not once per rank; under torchrun each node's agent "
-                      "is forked too, run by --python as python -m torch.distributed.run). The ranks share the "
+                      "is forked too). The ranks share the "
                       "server's job step (its CPUs, memory and GPUs: the job's on that "
                       "node; Slurm's memory kill then names that step). A node without a server starts its ranks "
                       "as usual."),
