@@ -357,7 +357,7 @@ def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_pat
     assert agents.returncode == 0, agents.stderr
     assert agents.stdout.count("-m clusterddp.runtime.warm serve") == 1 and "--overlap" in agents.stdout
     assert "--module clusterddp.runtime.warmrun -m pkg.train --lr 0.1 &" in agents.stdout, agents.stdout
-    assert "python3 -m clusterddp.runtime.warmrun -m clusterddp.runtime.agent --nnodes=2" in agents.stdout  # (the agent)
+    assert "python3 -m clusterddp.runtime.warmrun -m clusterddp.runtime.agent --nnodes=2" in agents.stdout  # agent
     plain = run_cli("submit", "--dry-run", "--launcher", "srun", "--nodes", "2", "--gpus", "2", "train.py",
                     cwd=tmp_path)
     assert plain.returncode == 0 and "warm" not in plain.stdout.lower(), plain.stdout
