@@ -15,6 +15,7 @@ Three simulators of our own: the summaries a fault leaves (what decide() is give
 documented format (what the next attempt's ranks read), and one rank's training loop with the real keeping hooks."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -345,6 +346,7 @@ def keeping(job, monkeypatch):
 
     def start(model=None, step=None, how="fresh", optimizer=torch.optim.SGD, rank=2, checked=False):
         be(monkeypatch, rank, 4, 2, f"n{1 + rank // 2}")
+        STATE.pop("peer_models", None)  # (each start: a rank's process of its own)
         model = model or torch.nn.Linear(2, 1)
         opt = optimizer(model.parameters(), lr=0.1)
         peerload.started("run-k", model, opt, None, step, how, checked=checked)
@@ -784,3 +786,73 @@ def test_a_load_leaves_no_empty_directory_of_its_run_in_node_memory(job, monkeyp
     run_dir = job / peerpaths.run_key("run-z")
     assert not (run_dir / "n1").exists()
     assert run_dir.exists() == lost_node_left_states and (run_dir / "n2").exists() == lost_node_left_states
+
+
+# --- 4. found by a practitioner's reading (2026-12-07): said, not silent; the next step's true start -------------
+
+def test_a_node_lost_before_the_attempt_s_first_save_is_said_and_the_next_attempt_says_why(keeping, job,
+                                                                                              monkeypatch, capsys):
+    """A script that saves once an epoch, its node lost in the first epoch: nothing can be kept (the step count is
+    checked at the first save), and both the survivor and the next attempt say so, where they said nothing."""
+    model, opt, keeper = keeping(rank=0)  # (on n1; n2 lost, the spare n3 next)
+    train(model, opt, 3)
+    assert keeper.on_exception(LOST) is None
+    assert "rank 0 kept no state: the node was lost before this attempt's first save()" in capsys.readouterr().out
+    got, said, _ = next_attempt(monkeypatch, "run-k", ["n1", "n3"], 2)
+    assert got is None and any("peer heal not used: rank 0 on n1 kept no state: the node was lost before" in line
+                               for line in said), said
+
+
+def test_draws_after_an_optimizer_step_are_kept_as_the_next_step_s_start(job, monkeypatch):
+    """An evaluation between steps with a plain DataLoader (its iter() draws a base seed from torch's generator):
+    the kept random states are those at the next batch, where the next step starts, not those at the optimizer
+    step (a resume would start the step a draw behind: every later dropout mask different)."""
+    from clusterddp import runtime
+
+    monkeypatch.setattr(peerheal, "Link", Link)
+    be(monkeypatch, 2, 4, 2, "n2")
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = runtime.loader(torch.utils.data.TensorDataset(torch.ones(64, 2)), batch_size=2)
+    peerload.started("run-k", model, opt, data, None, "fresh")
+    keeper = STATE["peer"]
+    peerheal.saved(0, {}, None)
+    batches = iter(data)
+    for _ in range(3):
+        (x,) = next(batches)
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        list(torch.utils.data.DataLoader([1, 2]))  # the evaluation
+        start = torch.get_rng_state()
+        if _ == 1:
+            torch.rand(3)  # and a draw of its own (a random sample to log)
+            start = torch.get_rng_state()
+    next(batches)  # the next step's batch; its all-reduce then fails
+    assert keeper.on_exception(LOST) is not None
+    state, _ = peerload._mine("run-k")
+    assert state["step"] == 3 and state["rng"]["2"]["torch"] == base64.b64encode(start.numpy().tobytes()).decode()
+
+
+def test_a_second_checkpointer_turns_peer_heal_off_and_says_so_once(job, monkeypatch, capsys):
+    """A GAN's two networks (two Checkpointers, one optimizer each), or an EMA's Checkpointer before the model's:
+    peer heal keeps one model, and the next attempt's first load_latest would take its state for whichever model
+    it is given (the same shapes: the wrong weights, silently). So it is off for the run, said once; load_latest
+    called again for the same model keeps it on."""
+    monkeypatch.setattr(peerheal, "Link", Link)
+    be(monkeypatch, 0, 4, 2, "n1")
+
+    def load_latest(model, optimizer):
+        peerload.started("run-k", model, optimizer, None, None, "fresh")
+        return STATE.get("peer")
+
+    gen, disc = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    opt_g, opt_d = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (gen, disc))
+    assert load_latest(gen, opt_g) is not None and load_latest(gen, opt_g) is not None
+    assert load_latest(disc, opt_d) is None and load_latest(gen, opt_g) is None
+    assert capsys.readouterr().out.count("peer heal is off for this run: load_latest was called for two models") == 1
+    for key in ("peer_models", "peer_two_said"):  # (a new process: an EMA's Checkpointer, with no optimizer, first)
+        STATE.pop(key)
+    ema = torch.optim.swa_utils.AveragedModel(gen)
+    assert load_latest(ema, None) is None and load_latest(gen, opt_g) is None
+    assert "load_latest was called for two models" in capsys.readouterr().out

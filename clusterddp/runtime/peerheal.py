@@ -23,7 +23,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from . import drill, peerpaths, peerstate
 from .group import print0, unwrap
 from .peerlink import Link, LostPeer, lost_peer
-from .peerpaths import enabled, node_name
+from .peerpaths import node_name
 from .peerstate import digest, pack_rng, unpack_rng
 from .state import STATE, rank, world_size
 
@@ -59,7 +59,6 @@ class Keeper:
         STATE["peer_links"] = STATE.get("peer_links", 0) + 1  # (load_latest is collective: the same on every rank)
         self.link = Link(STATE["control"].store, f"clusterddp-peer/{STATE['peer_links']}", rank(), self.buddy,
                          self.source, env.master_addr)
-        self.posted = -1  # the step whose random states were sent last
         self.pending = self._send(self.offset)
         self.done = self._completed(self.pending)
         self.hooks = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]
@@ -69,7 +68,6 @@ class Keeper:
         self.link.drain()
         own = pack_rng()
         self._wire(step, own)
-        self.posted = step
         return own
 
     def _wire(self, step: int, payload: bytes, values: bool = False) -> None:
@@ -89,6 +87,15 @@ class Keeper:
             return
         self.taken += 1
         self.done, self.stepping, self.after = self._completed(self.pending), False, 0
+
+    def fetched(self) -> None:
+        """The loader's next batch (EpochLoader): what drew since the last optimizer step's hook (an evaluation, a
+        plain DataLoader's iter()) is before the next step's start: the completed step's random states again."""
+        if not self.stepping and self.done is not None and STATE.get("peer") is self:
+            own = pack_rng()  # (the same bytes object where nothing drew: most steps)
+            if own is not self.done["own"] and own != self.done["own"]:
+                self.done["own"] = own
+                self._wire(self.done["step"], own)
 
     def _position(self) -> Any:
         return (getattr(self.loader, "epoch", None), getattr(self.loader, "batches_done", None), self.taken) \
@@ -259,7 +266,9 @@ class Keeper:
 
     def declined(self) -> Optional[str]:
         """Why the last completed step's state cannot be told exactly, at a lost peer (None: it can, or peer heal
-        does not apply here: off, said when it was turned off, or no save yet to check the step count)."""
+        is off, said when it was turned off)."""
+        if self.trusted is None and self.done is not None:
+            return "the node was lost before this attempt's first save(), where the step count is checked"
         if not self.trusted or self.done is None:
             return None
         if self.stepping:
@@ -304,33 +313,6 @@ class Keeper:
 
 
 NUMBERINGS = ("optimizer", "iterations")
-
-
-def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int, trusted: bool = False,
-         objects: Optional[Mapping[str, Any]] = None, held: Any = (), numbering: Any = None,
-         mine: Optional[Dict[str, Any]] = None) -> None:
-    """Start keeping (Checkpointer.load_latest, at a fresh start or after a resume), where it applies: a job of
-    two nodes or more, a model and its optimizer, peer heal not turned off. ``objects``: load_latest's stateful
-    extras; ``held``: the extras' names in the state resumed from, and "per_rank" where it held such values (each
-    must be given, as objects or as ``mine``: load_latest's per_rank= dict, to trust it at once)."""
-    old = STATE.pop("peer", None)
-    if old is not None:
-        for hook in old.hooks:
-            hook.remove()
-        old.link.close()
-    env = STATE.get("env")
-    if (run is None or env is None or model is None or optimizer is None or not enabled()
-            or world_size() <= max(1, env.local_world_size) or world_size() % max(1, env.local_world_size)):
-        return
-    keeper = STATE["peer"] = Keeper(run, model, optimizer, loader, step)
-    keeper.numbering = numbering if numbering in NUMBERINGS else None  # (as the state resumed from learnt it)
-    objects = dict(objects or {})
-    keeper.mine = mine
-    if not peerstate.unkeepable(objects, None, None):
-        keeper.live = objects  # their states are taken from the first should_stop(): the first save compares them
-        if trusted and set(held) <= set(objects) | ({"per_rank"} if mine is not None else set()):
-            # resumed from a state that was kept only where the step count was checked, its extras given as objects
-            keeper.trusted = True
 
 
 def checked() -> Any:

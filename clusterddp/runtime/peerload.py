@@ -13,7 +13,7 @@ import re
 import shutil
 import stat
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 from .. import contract
 from . import drill, peerheal, peerpaths, peerstate, rundir, telemetry
@@ -261,5 +261,49 @@ def started(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: O
         except OSError:
             pass  # a help for status; the run goes on
     known = checked in peerheal.NUMBERINGS  # (checked: True, or how the script counts skipped steps, as learnt)
-    peerheal.keep(run, model, optimizer, loader, step or 0, trusted=how == "peer" or checked is True or known,
+    keep(run, model, optimizer, loader, step or 0, trusted=how == "peer" or checked is True or known,
                   objects=objects, held=held, numbering=checked if known else None, mine=mine)
+
+
+def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int, trusted: bool = False,
+         objects: Optional[Mapping[str, Any]] = None, held: Any = (), numbering: Any = None,
+         mine: Optional[Dict[str, Any]] = None) -> None:
+    """Start keeping (Checkpointer.load_latest, at a fresh start or after a resume), where it applies: a job of
+    two nodes or more, a model and its optimizer, peer heal not turned off. ``objects``: load_latest's stateful
+    extras; ``held``: the extras' names in the state resumed from, and "per_rank" where it held such values (each
+    must be given, as objects or as ``mine``: load_latest's per_rank= dict, to trust it at once)."""
+    old = STATE.pop("peer", None)
+    if old is not None:
+        for hook in old.hooks:
+            hook.remove()
+        old.link.close()
+    if run is not None and model is not None and _second_model(run, unwrap(model)):
+        return
+    env = STATE.get("env")
+    if (run is None or env is None or model is None or optimizer is None or not peerpaths.enabled()
+            or world_size() <= max(1, env.local_world_size) or world_size() % max(1, env.local_world_size)):
+        return
+    keeper = STATE["peer"] = peerheal.Keeper(run, model, optimizer, loader, step)
+    keeper.numbering = numbering if numbering in peerheal.NUMBERINGS else None  # (as the state resumed from learnt)
+    objects = dict(objects or {})
+    keeper.mine = mine
+    if not peerstate.unkeepable(objects, None, None):
+        keeper.live = objects  # their states are taken from the first should_stop(): the first save compares them
+        if trusted and set(held) <= set(objects) | ({"per_rank"} if mine is not None else set()):
+            # resumed from a state that was kept only where the step count was checked, its extras given as objects
+            keeper.trusted = True
+
+
+def _second_model(run: str, model: Any) -> bool:
+    """load_latest was called for a second model in this process (two Checkpointers: a GAN's two networks, an EMA,
+    a best model): peer heal keeps one model and its optimizer, and the next attempt's first load_latest would take
+    that state for whichever model it is given; so it is off for the run, said once."""
+    seen = STATE.setdefault("peer_models", {}).setdefault(run, [])
+    if not any(m is model for m in seen):
+        seen.append(model)
+    if len(seen) > 1 and not STATE.get("peer_two_said"):
+        STATE["peer_two_said"] = True
+        print0("clusterddp: peer heal is off for this run: load_latest was called for two models (two "
+               "Checkpointers); peer heal keeps one model and its optimizer; a lost node resumes from the last "
+               "checkpoint")
+    return len(seen) > 1
