@@ -102,16 +102,23 @@ def test_a_state_s_digest_covers_every_tensor_byte_and_key():
     assert peerheal.digest({**state, "model": {"w": torch.arange(6.0).reshape(3, 2)}}) != peerheal.digest(state)
 
 
-def test_the_state_directory_is_private_and_never_one_planted(tmp_path, monkeypatch):
+def test_the_state_directory_is_private_and_never_one_planted(tmp_path, monkeypatch, capsys):
+    """... and where it is not used, the rank's log says why once (peer heal and warm starts would go without it,
+    silently: a case found by a practitioner's reading)."""
     monkeypatch.setenv("CLUSTERDDP_PEER_DIR", str(tmp_path))
+    monkeypatch.setattr(peerpaths, "_SAID", set())
     mine = peerpaths.root()
     assert mine == str(tmp_path / f"clusterddp-{os.getuid()}") and os.stat(mine).st_mode & 0o777 == 0o700
     os.chmod(mine, 0o755)  # readable by others (made so by someone, or an umask): not used
-    assert peerpaths.root() is None
+    assert peerpaths.root() is None and peerpaths.root() is None
+    said = capsys.readouterr().err
+    assert said.count(f"clusterddp: {mine} is not used") == 1 and "(mode 0755); remove it" in said, said
     os.rmdir(mine)
     os.symlink(tmp_path / "elsewhere", mine)  # a link planted under the expected name
     (tmp_path / "elsewhere").mkdir(mode=0o700)
+    monkeypatch.setattr(peerpaths, "_SAID", set())
     assert peerpaths.root() is None
+    assert "(not a directory)" in capsys.readouterr().err
     assert not peerpaths.enabled({"CLUSTERDDP_PEER_HEAL": "0"}) and peerpaths.enabled({})
     assert peerpaths.node_name({"SLURMD_NODENAME": "../node2"}) == ".._node2"
 

@@ -6,7 +6,8 @@ import hashlib
 import os
 import re
 import stat
-from typing import Any, Mapping, Optional
+import sys
+from typing import Any, Mapping, Optional, Set
 
 from .. import contract
 
@@ -36,15 +37,31 @@ def root(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    except OSError:
-        return None
+    except OSError as exc:
+        return _untrusted(path, f"it cannot be made ({exc.strerror})")
     try:
         info = os.lstat(path)
-    except OSError:
-        return None
+    except OSError as exc:
+        return _untrusted(path, f"it cannot be read ({exc.strerror})")
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        return None  # planted by someone else, a link, or readable by others: never used
+        # planted by someone else, a link, or readable by others: never used
+        what = "not a directory" if not stat.S_ISDIR(info.st_mode) else \
+            f"owned by uid {info.st_uid}" if info.st_uid != os.getuid() else f"mode {stat.S_IMODE(info.st_mode):04o}"
+        return _untrusted(path, f"it is not this user's private directory ({what}); remove it, or set "
+                                f"{contract.PEER_DIR} to a directory of node memory of your own")
     return path
+
+
+_SAID: Set[str] = set()
+
+
+def _untrusted(path: str, why: str) -> Optional[str]:
+    """Said once a process (the ranks' logs, a warm server's): peer heal and warm starts go on without it."""
+    if path not in _SAID:
+        _SAID.add(path)
+        print(f"clusterddp: {path} is not used (peer heal keeps no state, warm starts start cold): {why}",
+              file=sys.stderr, flush=True)
+    return None
 
 
 def run_key(run: str) -> str:
