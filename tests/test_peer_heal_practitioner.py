@@ -856,3 +856,18 @@ def test_a_second_checkpointer_turns_peer_heal_off_and_says_so_once(job, monkeyp
     ema = torch.optim.swa_utils.AveragedModel(gen)
     assert load_latest(ema, None) is None and load_latest(gen, opt_g) is None
     assert "load_latest was called for two models" in capsys.readouterr().out
+
+
+def test_a_plain_data_loader_is_a_clear_error_at_load_latest_not_a_traceback_at_the_first_save(tmp_path, job):
+    """A DataLoader cannot tell where it is in its epoch: load_latest and save say so and what to pass, at once
+    (before, load_latest took it silently and the first save, hours later, failed inside clusterddp)."""
+    from clusterddp.runtime import Checkpointer
+
+    model = torch.nn.Linear(2, 1)
+    plain = torch.utils.data.DataLoader(list(range(4)))
+    ckpt = Checkpointer(str(tmp_path / "ck"))
+    for call in (lambda: ckpt.load_latest(model, None, plain), lambda: ckpt.save(1, model, None, plain)):
+        with pytest.raises(TypeError, match=r"(load_latest|save)\(loader=...\) was given a DataLoader, which cannot "
+                                            r"tell where it is in its epoch .*pass runtime.loader\(dataset"):
+            call()
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("ckpt-*"))

@@ -124,6 +124,7 @@ class Checkpointer:
         ``extra``: rank 0's values; ``per_rank``: values each rank has its own of (JSON: a running loss of the
         rank's share), gathered from every rank and given back to each by ``load_latest`` as ``per_rank``."""
         peerstate.check_values(per_rank)
+        peerstate.check_loader(loader, "save")
         peerheal.saved(step, extra, per_rank)
         with telemetry.phase("ckpt"):  # the time training waited for it (a background write: the copy only)
             return self._save(step, model, optimizer, loader, extra, per_rank)
@@ -295,6 +296,7 @@ class Checkpointer:
 
         self.wait()
         peerstate.check_objects(objects, per_rank)
+        peerstate.check_loader(loader, "load_latest")
         healed = peerload.resume(self.run, self._paths, model, optimizer, loader, objects, per_rank)  # issue 55
         if healed is not None:
             return healed

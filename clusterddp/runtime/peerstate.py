@@ -216,6 +216,14 @@ def check_values(per_rank: Any) -> None:
                             "as JSON; a tensor's number goes in as .item(), its values as .tolist()") from None
 
 
+def check_loader(loader: Any, where: str) -> None:
+    """A loader given to save() or load_latest() tells where it is in its epoch (runtime.loader's does)."""
+    if loader is not None and not stateful(loader):
+        raise TypeError(f"{where}(loader=...) was given a {type(loader).__name__}, which cannot tell where it is in "
+                        "its epoch (no state_dict and load_state_dict): pass runtime.loader(dataset, batch_size) (it "
+                        "resumes mid-epoch at the exact batch), or no loader")
+
+
 def check_objects(objects: Mapping[str, Any], per_rank: Any = None) -> None:
     """load_latest's stateful extras: each one an object to restore into (a usage error names the one that is not);
     its per_rank= a dict to update in place."""
