@@ -5,6 +5,7 @@ any sequence of draws, and against what arrives at the other end of a real conne
 from __future__ import annotations
 
 import random
+import socket
 import threading
 
 import numpy
@@ -100,7 +101,7 @@ def test_unchanged_states_are_the_same_bytes():
     assert peerheal.pack_rng() != first
 
 
-def links():
+def links(make_link=None):
     """Two ranks' links over a real store and real TCP on this machine: rank 0 sends to rank 1, and back."""
     from torch.distributed import TCPStore
 
@@ -109,15 +110,54 @@ def links():
 
     def make(rank):  # (a client each: one client's wait holds its connection)
         client = TCPStore("127.0.0.1", store.port, 1, False)
-        made[rank] = Link(client, "test", rank, 1 - rank, 1 - rank, "127.0.0.1", timeout=30)
+        try:
+            made[rank] = Link(client, "test", rank, 1 - rank, 1 - rank, "127.0.0.1", 2, timeout=30)
+        except Exception as exc:
+            made[rank] = exc
 
-    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    threads = [threading.Thread(target=make, args=(r,), name=f"rank {r}") for r in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert set(made) == {0, 1}, made
     return made[0], made[1]
+
+
+def test_a_link_that_cannot_be_made_is_made_by_no_rank_and_says_why(monkeypatch):
+    """Rank 1 publishes an address its source cannot reach (here a name that does not resolve; on a cluster a
+    wrong interface or a firewall): every rank is told at once, rank 1 too, which had stopped waiting for its source
+    within a second or two, not the minute it would wait (peer heal then goes off, and the job goes on: a link made
+    by one rank only would send to a buddy that never reads)."""
+    import time
+
+    from clusterddp.runtime import peerlink
+
+    real = peerlink._own_address
+    monkeypatch.setattr(peerlink, "_own_address", lambda master: "nowhere.invalid"
+                        if threading.current_thread().name == "rank 1" else real(master))
+    began = time.monotonic()
+    zero, one = links()
+    assert isinstance(zero, peerlink.LinkDown) and isinstance(one, peerlink.LinkDown), (zero, one)
+    assert str(zero) == str(one) and str(one).startswith("rank 0's link to rank 1 (its buddy)"), str(one)
+    assert time.monotonic() - began < 15
+
+
+def test_a_node_whose_name_is_loopback_to_itself_publishes_its_interface(monkeypatch):
+    """Debian's /etc/hosts maps a node's own name to 127.0.1.1: on the master's node the route to MASTER_ADDR is
+    loopback, which its buddies cannot reach. The interface GLOO_SOCKET_IFNAME names (else one up, not loopback)
+    is published instead; a master that is loopback by name (the local backend's emulated nodes) keeps loopback."""
+    from clusterddp.runtime import peerlink
+
+    interfaces = [name for _, name in socket.if_nameindex() if name != "lo"]
+    if not interfaces:
+        pytest.skip("this machine has no interface but loopback")
+    monkeypatch.setattr(peerlink, "_route", lambda master: "127.0.0.1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", interfaces[0])
+    assert not peerlink._own_address("node1").startswith("127.")
+    assert peerlink._own_address("127.0.0.1") == peerlink._own_address("localhost") == "127.0.0.1"
+    monkeypatch.setattr(peerlink, "_route", lambda master: "10.1.2.3")
+    assert peerlink._own_address("node1") == "10.1.2.3"
 
 
 def test_a_payload_sent_again_travels_as_a_header_and_arrives_whole():

@@ -58,7 +58,7 @@ class Keeper:
         self.idle, self.after, self.at_end, self.seen, self.unsure = 0, 0, 0, self._position(), False
         STATE["peer_links"] = STATE.get("peer_links", 0) + 1  # (load_latest is collective: the same on every rank)
         self.link = Link(STATE["control"].store, f"clusterddp-peer/{STATE['peer_links']}", rank(), self.buddy,
-                         self.source, env.master_addr)
+                         self.source, env.master_addr, world_size())
         self.pending = self._send(self.offset)
         self.done = self._completed(self.pending)
         self.hooks = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]

@@ -13,7 +13,7 @@ import re
 import socket
 import struct
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 _FRAME = struct.Struct("<IQ")  # payload length, step
 _LIMIT = 1 << 16
@@ -23,7 +23,17 @@ _VALUES = 1 << 63   # a frame's step with this bit: it holds the rank's per_rank
 
 
 def _own_address(master: str) -> str:
-    """The address of this node that reaches the job's master (the interface its buddies reach it by)."""
+    """The address of this node that reaches the job's master (the interface its buddies reach it by). Where that
+    is a loopback address and the master is not one by its name (a node whose /etc/hosts maps its own name to
+    127.0.1.1, Debian's default, on the master's node): the interface GLOO_SOCKET_IFNAME or NCCL_SOCKET_IFNAME
+    names, else the first one up that is not loopback."""
+    found = _route(master)
+    if not found.startswith("127.") or master == "localhost" or re.fullmatch(r"127(\.\d+){3}|::1", master):
+        return found
+    return _interface_address() or found
+
+
+def _route(master: str) -> str:
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         probe.connect((master, 9))  # (UDP: nothing is sent)
@@ -34,28 +44,78 @@ def _own_address(master: str) -> str:
         probe.close()
 
 
+def _interface_address() -> Optional[str]:
+    import fcntl
+
+    names = [name for _, name in socket.if_nameindex()]
+    wanted = [w.lstrip("=") for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+              for w in os.environ.get(var, "").split(",") if w.strip() and not w.startswith("^")]
+    ordered = [n for w in wanted for n in names if n.startswith(w.strip())] + [n for n in names if n != "lo"]
+    for name in ordered:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+        address = socket.inet_ntoa(got[20:24])
+        if not address.startswith("127."):
+            return address
+    return None
+
+
 class LostPeer(RuntimeError):
     """The buddy's connection broke: a lost peer, as torch's distributed errors say of a collective."""
+
+
+class _GaveUp(Exception):
+    """Another rank's link failed: this one stops waiting for its source."""
+
+
+class LinkDown(RuntimeError):
+    """Some rank's link could not be made: no rank keeps (every rank is told, so that none sends to a buddy that
+    does not read)."""
 
 
 class Link:
     """This rank's connection to its buddy (sending) and from its source (receiving)."""
 
-    def __init__(self, store: Any, prefix: str, rank: int, buddy: int, source: int, master: str,
-                 timeout: float = 120.0) -> None:
+    def __init__(self, store: Any, prefix: str, rank: int, buddy: int, source: int, master: str, world: int,
+                 timeout: float = 60.0) -> None:
+        """Made on every rank at once (load_latest), or on none: LinkDown says why (a rank that could not reach its
+        buddy tells the others through the store, and they stop waiting for it)."""
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("0.0.0.0", 0))
-        listener.listen(4)
-        listener.settimeout(timeout)
-        token = os.urandom(16).hex()
-        store.set(f"{prefix}/{rank}", f"{_own_address(master)} {listener.getsockname()[1]} {token}")
-        store.wait([f"{prefix}/{buddy}"])
-        host, port, theirs = store.get(f"{prefix}/{buddy}").decode().split()
-        self.out = socket.create_connection((host, int(port)), timeout=timeout)
-        self.out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.out.sendall(theirs.encode() + struct.pack("<I", rank))
-        self.inc = self._accept(listener, token, source)
-        listener.close()
+        out: Optional[socket.socket] = None
+        inc: Optional[socket.socket] = None
+        try:
+            listener.bind(("0.0.0.0", 0))
+            listener.listen(4)
+            listener.settimeout(1.0)
+            token = os.urandom(16).hex()
+            store.set(f"{prefix}/{rank}", f"{_own_address(master)} {listener.getsockname()[1]} {token}")
+            store.wait([f"{prefix}/{buddy}"])
+            host, port, theirs = store.get(f"{prefix}/{buddy}").decode().split()
+            out = socket.create_connection((host, int(port)), timeout=min(timeout, 30.0))
+            out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            out.sendall(theirs.encode() + struct.pack("<I", rank))
+            inc = self._accept(listener, token, source, time.monotonic() + timeout,
+                                    lambda: int(store.add(f"{prefix}/failed", 0)) > 0)
+        except _GaveUp:
+            pass
+        except Exception as exc:  # (refused, unreachable, a name that does not resolve, timed out, the store's error)
+            store.set(f"{prefix}/why", f"rank {rank}'s link to rank {buddy} (its buddy) or from rank {source} could "
+                                       f"not be made ({type(exc).__name__}: {exc})")
+            store.add(f"{prefix}/failed", 1)
+        finally:
+            listener.close()
+        if int(store.add(f"{prefix}/in", 1)) == world:
+            store.set(f"{prefix}/all", "")
+        store.wait([f"{prefix}/all"])
+        if int(store.add(f"{prefix}/failed", 0)) or out is None or inc is None:
+            for conn in (out, inc):
+                if conn is not None:
+                    conn.close()
+            raise LinkDown(store.get(f"{prefix}/why").decode())
+        self.out, self.inc = out, inc
         self.pending = b""
         self.frames: Dict[int, bytes] = {}  # the source's random states by step (the last two)
         self.values: Dict[int, bytes] = {}  # its per_rank= values by step (the last two), where the script has them
@@ -64,10 +124,18 @@ class Link:
         self.closed = False
 
     @staticmethod
-    def _accept(listener: socket.socket, token: str, source: int) -> socket.socket:
+    def _accept(listener: socket.socket, token: str, source: int, deadline: float,
+                failed: Callable[[], bool]) -> socket.socket:
         expected = token.encode() + struct.pack("<I", source)
         while True:
-            conn, _ = listener.accept()
+            try:
+                conn, _ = listener.accept()
+            except socket.timeout:  # (each second: another rank's link failed, or the time is up)
+                if failed():
+                    raise _GaveUp() from None
+                if time.monotonic() > deadline:
+                    raise
+                continue
             conn.settimeout(10)
             got = b""
             try:

@@ -20,6 +20,7 @@ from . import drill, peerheal, peerpaths, peerstate, rundir, telemetry
 from .ckptstate import saved_rng, set_rng_state
 from .collect import gather_json
 from .group import print0, unwrap
+from .peerlink import LinkDown
 from .state import STATE, channel, rank, world_size
 
 
@@ -283,7 +284,11 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
     if (run is None or env is None or model is None or optimizer is None or not peerpaths.enabled()
             or world_size() <= max(1, env.local_world_size) or world_size() % max(1, env.local_world_size)):
         return
-    keeper = STATE["peer"] = peerheal.Keeper(run, model, optimizer, loader, step)
+    try:
+        keeper = STATE["peer"] = peerheal.Keeper(run, model, optimizer, loader, step)
+    except LinkDown as down:  # (on every rank alike: an optional help never ends a job)
+        print0(f"clusterddp: peer heal is off for this run: {down}; a lost node resumes from the last checkpoint")
+        return
     keeper.numbering = numbering if numbering in peerheal.NUMBERINGS else None  # (as the state resumed from learnt)
     objects = dict(objects or {})
     keeper.mine = mine
