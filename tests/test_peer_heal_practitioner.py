@@ -871,3 +871,14 @@ def test_a_plain_data_loader_is_a_clear_error_at_load_latest_not_a_traceback_at_
                                             r"tell where it is in its epoch .*pass runtime.loader\(dataset"):
             call()
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").glob("ckpt-*"))
+
+
+def test_a_resume_from_the_survivors_of_a_static_graph_model_says_what_a_checkpoint_s_says(job, monkeypatch, capsys):
+    """static_graph=True at 3+ ranks cannot resume exactly (DDP lays out its buckets again): load_latest said so
+    from a checkpoint only; from the survivors it said "digests agree" alone."""
+    for r in (0, 1):
+        write_state(job, "run-s", "n1", r, 2, 4, 7)
+    model = torch.nn.Linear(2, 1)
+    model.static_graph = True  # (what DDP(static_graph=True) holds; runtime.wrap's model is one)
+    got, _, _ = next_attempt(monkeypatch, "run-s", ["n1", "n3"], 2, newest=4, as_rank=0, model=model)
+    assert got["step"] == 7 and "wrapped with static_graph=True" in capsys.readouterr().out

@@ -119,6 +119,14 @@ def check_payload(payload: Any) -> None:
         raise KeyError(f"not a checkpoint of Checkpointer.save: no {', '.join(missing)}")
 
 
+def static_graph_note(model: Any) -> None:
+    """Said at a resume (from a checkpoint or from the survivors) of a model wrapped with static_graph=True."""
+    if model is not None and getattr(model, "static_graph", False) and world_size() > 2:
+        print0("clusterddp: this model is wrapped with static_graph=True, so DDP lays out its gradient buckets "
+               "again after this first step: with 3 or more ranks the resumed run can differ from an "
+               "uninterrupted one in the last bits (runtime.wrap without static_graph resumes exactly)")
+
+
 def restore(payload: Dict[str, Any], path: str, model: Any, optimizer: Any, loader: Any) -> None:
     """The payload into the given objects, the random states and the step count."""
     if model is not None:
@@ -133,10 +141,7 @@ def restore(payload: Dict[str, Any], path: str, model: Any, optimizer: Any, load
         print0(f"clusterddp: checkpoint {path} was written by {payload['world_size']} ranks, this job has "
                f"{world_size()}: random number states not restored (results will differ from an "
                "uninterrupted run)")
-    if model is not None and getattr(model, "static_graph", False) and world_size() > 2:
-        print0("clusterddp: this model is wrapped with static_graph=True, so DDP lays out its gradient buckets "
-               "again after this first step: with 3 or more ranks the resumed run can differ from an "
-               "uninterrupted one in the last bits (runtime.wrap without static_graph resumes exactly)")
+    static_graph_note(model)
     steps = telemetry.current()
     if steps is not None:
         done = payload.get("telemetry_steps")

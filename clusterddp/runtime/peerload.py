@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 from .. import contract
 from . import drill, peerheal, peerpaths, peerstate, rundir, telemetry
-from .ckptstate import saved_rng, set_rng_state
+from .ckptstate import saved_rng, set_rng_state, static_graph_note
 from .collect import gather_json
 from .group import print0, unwrap
 from .peerlink import LinkDown
@@ -229,6 +229,7 @@ def resume(run: Optional[str], paths: Callable[[], List[str]], model: Any, optim
     values = random_states(entries, "values").get(rank())
     per_rank = json.loads(values) if values else None
     peerstate.restore_values(mine, per_rank, "the survivors' state")
+    static_graph_note(model)
     steps, done = telemetry.current(), entries[verdict.source]["telemetry_steps"]  # type: ignore[index]
     if steps is not None:
         steps.resumed(done if isinstance(done, int) and done >= 0 else None)
