@@ -64,9 +64,9 @@ ODD_DIR = "out dir/50%"
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
 def test_two_nodes_two_gpus_each_launcher(work, launcher):
-    """One real gloo job per launcher carries: the rank layout, arguments passed through exactly, per-rank logs,
-    `logs --rank`, a hostile job name reaching Slurm intact, an odd output directory, and the apptainer stand-in
-    wrapping every task."""
+    """One real gloo job per launcher carries: the rank layout (block order, though the environment asks srun for
+    cyclic), arguments passed through exactly, per-rank logs, `logs --rank`, a hostile job name reaching Slurm
+    intact, an odd output directory, and the apptainer stand-in wrapping every task."""
     d, env = work
     script = "allreduce_spawn.py" if launcher == "spawn" else "allreduce.py"
     extra = SPAWN_ARGS if launcher == "spawn" else []
@@ -74,7 +74,7 @@ def test_two_nodes_two_gpus_each_launcher(work, launcher):
     bin_dir.mkdir()
     shutil.copy(Path(__file__).resolve().parent / "standins" / "apptainer", bin_dir)
     record = d / "apptainer.log"
-    env2 = dict(env, PATH=f"{bin_dir}:{env['PATH']}", APPTAINER_RECORD=str(record))
+    env2 = dict(env, PATH=f"{bin_dir}:{env['PATH']}", APPTAINER_RECORD=str(record), SLURM_DISTRIBUTION="cyclic")
     proc = run_cli("submit", "--launcher", launcher, "--nodes", "2", "--gpus", "2", "--time", "5",
                    "--job-name", HOSTILE_NAME, "--output-dir", ODD_DIR, "--apptainer", "/images/t.sif", script,
                    "--wait", "--", *extra, "--echo", "a b", "$HOME", "it's", cwd=d, env=env2, timeout=240)

@@ -141,11 +141,13 @@ while :; do
     CLUSTERDDP_STEP_ERR="$RUN_DIR/srun-$CLUSTERDDP_RESTARTS.$CLUSTERDDP_ATTEMPT.err"
     exec {CLUSTERDDP_ERR_FD}>&2 2> >(tee -a -- "$CLUSTERDDP_STEP_ERR" >&2)
     CLUSTERDDP_TEE_PID=$!
-# One Slurm task per rank. The rank variables are set inside each task (single quotes: expanded per task,
-# not once here, where SLURM_NODEID would be 0 for everyone).
+# One Slurm task per rank, in block order (ranks 0..N-1 on the first node: a SLURM_DISTRIBUTION=cyclic from the
+# environment would deal them round the nodes, and peer heal's buddy, the next node's, would be on the same one).
+# The rank variables are set inside each task (single quotes: expanded per task, not once here, where SLURM_NODEID
+# would be 0 for everyone).
 # (bash --norc: Debian's bash reads ~/.bashrc in a `bash -c` whose environment came over SSH, as a job's does
 # after a submit from the login node; a conda or pyenv init there would put another python3 first on PATH.)
-srun --nodes=2 --ntasks=4 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=2 --kill-on-bad-exit=1 \
+srun --nodes=2 --ntasks=4 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=2 --distribution=block --kill-on-bad-exit=1 \
     --output="${RUN_DIR//%/%%}/rank-%t.out" \
     bash --norc -c 'export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE=2 NODE_RANK="$SLURM_NODEID"; exec "$@"' \
     clusterddp-rank apptainer exec --nv '/images/my torch.sif' python3 train.py &
