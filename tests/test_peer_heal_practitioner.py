@@ -882,3 +882,26 @@ def test_a_resume_from_the_survivors_of_a_static_graph_model_says_what_a_checkpo
     model.static_graph = True  # (what DDP(static_graph=True) holds; runtime.wrap's model is one)
     got, _, _ = next_attempt(monkeypatch, "run-s", ["n1", "n3"], 2, newest=4, as_rank=0, model=model)
     assert got["step"] == 7 and "wrapped with static_graph=True" in capsys.readouterr().out
+
+
+def test_ranks_on_nccl_keep_nothing_yet_and_say_so_and_explain_says_it(job, monkeypatch, capsys):
+    """Under NCCL the gradient all-reduce completes on the GPU after the CPU has gone on to the optimizer step (its
+    hooks): "the last completed step" cannot be told from the CPU, and no GPU has verified a design yet. So ranks on
+    NCCL keep nothing (a lost node resumes from the checkpoint), said once; explain says so for GPU jobs."""
+    from clusterddp.job.explain import peer_heal
+    from clusterddp.job.spec import JobSpec
+
+    monkeypatch.setattr(peerheal, "Link", Link)
+    be(monkeypatch, 0, 4, 2, "n1")
+    STATE["backend"] = "nccl"
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        peerload.started("run-n", model, opt, None, None, "fresh")
+        assert STATE.get("peer") is None
+    assert capsys.readouterr().out.count("peer heal is off for this run: under NCCL") == 1
+    STATE["backend"] = "gloo"
+    peerload.started("run-n", model, opt, None, None, "fresh")
+    assert STATE.get("peer") is not None
+    assert "NCCL (GPUs) keep nothing yet" in peer_heal(JobSpec("train.py", nodes=2, gpus_per_node=4))
+    assert "NCCL" not in peer_heal(JobSpec("train.py", nodes=2, procs_per_node=2))

@@ -115,7 +115,9 @@ def peer_heal(spec: JobSpec) -> str:
         return "  a retry starts from the last checkpoint (peer heal needs 2 or more nodes: the survivors' memory)"
     return ("  a retry starts from the survivors' memory (peer heal: at most the step in flight redone, nothing read "
             "from the checkpoint directory) where the script's Checkpointer kept it, else from the last checkpoint, "
-            "saying why (--no-peer-heal: always the checkpoint)")
+            "saying why (--no-peer-heal: always the checkpoint)" + (
+                "; ranks on NCCL (GPUs) keep nothing yet, said in the job's log: peer heal is not yet verified there"
+                if spec.gpus_per_node > 0 else ""))
 
 
 def node_faults(spec: JobSpec) -> List[str]:
