@@ -230,7 +230,7 @@ def _warm_run(mode: str, n: int, base: dict, work: Path) -> Tuple[List[int], Lis
     warm_line = [PY, "-m", "clusterddp.runtime.warmrun"] if how == "warm" else [PY]
     now = str(time.time())
     if launcher == "torchrun":
-        agent = [*warm_line, "-m", "torch.distributed.run"] if how == "warm" else [PY, "-m", "torch.distributed.run"]
+        agent = [*warm_line, "-m", "clusterddp.runtime.agent"]  # (as the batch script runs it)
         worker = ["--module", "clusterddp.runtime.warmrun"] if how == "warm" else []
         argvs = [[*agent, "--standalone", f"--nproc-per-node={n}", *worker, "warm.py", now, "torchrun"]]
         envs = [dict(base)]

@@ -32,7 +32,7 @@ def _rank_pids(node: str) -> List[int]:
             words = [w.decode() for w in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if w]
         except OSError:
             continue
-        if any(w.endswith("resumable.py") for w in words) and "torch.distributed.run" not in words and not any(
+        if any(w.endswith("resumable.py") for w in words) and "clusterddp.runtime.agent" not in words and not any(
                 "torchrun" in w or w.endswith("bash") for w in words[:2]):  # (not an agent, warm or not)
             found.append(int(pid))
     return found

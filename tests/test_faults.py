@@ -38,7 +38,7 @@ def _rank_pids(node: str, script: str) -> list:
         except OSError:
             continue
         words = [a.decode(errors="replace") for a in argv if a]
-        if any(w.endswith(script) for w in words) and "torch.distributed.run" not in words and not any(
+        if any(w.endswith(script) for w in words) and "clusterddp.runtime.agent" not in words and not any(
                 "torchrun" in w or w.endswith("/bash") or w == "bash" for w in words[:2]):  # (an agent, warm or not)
             found.append(int(pid))
     return found
