@@ -828,7 +828,9 @@ def test_draws_after_an_optimizer_step_are_kept_as_the_next_step_s_start(job, mo
         if _ == 1:
             torch.rand(3)  # and a draw of its own (a random sample to log)
             start = torch.get_rng_state()
-    next(batches)  # the next step's batch; its all-reduce then fails
+    next(batches)  # the next step's batch
+    torch.rand(5)  # its forward's dropout, then a second micro-batch (gradient accumulation): that step's own draws
+    next(batches)  # (its all-reduce then fails)
     assert keeper.on_exception(LOST) is not None
     state, _ = peerload._mine("run-k")
     assert state["step"] == 3 and state["rng"]["2"]["torch"] == base64.b64encode(start.numpy().tobytes()).decode()

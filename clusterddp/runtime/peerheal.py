@@ -42,7 +42,7 @@ class Keeper:
         self.offset, self.taken = int(step), 0  # the script's step count = offset + optimizer steps since
         self.trusted: Optional[bool] = None  # that count checked at a save (None: no save yet)
         self.off_why: Optional[str] = None
-        self.stepping = False
+        self.stepping = self.began = False  # (began: the next step's first batch fetched: fetched())
         self.live: Dict[str, Any] = {}  # stateful extra= objects (save()'s), and their states at a step's end
         self.extras: Tuple[int, Dict[str, Any]] = (-1, {})
         # the per_rank= dict load_latest was given (kept in place by the script), its values (JSON) at that step's end
@@ -86,12 +86,14 @@ class Keeper:
         if STATE.get("peer") is not self or not self.stepping:
             return
         self.taken += 1
-        self.done, self.stepping, self.after = self._completed(self.pending), False, 0
+        self.done, self.stepping, self.after, self.began = self._completed(self.pending), False, 0, False
 
     def fetched(self) -> None:
-        """The loader's next batch (EpochLoader): what drew since the last optimizer step's hook (an evaluation, a
-        plain DataLoader's iter()) is before the next step's start: the completed step's random states again."""
-        if not self.stepping and self.done is not None and STATE.get("peer") is self:
+        """The loader's first batch after an optimizer step (EpochLoader): what drew since that step's hook (an
+        evaluation, a plain DataLoader's iter()) is before the next step's start: the completed step's random states
+        again. (A later batch before the next optimizer step is a micro-batch's: its draws are that step's own.)"""
+        if not self.stepping and not self.began and self.done is not None and STATE.get("peer") is self:
+            self.began = True
             own = pack_rng()  # (the same bytes object where nothing drew: most steps)
             if own is not self.done["own"] and own != self.done["own"]:
                 self.done["own"] = own
