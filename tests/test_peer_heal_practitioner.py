@@ -907,3 +907,32 @@ def test_ranks_on_nccl_keep_nothing_yet_and_say_so_and_explain_says_it(job, monk
     assert STATE.get("peer") is not None
     assert "NCCL (GPUs) keep nothing yet" in peer_heal(JobSpec("train.py", nodes=2, gpus_per_node=4))
     assert "NCCL" not in peer_heal(JobSpec("train.py", nodes=2, procs_per_node=2))
+
+
+def test_an_evaluation_after_an_epoch_is_before_the_next_epoch_s_first_step(job, monkeypatch):
+    """The loop's last look at an epoch (the loader's end) is no step's start: an evaluation after the epoch draws,
+    and the next epoch's first batch is where the completed step's random states are taken (found by a review: the
+    end's look took them, and the first batch then did not)."""
+    from clusterddp import runtime
+
+    monkeypatch.setattr(peerheal, "Link", Link)
+    be(monkeypatch, 2, 4, 2, "n2")
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = runtime.loader(torch.utils.data.TensorDataset(torch.ones(16, 2)), batch_size=2)  # (2 batches a rank)
+    peerload.started("run-k", model, opt, data, None, "fresh")
+    keeper = STATE["peer"]
+    peerheal.saved(0, {}, None)
+    for epoch in range(2):
+        for (x,) in data:
+            if epoch == 1:
+                break  # (epoch 1's first batch is in: its all-reduce fails)
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        else:
+            list(torch.utils.data.DataLoader([1, 2]))  # the epoch's evaluation
+            start = torch.get_rng_state()
+    assert keeper.on_exception(LOST) is not None
+    state, _ = peerload._mine("run-k")
+    assert state["step"] == 2 and state["rng"]["2"]["torch"] == base64.b64encode(start.numpy().tobytes()).decode()

@@ -14,6 +14,7 @@ The batch script's and the local backend's agents run it; a warm server forks it
 """
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import threading
@@ -59,11 +60,15 @@ def hold_exit_barrier(argv: List[str]) -> None:
     if given.get("rdzv-backend", "static") != "static" or "standalone" in given:
         return  # (c10d's store is held by whichever agent, not node 0's: left as torch has it)
     holder, barrier = node_rank(given) in (None, "0"), store_util.barrier
+    signature = inspect.signature(barrier)
 
-    def held(store: Any, world_size: int, key_prefix: str, barrier_timeout: float = 300, *args: Any,
-             **kwargs: Any) -> None:
-        barrier(store, world_size, key_prefix, barrier_timeout, *args, **kwargs)  # (its error: torch logs it)
-        if key_prefix != TERMINAL or world_size < 2:
+    def held(*args: Any, **kwargs: Any) -> None:
+        barrier(*args, **kwargs)  # (its error: torch logs it)
+        called = signature.bind(*args, **kwargs)
+        called.apply_defaults()
+        store, world_size = called.arguments["store"], int(called.arguments["world_size"])
+        barrier_timeout = called.arguments.get("barrier_timeout", 300)
+        if called.arguments["key_prefix"] != TERMINAL or world_size < 2:
             return
         through = store.add(f"{TERMINAL}/clusterddp-through", 1)
         deadline = time.monotonic() + min(float(barrier_timeout), HOLD_S)
@@ -89,8 +94,18 @@ def end(code: int) -> NoReturn:
 
 def main(argv: Optional[List[str]] = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
-    from torch.distributed import run  # (first: node 0's agent imports torch as long before its store is up)
-
+    if sys.path and sys.path[0] == os.getcwd():  # (python -m put the job's directory first: torchrun's script does
+        sys.path.pop(0)                          # not, and a project's profile.py would shadow what torch imports)
+    try:
+        from torch.distributed import run  # (first: node 0's agent imports torch as long before its store is up)
+    except ImportError:  # (this python has clusterddp, not torch: the torchrun on PATH, as before)
+        try:
+            os.execvp("torchrun", ["torchrun", *args])
+        except OSError as exc:
+            print(f"clusterddp: {sys.executable} cannot import torch, and there is no torchrun on PATH to run "
+                  f"instead ({exc.strerror}): install torch for it, or name one that has it with --python",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
     await_master(args)
     hold_exit_barrier(args)
     try:

@@ -74,11 +74,12 @@ class EpochLoader(DataLoader):
             batches = super().__iter__()
             while limit is None or self.batches_done < limit:
                 keeper = STATE.get("peer")
-                if keeper is not None and keeper.loader is self:  # (peer heal: the next step's start, issue 55)
-                    keeper.fetched()
+                took = keeper is not None and keeper.loader is self and keeper.fetched()  # (peer heal: a step's start)
                 began = telemetry.clock()
                 batch = next(batches, _END)
                 if batch is _END:  # (the loop's last look is no step's work)
+                    if took:
+                        keeper.began = False  # type: ignore[union-attr]
                     return
                 telemetry.took("data", began)
                 self.batches_done += 1  # counted when handed out: a checkpoint after the step includes it

@@ -88,16 +88,20 @@ class Keeper:
         self.taken += 1
         self.done, self.stepping, self.after, self.began = self._completed(self.pending), False, 0, False
 
-    def fetched(self) -> None:
+    def fetched(self) -> bool:
         """The loader's first batch after an optimizer step (EpochLoader): what drew since that step's hook (an
         evaluation, a plain DataLoader's iter()) is before the next step's start: the completed step's random states
-        again. (A later batch before the next optimizer step is a micro-batch's: its draws are that step's own.)"""
-        if not self.stepping and not self.began and self.done is not None and STATE.get("peer") is self:
-            self.began = True
-            own = pack_rng()  # (the same bytes object where nothing drew: most steps)
-            if own is not self.done["own"] and own != self.done["own"]:
-                self.done["own"] = own
-                self._wire(self.done["step"], own)
+        again. (A later batch before the next optimizer step is a micro-batch's: its draws are that step's own.)
+        True where this look took them: a look that finds the epoch's end gives that back (what an evaluation after
+        the epoch draws comes before the next epoch's first batch)."""
+        if self.stepping or self.began or self.done is None or STATE.get("peer") is not self:
+            return False
+        self.began = True
+        own = pack_rng()  # (the same bytes object where nothing drew: most steps)
+        if own is not self.done["own"] and own != self.done["own"]:
+            self.done["own"] = own
+            self._wire(self.done["step"], own)
+        return True
 
     def _position(self) -> Any:
         return (getattr(self.loader, "epoch", None), getattr(self.loader, "batches_done", None), self.taken) \

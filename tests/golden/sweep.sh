@@ -161,9 +161,10 @@ while :; do
     CLUSTERDDP_TEE_PID=$!
 # One torchrun agent per node, at a static rendezvous: node rank = SLURM_NODEID, set inside each task (single
 # quotes: expanded per task; torchrun reads PET_NODE_RANK as --node-rank); node 0's agent holds the store on
-# MASTER_ADDR:MASTER_PORT. (c10d's rendezvous polls its store once a second until every agent has joined.) The agent
-# is torchrun (torch.distributed.run) in the python the ranks run in, as clusterddp.runtime.agent: it waits for node
-# 0's store by polling, node 0's agent leaves torch's exit barrier last, and it ends without the teardown.
+# MASTER_ADDR:MASTER_PORT. (c10d's rendezvous polls its store once a second until every agent has joined.)
+# The agent is torchrun (torch.distributed.run) in the python the ranks run in, as clusterddp.runtime.agent: it
+# waits for node 0's store by polling, node 0's agent leaves torch's exit barrier last, it ends without the
+# teardown (torchrun itself where that python has no torch); in a container, the image's torchrun.
 srun --nodes=2 --ntasks=2 --nodelist="$CLUSTERDDP_STEP_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
     --output="${RUN_DIR//%/%%}/node-%n.out" \
     bash --norc -c 'export PET_NODE_RANK="$SLURM_NODEID"; exec "$@"' clusterddp-agent \
