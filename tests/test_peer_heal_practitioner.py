@@ -797,9 +797,10 @@ def test_a_node_lost_before_the_attempt_s_first_save_is_said_and_the_next_attemp
     model, opt, keeper = keeping(rank=0)  # (on n1; n2 lost, the spare n3 next)
     train(model, opt, 3)
     assert keeper.on_exception(LOST) is None
-    assert "rank 0 kept no state: the node was lost before this attempt's first save()" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "rank 0 kept no state: a peer was lost (or hung) before this attempt's first save()" in said, said
     got, said, _ = next_attempt(monkeypatch, "run-k", ["n1", "n3"], 2)
-    assert got is None and any("peer heal not used: rank 0 on n1 kept no state: the node was lost before" in line
+    assert got is None and any("peer heal not used: rank 0 on n1 kept no state: a peer was lost (or hung)" in line
                                for line in said), said
 
 
@@ -905,7 +906,8 @@ def test_ranks_on_nccl_keep_nothing_yet_and_say_so_and_explain_says_it(job, monk
     STATE["backend"] = "gloo"
     peerload.started("run-n", model, opt, None, None, "fresh")
     assert STATE.get("peer") is not None
-    assert "NCCL (GPUs) keep nothing yet" in peer_heal(JobSpec("train.py", nodes=2, gpus_per_node=4))
+    gpus = JobSpec("train.py", nodes=2, gpus_per_node=4)
+    assert "from the last checkpoint where the ranks use NCCL" in peer_heal(gpus)
     assert "NCCL" not in peer_heal(JobSpec("train.py", nodes=2, procs_per_node=2))
 
 

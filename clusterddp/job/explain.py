@@ -113,11 +113,14 @@ def peer_heal(spec: JobSpec) -> str:
         return "  a retry starts from the last checkpoint (--no-peer-heal)"
     if spec.nodes < 2:
         return "  a retry starts from the last checkpoint (peer heal needs 2 or more nodes: the survivors' memory)"
+    if spec.gpus_per_node > 0:
+        return ("  a retry starts from the last checkpoint where the ranks use NCCL (GPUs: peer heal keeps nothing "
+                "there yet, not verified on a GPU; said in the job's log); ranks on gloo, without GPUs, start from "
+                "the survivors' memory where the script's Checkpointer kept it (--no-peer-heal: always the "
+                "checkpoint)")
     return ("  a retry starts from the survivors' memory (peer heal: at most the step in flight redone, nothing read "
             "from the checkpoint directory) where the script's Checkpointer kept it, else from the last checkpoint, "
-            "saying why (--no-peer-heal: always the checkpoint)" + (
-                "; ranks on NCCL (GPUs) keep nothing yet, said in the job's log: peer heal is not yet verified there"
-                if spec.gpus_per_node > 0 else ""))
+            "saying why (--no-peer-heal: always the checkpoint)")
 
 
 def node_faults(spec: JobSpec) -> List[str]:

@@ -274,7 +274,7 @@ class Keeper:
         """Why the last completed step's state cannot be told exactly, at a lost peer (None: it can, or peer heal
         is off, said when it was turned off)."""
         if self.trusted is None and self.done is not None:
-            return "the node was lost before this attempt's first save(), where the step count is checked"
+            return "a peer was lost (or hung) before this attempt's first save(), where the step count is checked"
         if not self.trusted or self.done is None:
             return None
         if self.stepping:

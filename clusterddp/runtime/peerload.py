@@ -279,18 +279,18 @@ def keep(run: Optional[str], model: Any, optimizer: Any, loader: Any, step: int,
         for hook in old.hooks:
             hook.remove()
         old.link.close()
-    if run is not None and model is not None and _second_model(run, unwrap(model)):
+    env = STATE.get("env")
+    if (run is None or env is None or model is None or not peerpaths.enabled()
+            or world_size() <= max(1, env.local_world_size) or world_size() % max(1, env.local_world_size)):
         return
-    if STATE.get("backend") == "nccl" and run is not None and model is not None and optimizer is not None:
+    if _second_model(run, unwrap(model)) or optimizer is None:
+        return
+    if STATE.get("backend") == "nccl":
         if not STATE.get("peer_nccl_said"):  # (runtime/group.py picks nccl where the ranks have GPUs)
             STATE["peer_nccl_said"] = True
             print0("clusterddp: peer heal is off for this run: under NCCL the gradient all-reduce completes on the "
                    "GPU after the CPU has gone on to the optimizer step, so which step a survivor's GPU completed "
                    "cannot yet be told (not yet verified on a GPU); a lost node resumes from the last checkpoint")
-        return
-    env = STATE.get("env")
-    if (run is None or env is None or model is None or optimizer is None or not peerpaths.enabled()
-            or world_size() <= max(1, env.local_world_size) or world_size() % max(1, env.local_world_size)):
         return
     try:
         keeper = STATE["peer"] = peerheal.Keeper(run, model, optimizer, loader, step)
