@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import socket
 import threading
+import time
 
 import numpy
 import pytest
@@ -101,8 +102,9 @@ def test_unchanged_states_are_the_same_bytes():
     assert peerheal.pack_rng() != first
 
 
-def links(make_link=None):
-    """Two ranks' links over a real store and real TCP on this machine: rank 0 sends to rank 1, and back."""
+def links(timeout=30.0, late=0.0):
+    """Two ranks' links over a real store and real TCP on this machine: rank 0 sends to rank 1, and back (rank 1
+    arrives ``late`` seconds after rank 0)."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
@@ -110,8 +112,9 @@ def links(make_link=None):
 
     def make(rank):  # (a client each: one client's wait holds its connection)
         client = TCPStore("127.0.0.1", store.port, 1, False)
+        time.sleep(late * rank)
         try:
-            made[rank] = Link(client, "test", rank, 1 - rank, 1 - rank, "127.0.0.1", 2, timeout=30)
+            made[rank] = Link(client, "test", rank, 1 - rank, 1 - rank, "127.0.0.1", 2, timeout=timeout)
         except Exception as exc:
             made[rank] = exc
 
@@ -124,13 +127,20 @@ def links(make_link=None):
     return made[0], made[1]
 
 
+def test_a_rank_that_arrives_late_is_waited_for_and_its_link_is_made():
+    """The wait for the source's connection counts from the source's arrival: a rank that loads its checkpoint
+    slowly (after the collective before the links) is not a failed link."""
+    zero, one = links(timeout=1.0, late=3.0)
+    assert isinstance(zero, Link) and isinstance(one, Link), (zero, one)
+    zero.close()
+    one.close()
+
+
 def test_a_link_that_cannot_be_made_is_made_by_no_rank_and_says_why(monkeypatch):
     """Rank 1 publishes an address its source cannot reach (here a name that does not resolve; on a cluster a
     wrong interface or a firewall): every rank is told at once, rank 1 too, which had stopped waiting for its source
     within a second or two, not the minute it would wait (peer heal then goes off, and the job goes on: a link made
     by one rank only would send to a buddy that never reads)."""
-    import time
-
     from clusterddp.runtime import peerlink
 
     real = peerlink._own_address

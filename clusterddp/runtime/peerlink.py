@@ -48,13 +48,17 @@ def _interface_address() -> Optional[str]:
     import fcntl
 
     names = [name for _, name in socket.if_nameindex()]
-    wanted = [w.lstrip("=") for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    wanted = [w.strip() for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
               for w in os.environ.get(var, "").split(",") if w.strip() and not w.startswith("^")]
-    ordered = [n for w in wanted for n in names if n.startswith(w.strip())] + [n for n in names if n != "lo"]
+    ordered = [n for w in wanted for n in names if (n == w[1:] if w.startswith("=") else n.startswith(w))] + \
+        [n for n in names if n != "lo"]  # (gloo's names are exact; NCCL's prefixes, or exact after "=")
     for name in ordered:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:  # SIOCGIFADDR: the interface's IPv4 address
-                got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            try:  # SIOCGIFFLAGS: up; SIOCGIFADDR: its IPv4 address
+                request = struct.pack("256s", name[:15].encode())
+                if not struct.unpack_from("H", fcntl.ioctl(s.fileno(), 0x8913, request), 16)[0] & 1:
+                    continue
+                got = fcntl.ioctl(s.fileno(), 0x8915, request)
             except OSError:
                 continue
         address = socket.inet_ntoa(got[20:24])
@@ -97,14 +101,16 @@ class Link:
             out = socket.create_connection((host, int(port)), timeout=min(timeout, 30.0))
             out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             out.sendall(theirs.encode() + struct.pack("<I", rank))
-            inc = self._accept(listener, token, source, time.monotonic() + timeout,
-                                    lambda: int(store.add(f"{prefix}/failed", 0)) > 0)
+            inc = self._accept(listener, token, source, timeout, lambda: store.check([f"{prefix}/{source}"]),
+                               lambda: int(store.add(f"{prefix}/failed", 0)) > 0)
         except _GaveUp:
             pass
         except Exception as exc:  # (refused, unreachable, a name that does not resolve, timed out, the store's error)
             store.set(f"{prefix}/why", f"rank {rank}'s link to rank {buddy} (its buddy) or from rank {source} could "
                                        f"not be made ({type(exc).__name__}: {exc})")
             store.add(f"{prefix}/failed", 1)
+            if not store.check([f"{prefix}/{rank}"]):  # (its source waits for it: a word it cannot use ends the wait)
+                store.set(f"{prefix}/{rank}", "-")
         finally:
             listener.close()
         if int(store.add(f"{prefix}/in", 1)) == world:
@@ -124,16 +130,21 @@ class Link:
         self.closed = False
 
     @staticmethod
-    def _accept(listener: socket.socket, token: str, source: int, deadline: float,
+    def _accept(listener: socket.socket, token: str, source: int, timeout: float, arrived: Callable[[], bool],
                 failed: Callable[[], bool]) -> socket.socket:
+        """The source's connection, at most ``timeout`` seconds after the source published its address (a rank that
+        loads its checkpoint slowly is waited for); early where another rank's link failed."""
         expected = token.encode() + struct.pack("<I", source)
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 conn, _ = listener.accept()
             except socket.timeout:  # (each second: another rank's link failed, or the time is up)
                 if failed():
                     raise _GaveUp() from None
-                if time.monotonic() > deadline:
+                if not arrived():
+                    deadline = time.monotonic() + timeout
+                elif time.monotonic() > deadline:
                     raise
                 continue
             conn.settimeout(10)
