@@ -102,9 +102,9 @@ def test_unchanged_states_are_the_same_bytes():
     assert peerheal.pack_rng() != first
 
 
-def links(timeout=30.0, late=0.0):
-    """Two ranks' links over a real store and real TCP on this machine: rank 0 sends to rank 1, and back (rank 1
-    arrives ``late`` seconds after rank 0)."""
+def ring(n=2, timeout=30.0, late=0.0):
+    """``n`` ranks' links over a real store and real TCP on this machine: each rank sends to the next (its buddy)
+    and receives from the one before (its source); the last arrives ``late`` seconds after the others."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
@@ -112,28 +112,34 @@ def links(timeout=30.0, late=0.0):
 
     def make(rank):  # (a client each: one client's wait holds its connection)
         client = TCPStore("127.0.0.1", store.port, 1, False)
-        time.sleep(late * rank)
+        time.sleep(late if rank == n - 1 else 0)
         try:
-            made[rank] = Link(client, "test", rank, 1 - rank, 1 - rank, "127.0.0.1", 2, timeout=timeout)
+            made[rank] = Link(client, "test", rank, (rank + 1) % n, (rank - 1) % n, "127.0.0.1", n, timeout=timeout)
         except Exception as exc:
             made[rank] = exc
 
-    threads = [threading.Thread(target=make, args=(r,), name=f"rank {r}") for r in (0, 1)]
+    threads = [threading.Thread(target=make, args=(r,), name=f"rank {r}") for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert set(made) == {0, 1}, made
-    return made[0], made[1]
+    assert set(made) == set(range(n)), made
+    return [made[r] for r in range(n)]
+
+
+def links():
+    """Two ranks' links: rank 0 sends to rank 1, and back."""
+    zero, one = ring()
+    return zero, one
 
 
 def test_a_rank_that_arrives_late_is_waited_for_and_its_link_is_made():
     """The wait for the source's connection counts from the source's arrival: a rank that loads its checkpoint
     slowly (after the collective before the links) is not a failed link."""
-    zero, one = links(timeout=1.0, late=3.0)
-    assert isinstance(zero, Link) and isinstance(one, Link), (zero, one)
-    zero.close()
-    one.close()
+    made = ring(3, timeout=1.0, late=3.0)  # (rank 0 meets its buddy, rank 1, at once; its source, rank 2, is late)
+    assert all(isinstance(link, Link) for link in made), made
+    for link in made:
+        link.close()
 
 
 def test_a_link_that_cannot_be_made_is_made_by_no_rank_and_says_why(monkeypatch):
