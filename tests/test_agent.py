@@ -102,3 +102,26 @@ def test_the_barrier_is_left_as_torch_has_it_where_node_0_need_not_hold_the_stor
     monkeypatch.setattr(store_util, "barrier", torch_s)  # (restored after the patch below)
     agent.hold_exit_barrier(["--node-rank=1"])
     assert store_util.barrier is not torch_s
+
+
+def test_a_python_without_torch_runs_the_torchrun_on_path_with_the_same_arguments(tmp_path):
+    """The job's python has clusterddp (the supervisor needs it) but torch may come from another interpreter's
+    torchrun on PATH (a site module): the agent then is that torchrun, as before; with none, one clear line."""
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch in this python')\n")
+    (tmp_path / "bin").mkdir()
+    standin = tmp_path / "bin" / "torchrun"
+    standin.write_text('#!/bin/sh\necho "torchrun $*"\n')
+    standin.chmod(0o755)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{root}", PATH=f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    argv = [sys.executable, "-m", "clusterddp.runtime.agent", "--nnodes=2", "--node-rank=1", "train.py", "--lr", "1"]
+    ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and ran.stdout == "torchrun --nnodes=2 --node-rank=1 train.py --lr 1\n", ran
+    standin.unlink()
+    ran = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 1 and "cannot import torch, and there is no torchrun on PATH" in ran.stderr, ran
+    assert "Traceback" not in ran.stderr
