@@ -121,7 +121,7 @@ class Truth:
     skew_s: int = 0                           # how far X's clock is behind (slurmstepd's stamps)
     stamp: str = "iso"                        # iso | rfc5424 (Slurm's LogTimeFormat)
     order: str = "cause_first"                # cause_first | collateral_first: the order srun learned of the ends
-    room: str = "ample"                       # ample | tight: the partition beside the allocation
+    room: str = "ample"                       # ample | tight: the partition beside the allocation; none: sinfo failed
     fqdn: bool = False                        # torchrun names hosts by FQDN
     swap: bool = False                        # node ranks dealt in reverse of Slurm's order (as c10d could: a
                                               # verdict must not rest on the layout; the static rendezvous keeps it)
@@ -1172,6 +1172,8 @@ def write_stale(t: Truth, run: Path) -> None:
 
 def _sinfo(t: Truth) -> str:
     """sinfo --noheader --Node --partition=P --format='%N %t' after the attempt (clusterddp_room)."""
+    if t.room == "none":
+        return ""
     lines = []
     for h in t.hosts:
         state = "mix"

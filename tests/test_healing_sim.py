@@ -395,6 +395,16 @@ def test_class_16_a_node_dying_whole_is_blamed_whether_or_not_srun_wrote_slurm_s
     assert word.evidence == 'srun-0.0.err: "srun: error: Node failure on node2"', word.evidence
 
 
+def test_class_16b_slurm_s_word_before_its_sigterm_and_sinfo_unanswered_is_slurm_s_own_requeue(tmp_path):
+    """CI, Slurm 26.05: srun wrote "Node failure on node2" and ended before Slurm's SIGTERM reached the batch script,
+    and sinfo gave nothing (the controller busy with the failure): the supervisor could not tell whether a requeue
+    would fit, so it ended the attempt, recorded as the job's end while Slurm requeued the job itself. Now recorded as
+    Slurm's requeue without node2, as when the SIGTERM comes first."""
+    seen = run(make("node_dies", "srun", 2, False, term="", room="none"), tmp_path)
+    assert (seen.action, seen.fault, seen.fault_nodes, seen.next) == \
+        ("end", "infrastructure", ("node2",), "requeue"), seen.line()
+
+
 def test_class_17_a_cancel_or_preemption_blames_no_node_whatever_slurm_says_of_others(tmp_path):
     """Slurm's SIGTERM with every node of the attempt up: nobody blamed, the job ends. A node of the partition outside
     the allocation that is down, the attempt's own node not responding for a moment or draining (neither ends a

@@ -21,7 +21,7 @@ from ..datafiles import NotOwned, own_run_dir, read_bounded, write_atomic
 from ..hostlist import expand, is_node_name
 from ..rollcall import printable, runtime_failure
 from . import attempts, faults, identity, supervise
-from .supervise import Act, Action, Policy
+from .supervise import Act, Action, FaultKind, Policy
 
 TERM_WAIT_S = 2.0  # after a SIGTERM, how long srun's messages are read again for Slurm's word of a failed node
 
@@ -214,6 +214,13 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
     print(f"clusterddp: attempt {args.attempt + 1} failed: {fault.line()}", file=sys.stderr)
     action = supervise.after_failure(fault, history=history, policy=policy, hosts=hosts, bad=bad, ran_on=ran_on,
                                      restart=args.restart, room=_room(args), exit_code=status)
+    lost = faults.slurm_lost_node(step_err) if action.act == Act.END and policy.requeues else None
+    if lost is not None and action.fault is not None and action.fault.kind == FaultKind.INFRASTRUCTURE:
+        # Slurm's word of a failed node came before its SIGTERM (seen in CI on 26.05, sinfo then unanswered): it ends
+        # this job and requeues it itself, as in the SIGTERM's case above
+        action = action._replace(next=contract.NEXT_REQUEUE, say=(
+            f"clusterddp: Slurm ends this attempt for the failure of {','.join(lost.nodes) or 'a node'}; it requeues "
+            "the job itself, without that node",))
     _record(args, status, action.fault, action.next, **record)
     if action.act in (Act.GATE, Act.RUN):
         # This attempt's logs and reports move aside: the next one starts with fresh ones (and its fault report
