@@ -110,6 +110,17 @@ def _unrecorded_node_failure(run_dir: Path, restart: int, history: Sequence[atte
           "requeued itself (recorded now: that allocation's batch script was ended before it could)", file=sys.stderr)
 
 
+def _slurm_requeues(action: Action, step_err: Path, policy: Policy) -> Action:
+    """An end after Slurm's word of a failed node, which came before its SIGTERM (seen in CI on 26.05, sinfo then
+    unanswered): Slurm ends this job and requeues it itself, as where the SIGTERM comes first: recorded so."""
+    lost = faults.slurm_lost_node(step_err) if action.act == Act.END and policy.requeues else None
+    if lost is None or action.fault is None or action.fault.kind != FaultKind.INFRASTRUCTURE:
+        return action
+    return action._replace(next=contract.NEXT_REQUEUE, say=(*action.say, (
+        f"clusterddp: Slurm ends this attempt for the failure of {','.join(lost.nodes) or 'a node'}; it requeues "
+        "the job itself, without that node")))
+
+
 def _room(args: argparse.Namespace) -> Optional[supervise.Room]:
     raw = read_bounded(Path(args.run_dir) / contract.SINFO_FILE)
     return supervise.parse_room(args.partition, None if raw is None else raw.decode("utf-8", "replace"))
@@ -214,13 +225,7 @@ def _ended(args: argparse.Namespace, policy: Policy, hosts: List[str], bad: List
     print(f"clusterddp: attempt {args.attempt + 1} failed: {fault.line()}", file=sys.stderr)
     action = supervise.after_failure(fault, history=history, policy=policy, hosts=hosts, bad=bad, ran_on=ran_on,
                                      restart=args.restart, room=_room(args), exit_code=status)
-    lost = faults.slurm_lost_node(step_err) if action.act == Act.END and policy.requeues else None
-    if lost is not None and action.fault is not None and action.fault.kind == FaultKind.INFRASTRUCTURE:
-        # Slurm's word of a failed node came before its SIGTERM (seen in CI on 26.05, sinfo then unanswered): it ends
-        # this job and requeues it itself, as in the SIGTERM's case above
-        action = action._replace(next=contract.NEXT_REQUEUE, say=(
-            f"clusterddp: Slurm ends this attempt for the failure of {','.join(lost.nodes) or 'a node'}; it requeues "
-            "the job itself, without that node",))
+    action = _slurm_requeues(action, step_err, policy)
     _record(args, status, action.fault, action.next, **record)
     if action.act in (Act.GATE, Act.RUN):
         # This attempt's logs and reports move aside: the next one starts with fresh ones (and its fault report
