@@ -1,6 +1,6 @@
 """Small fake data in the real formats torchvision reads (MNIST's idx files, CIFAR-10's pickled batches, an
-ImageFolder of JPEGs) and a stand-in for resnet18's pretrained weights, so that the public scripts of
-tests/migrate_cases/ run offline, unchanged but for their data. The classes are learnable (each has its own
+ImageFolder of JPEGs) and a stand-in for resnet18's pretrained weights, so that the scripts in published shapes
+(tests/scripts/migrate/shapes/) run offline with torchvision's own readers. The classes are learnable (each has its own
 pattern under the noise): a script that trains shows its loss going down within a few epochs."""
 from __future__ import annotations
 

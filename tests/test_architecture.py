@@ -358,3 +358,42 @@ def test_every_guide_command_runs_here_or_names_the_test_that_runs_it(tmp_path, 
     assert len(ran) == 8 and {w.split()[0] for w in ran} == {"submit", "migrate", "sweep"}, ran
     assert {line for _, line in guide_lines()} >= set(NOT_RUN_HERE)  # no stale entry
     assert (tmp_path / "train_ddp.py").is_file() and (tmp_path / "ddp.py").is_file()
+
+
+# Issue 75: the project holds only code written for it. What another project's file carries at its top when it is
+# copied: a licence tag, a copyright line, a licence's own sentences. The words are split so that this file does not
+# match itself.
+FOREIGN = [
+    "SPDX-" + "License-Identifier", "Licensed " + "under the", "Copy" + "right (c)", r"Copy" + r"right \d{4}",
+    "All rights " + "reserved", "Permission is " + "hereby granted", "GNU General " + "Public License",
+    "THE SOFTWARE IS " + "PROVIDED", r"byte[- ]for[- ]byte " + "cop",
+]
+
+
+def foreign_marks(text: str) -> list:
+    """The marks of a copied file in ``text``: each pattern of FOREIGN found, case aside."""
+    import re
+
+    return [p for p in FOREIGN if re.search(p, text, re.IGNORECASE)]
+
+
+def test_no_file_in_the_tree_carries_another_project_s_licence_or_copyright():
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    found = {}
+    for name in filter(None, files):
+        path = ROOT / name.decode()
+        if path.is_file() and path.stat().st_size < 2_000_000:
+            marks = foreign_marks(path.read_text(errors="replace"))
+            if marks:
+                found[name.decode()] = marks
+    assert not found, found
+    assert len([f for f in files if f.startswith(b"tests/")]) > 50  # the listing saw the tests
+
+
+def test_the_copied_file_finder_finds_a_copied_header():
+    header = "# " + "Copy" + "right 2019 Someone Else. All rights " + "reserved.\n# " + "Licensed " + \
+             "under the Apache License, Version 2.0\n"
+    assert len(foreign_marks(header + "import torch\n")) == 3
+    assert foreign_marks("# a DataParallel script in the shape of a published one\n") == []

@@ -1,4 +1,4 @@
-"""On PYTHONPATH only for tests/test_migrate.py's runs of the public scripts (offline, on the CPU; see
+"""On PYTHONPATH only for tests/test_migrate.py's runs of the scripts in published shapes (offline, on the CPU; see
 tests/offline_data.py). Two things this machine needs that a user's would not:
 
 - The registry's torchvision wheel is a CUDA build: its C operators do not load against the CPU torch (importing it
