@@ -27,14 +27,17 @@ CASES = sorted(OURS.glob("*.py")) + sorted(SHAPES.glob("*.py"))
 
 
 
-def statement_lines(source: str, reported: set) -> set:
+def statement_lines(source: str, reported: set, guards: set = frozenset()) -> set:
     """Issue 57: the lines each reported change may touch, exactly: the statement that starts on the reported line
-    (a simple one whole; a compound one its header only, never its body), from the original's own positions."""
+    (a simple one whole; a compound one its header only, never its body), from the original's own positions; the
+    main guard's whole body where ``guards`` has its line (reported as indented one level)."""
     import ast
 
     spans = {}
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.stmt) and node.lineno in reported:
+        if isinstance(node, ast.If) and node.lineno in guards:  # issue 75: its body indented into try/finally
+            spans[node.lineno] = node.end_lineno
+        elif isinstance(node, ast.stmt) and node.lineno in reported:
             body = getattr(node, "body", None)
             end = body[0].lineno - 1 if isinstance(body, list) and body and body[0].lineno > node.lineno else \
                 node.end_lineno
@@ -44,6 +47,22 @@ def statement_lines(source: str, reported: set) -> set:
     for start, end in spans.items():
         lines |= set(range(start, (end or start) + 1))
     return lines
+
+
+def guarded(m) -> set:
+    """The lines of main guards whose body the migration reports indented into try/finally."""
+    return {line for line, what in m.changes if "in try: ... finally: runtime.shutdown() (its lines indented" in what}
+
+
+def indented_lines_kept(source: str, text: str, guards: set) -> None:
+    """Each line of a main guard's body is in the result as it was, one level (4 spaces) deeper."""
+    import ast
+
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and node.lineno in guards:
+            for n in range(node.body[0].lineno, node.end_lineno + 1):
+                assert not lines[n - 1].strip() or "    " + lines[n - 1] in text.splitlines(), (n, text)
 
 
 def untouched_lines_kept(source: str, text: str, changed: set) -> None:
@@ -62,8 +81,9 @@ def test_each_script_is_rewritten_once_and_keeps_what_it_did_not_change(case):
     compile(m.text, case.name, "exec")
     assert "runtime.wrap(" in m.text and "DataParallel(" not in m.text.replace("DistributedDataParallel", "")
     assert "from clusterddp import runtime" in m.text and "runtime.init()" in m.text
-    changed = statement_lines(source, {line for line, _ in m.changes})
+    changed = statement_lines(source, {line for line, _ in m.changes}, guarded(m))
     untouched_lines_kept(source, m.text, changed)
+    indented_lines_kept(source, m.text, guarded(m))
     again = migrate_source(m.text, case.name)
     assert again.text is None and again.left_alone == f"{case.name}: left alone: it uses clusterddp's runtime " \
                                                       "(DDP already)"
@@ -77,7 +97,8 @@ def test_the_classic_script_reads_as_a_reviewer_expects():
     assert "            optimizer.step()\n            runtime.step()\n" in m.text
     assert 'runtime.print0(f"epoch {epoch} loss {runtime.all_reduce_mean(loss).item():.4f}")' in m.text
     assert 'runtime.save_on_main(runtime.unwrap(model).state_dict(), "model.pt")' in m.text
-    assert m.text.endswith('if __name__ == "__main__":\n    runtime.init()\n    main()\n    runtime.shutdown()\n')
+    assert m.text.endswith('if __name__ == "__main__":\n    runtime.init()\n    try:\n        main()\n    finally:\n'
+                           '        runtime.shutdown()\n')
     found = dict(m.findings)
     assert "the same seed on every rank" in found[15] and "without shuffle=True (evaluation?)" in found[18]
 
@@ -562,7 +583,7 @@ def test_the_kept_lines_check_fails_when_a_line_near_a_change_is_dropped(case):
     caught."""
     source = case.read_text()
     m = migrate_source(source, case.name)
-    changed = statement_lines(source, {line for line, _ in m.changes})
+    changed = statement_lines(source, {line for line, _ in m.changes}, guarded(m))
     lines = source.splitlines()
     near = next((n for line, _ in m.changes for n in range(line + 1, line + 13)
                  if n not in changed and n <= len(lines) and lines[n - 1].strip()

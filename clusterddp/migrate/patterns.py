@@ -3,12 +3,14 @@ a best-model decision that can be made the same on every rank. Imports libcst (l
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import libcst as cst
 
 from .syntax import code_of, dotted
 from .uniform import Flow, varies
+
+Lines = List[Tuple[int, str]]
 
 _GPU_COUNT = re.compile(r"device_count\(|\bn_?gpus?\b|\bnum_gpus?\b|\bgpu_count\b|\bgpus\b|device_ids|gpu_ids")
 
@@ -76,3 +78,39 @@ def best_decision(node: cst.If, flow: Flow) -> Optional[str]:
                 any(code_of(t.target) == best for t in small.targets)
                 for st in body if isinstance(st, cst.SimpleStatementLine) for small in st.body)
     return score if plain and keeps else None
+
+
+def fed_schedulers(wrapper: Any, flow: Flow, schedulers: Any) -> Tuple[Dict[int, List[Tuple[str, str]]], Lines]:
+    """``sched.step(x)`` (ReduceLROnPlateau's) where ``x`` differs by rank: each rank would cut its own learning rate
+    and the models drift apart. Where every rank reaches the step and ``x`` is a name, it is averaged right before
+    (the statement's id -> (x, the change)); anything else is listed, as is ``param_groups[...]["lr"] = v`` with a
+    ``v`` of the rank's own."""
+    from libcst.metadata import ParentNodeProvider, PositionProvider
+
+    where, parents = wrapper.resolve(PositionProvider), wrapper.resolve(ParentNodeProvider)
+    averages: Dict[int, List[Tuple[str, str]]] = {}
+    findings: Lines = []
+    for node, at in where.items():
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "step" \
+                and dotted(node.func.value) in schedulers and node.args and varies(node.args[0].value, flow):
+            given, line = node.args[0].value, at.start.line
+            statement = parents[parents[node]] if isinstance(parents[node], cst.Expr) else None
+            if isinstance(given, cst.Name) and flow.per_rank(node) is None and \
+                    isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+                averages.setdefault(id(statement), []).append((given.value, (
+                    f"{given.value} = runtime.all_reduce_mean({given.value}) before `{code_of(node)}` (each rank's "
+                    "own value would cut each rank's learning rate at another epoch: the models would drift apart; "
+                    "the scheduler now steps on the ranks' average)")))
+            else:
+                findings.append((line, f"{code_of(node)}: the scheduler is given a value of the rank's own, so each "
+                                       "rank may change its learning rate at another epoch and the models drift "
+                                       "apart; give it runtime.all_reduce_mean of that value, where every rank "
+                                       "gets to it"))
+        elif isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Subscript) and \
+                code_of(node.target).replace("'", '"').replace(" ", "").endswith('["lr"]'):  # (a param group's)
+            assign = parents[node]
+            if isinstance(assign, cst.Assign) and varies(assign.value, flow):
+                findings.append((at.start.line, "a learning rate set from a value of the rank's own: each rank "
+                                                "trains at its own rate and the models drift apart; average that "
+                                                "value first (runtime.all_reduce_mean), where every rank gets to it"))
+    return averages, findings

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .exits import exits_if
+from .exits import ends, exits_if
 from .helper import doubt
 from .patterns import best_decision
 from .syntax import code_of, dotted
@@ -214,9 +214,10 @@ _SHARE = ("DDP's backward waits for every rank, so the job would hang; test a va
 
 
 def _leaves(why: Any) -> bool:
-    """A while loop's own test, or an if that breaks or returns (not one that only skips a step)."""
+    """A while loop's own test, or an if that breaks, returns or ends the process (not one that only skips a
+    step)."""
     found = exits_if(why, True) if isinstance(why, cst.If) else None
-    return isinstance(why, cst.While) or any(isinstance(small, (cst.Break, cst.Return))
+    return isinstance(why, cst.While) or any(isinstance(small, cst.Break) or ends(small)
                                              for small in getattr(found, "body", ()))
 
 

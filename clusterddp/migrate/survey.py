@@ -27,6 +27,8 @@ class Survey(cst.CSTVisitor):
         self.wrapped: Set[str] = set()
         self.optimizers: Set[str] = set()
         self.optimizer_kinds: Set[str] = set()  # names imported from torch.optim
+        self.schedulers: Set[str] = set()  # names bound to a learning-rate scheduler
+        self.scheduler_kinds: Set[str] = set()  # names imported from torch.optim.lr_scheduler
         self.findings: Lines = []
         self.loops = 0
         self.trains: Set[int] = set()  # the DataLoader calls that train (by the name they are bound to)
@@ -50,10 +52,13 @@ class Survey(cst.CSTVisitor):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         """``from torch.optim import RMSprop``: what those names make is an optimizer."""
         module = dotted(node.module) if node.module is not None else ""
-        if module.split(".")[:2] in (["torch", "optim"], ["optim"]) and "lr_scheduler" not in module and \
-                not isinstance(node.names, cst.ImportStar):
-            self.optimizer_kinds |= {a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name)
-                                     else dotted(a.name) for a in node.names}
+        if module.split(".")[:2] in (["torch", "optim"], ["optim"]) and not isinstance(node.names, cst.ImportStar):
+            made = {a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else dotted(a.name)
+                    for a in node.names}
+            if "lr_scheduler" in module:
+                self.scheduler_kinds |= made
+            else:
+                self.optimizer_kinds |= made
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
         if dotted(node.name).split(".")[-1] == "DataParallel" and node.asname is not None and \
@@ -77,6 +82,9 @@ class Survey(cst.CSTVisitor):
         if isinstance(value, cst.Call) and (".optim." in f".{dotted(value.func)}" or dotted(value.func) in
                                             self.optimizer_kinds) and "lr_scheduler" not in dotted(value.func):
             self.optimizers |= names
+        if isinstance(value, cst.Call) and (".lr_scheduler." in f".{dotted(value.func)}" or dotted(value.func) in
+                                            self.scheduler_kinds):
+            self.schedulers |= names
 
     def visit_Call(self, node: cst.Call) -> None:
         name = dotted(node.func)

@@ -8,7 +8,7 @@ from typing import Any, List, Set, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from .patterns import TIGHT, Retest, cuda_literal, makedirs_call, makedirs_unless_exists
+from .patterns import TIGHT, Retest, cuda_literal, fed_schedulers, makedirs_call, makedirs_unless_exists
 from .stopping import Plan, loop_findings, plan
 from .survey import Survey, line_of
 from .syntax import IMPORT, METRIC, code_of, dotted, is_loader, keyword, positional, training_loader
@@ -100,11 +100,17 @@ class ToDDP(cst.CSTTransformer):
             if apart is not None:  # only some ranks get here: waiting for the others would wait forever
                 # (under a decision made on the ranks' average every rank is here; not waiting stays safe)
                 decided = self.plan.decided.get(id(apart))
+                alone = isinstance(apart, cst.Finally)  # (a rank's own exception brings it here alone)
                 self._did(original, "torch.save -> runtime.save_on_main(..., wait=False) (rank 0 writes, atomically, "
                           + (f"the decision at line {_line(self, decided)} being every rank's, on the average)"
-                             if decided is not None else
+                             if decided is not None else f"in a finally: line {_line(self, apart)})" if alone else
                              f"when its own values lead it here: line {_line(self, apart)})"))
-                if decided is None:
+                if decided is None and alone:
+                    self.later.append((_line(self, original), "a save in a finally (line "
+                                       f"{_line(self, apart)}): a rank whose own exception brings it here comes "
+                                       "alone, so it does not wait for the others (a wait would hang the job); what "
+                                       "rank 0 writes there may be from before the others' last step"))
+                elif decided is None:
                     self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
                                        f"{_line(self, apart)}); for a decision of all ranks, average the value it "
                                        "tests first (runtime.all_reduce_mean) so that every rank takes the same "
@@ -120,7 +126,10 @@ class ToDDP(cst.CSTTransformer):
             what = " (loss / accuracy averaged over the ranks)" if code_of(averaged) != code_of(updated) else ""
             decided = self.plan.decided.get(id(apart))
             if apart is not None and code_of(updated.visit(_Average())) != code_of(updated):
-                what = (" (not averaged: whether a rank gets here depends on its own values, line "
+                what = (" (not averaged: a rank's own exception may bring it to this finally alone, line "
+                        f"{_line(self, apart)}; an average would wait for the others forever)") \
+                    if isinstance(apart, cst.Finally) and decided is None else \
+                    (" (not averaged: whether a rank gets here depends on its own values, line "
                         f"{_line(self, apart)}; an average would wait for the others forever)") if decided is None \
                     else f" (not averaged, rank 0's own: kept so, though line {_line(self, decided)} now decides on " \
                     "the ranks' average)"
@@ -243,10 +252,12 @@ class ToDDP(cst.CSTTransformer):
         if not _main_guard(original) or not isinstance(updated.body, cst.IndentedBlock):
             return updated
         self.guarded = True
-        self._did(original, "the entry point runs between runtime.init() and runtime.shutdown()")
-        body = [cst.parse_statement(f"{self.init}\n"), *updated.body.body,
-                cst.parse_statement("runtime.shutdown()\n")]
-        return updated.with_changes(body=updated.body.with_changes(body=body))
+        self._did(original, "the entry point runs after runtime.init(), in try: ... finally: runtime.shutdown() (its "
+                            "lines indented one level: sys.exit(), an exception or a return still shut down)")
+        guarded = cst.Try(body=updated.body.with_changes(header=cst.TrailingWhitespace()),
+                          finalbody=cst.Finally(body=cst.IndentedBlock([cst.parse_statement("runtime.shutdown()\n")])))
+        return updated.with_changes(body=updated.body.with_changes(body=[cst.parse_statement(f"{self.init}\n"),
+                                                                         guarded]))
 
     def _wrap_condition(self, original: cst.If, updated: cst.If) -> Any:
         """The if around the DataParallel wrap. Only its GPU-count comparisons are the world size now ("if
@@ -315,8 +326,14 @@ def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) 
     flow = analyse(wrapper.module)
     transformer = ToDDP(survey, flow, keep_global_batch, measure)
     transformer.plan = Plan() if measure else plan(wrapper, flow)
+    fed: Lines = []
+    if not measure:
+        averages, fed = fed_schedulers(wrapper, flow, survey.schedulers)
+        for key, made in averages.items():
+            have = transformer.plan.averages.setdefault(key, [])
+            have += [one for one in made if all(one[0] != score for score, _ in have)]
     new = wrapper.visit(transformer)
     findings = {(line, what) for line, what in survey.findings if line not in transformer.retested}
-    findings |= set(transformer.later) | set(transformer.plan.findings) | \
+    findings |= set(transformer.later) | set(transformer.plan.findings) | set(fed) | \
         set(loop_findings(wrapper, flow, transformer.plan.fixed))
     return new.code, transformer.changes, sorted(findings)

@@ -277,9 +277,10 @@ class _Control:
             self.block(st.body.body, ctrl)
             for handler in st.handlers:
                 self.block(handler.body.body, ctrl or handler)  # only the ranks that raised get here
-            for part in (st.orelse, st.finalbody):
-                if part is not None:
-                    self.block(part.body.body, ctrl)
+            if st.orelse is not None:
+                self.block(st.orelse.body.body, ctrl)
+            if st.finalbody is not None:  # a rank whose own exception brings it here comes alone
+                self.block(st.finalbody.body.body, ctrl or st.finalbody)
             return ctrl
         if isinstance(st, cst.With):
             for item in st.items:
@@ -306,17 +307,55 @@ class _Defs(cst.CSTVisitor):
                                                       p.name.value != "self"])
 
 
+#: passes of the names' fixed point before every name still undecided counts as per rank (each pass follows every
+#: assignment once, so a chain of names written against the file's order needs one pass a link)
+PASSES = 20
+
+
+class _Assigned(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: Set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            self.names.update(_targets(t.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.names.update(_targets(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.names.update(_targets(node.target))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.names.update(_targets(node.target))
+
+    def visit_For(self, node: cst.For) -> None:
+        self.names.update(_targets(node.target))
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.names.add(node.name.value)
+
+
+def _assigned(module: Any) -> Set[str]:
+    """Every name the module binds (assignments, loop targets, parameters)."""
+    found = _Assigned()
+    module.visit(found)
+    return found.names
+
+
 def analyse(module: Any, shared: Iterable[int] = (), uniform: Iterable[str] = ()) -> Flow:
     """The Flow of ``module`` (the very nodes the rewrite will visit); ``shared``, ``uniform``: as if those reads
     had been averaged first and those names were the same on every rank (Flow.shared, Flow.uniform)."""
     flow = Flow()
     flow.shared, flow.uniform = set(shared), set(uniform)
     module.visit(_Defs(flow))
-    for _ in range(20):  # to a fixed point: names feed names, calls feed parameters
+    for _ in range(PASSES):  # to a fixed point: names feed names, calls feed parameters
         before = len(flow.names)
         module.visit(_Names(flow))
         if len(flow.names) == before:
             break
+    else:  # not settled: a name still undecided may be per rank, and "the same on every rank" must never be a guess
+        flow.names |= _assigned(module) - flow.uniform
     control = _Control(flow)
     control.block(module.body, None)
     for defs in flow.functions.values():

@@ -1,0 +1,188 @@
+"""Issue 75: migrate judged by what a script does, never a silent change. One test (or a few) per class of the
+issue: exits and branches, schedulers fed per-rank values, the fixed point of the rank-uniformity analysis, loaders
+by use, randomness per generator, autograd and wraps, per-rank writers and devices. Each builds its script the way
+practitioners write it and asserts the rewrite or the line listed, both ways where a mutation could pass it."""
+from __future__ import annotations
+
+import textwrap
+
+from clusterddp.migrate import migrate_source
+from clusterddp.migrate.rules import report
+
+
+def migrated(source: str, name: str = "s.py"):
+    m = migrate_source(textwrap.dedent(source), name)
+    assert m.text is not None, m.left_alone
+    compile(m.text, name, "exec")
+    return m, "\n".join(report(m, name, False))
+
+
+# -- exits and branches ------------------------------------------------------------------------------------------
+
+EXIT_IN_LOOP = '''
+import sys
+import torch
+import torch.nn as nn
+
+
+def main():
+    model = nn.DataParallel(nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(10):
+        for x, y in train_loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if loss.item() < 0.01:
+            print("converged")
+            {leave}
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_process_exit_on_a_rank_s_own_value_is_an_exit_of_the_loop():
+    """sys.exit(), exit(), os._exit() and raise SystemExit under a per-rank test leave the loop on that rank alone:
+    the others wait in their next backward (a hang). Listed; a plain exception (the launcher ends the others) and an
+    exit under a test every rank shares are not."""
+    for leave in ("sys.exit(0)", "exit()", "os._exit(0)", "raise SystemExit(0)", "raise SystemExit"):
+        m, said = migrated(EXIT_IN_LOOP.replace("{leave}", leave))
+        assert "s.py:16: to check: the ranks may leave or skip this loop's steps apart" in said, (leave, said)
+        assert "runtime.print0(\"converged\")" in m.text  # not averaged: nothing to average
+    for stays in ("raise RuntimeError('diverged')", "print('still here')"):
+        m, said = migrated(EXIT_IN_LOOP.replace("{leave}", stays))
+        assert "leave or skip this loop's steps apart" not in said, (stays, said)
+    m, said = migrated(EXIT_IN_LOOP.replace("{leave}", "sys.exit(0)").replace("loss.item() < 0.01", "epoch == 5"))
+    assert "leave or skip this loop's steps apart" not in said, said
+
+
+def test_the_entry_point_shuts_down_in_a_finally_so_sys_exit_main_still_shuts_down():
+    m, said = migrated('''
+        import sys
+        import torch.nn as nn
+
+
+        def main():
+            model = nn.DataParallel(nn.Linear(4, 1))
+            return 0
+
+
+        if __name__ == "__main__":  # the entry
+            # a comment kept
+            sys.exit(main())
+        ''')
+    assert m.text.endswith('if __name__ == "__main__":  # the entry\n    runtime.init()\n    try:\n'
+                           '        # a comment kept\n        sys.exit(main())\n    finally:\n'
+                           '        runtime.shutdown()\n'), m.text
+    assert "s.py:11: the entry point runs after runtime.init(), in try: ... finally: runtime.shutdown()" in said
+
+
+def test_a_save_and_an_average_in_a_finally_do_not_wait_for_ranks_that_may_not_come():
+    m, said = migrated('''
+        import torch
+        import torch.nn as nn
+
+
+        def main():
+            model = nn.DataParallel(nn.Linear(4, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            try:
+                for x, y in train_loader:
+                    loss = model(x).sum()
+                    loss.backward()
+                    opt.step()
+            finally:
+                torch.save(model.state_dict(), "last.pt")
+                print("last loss", loss.item())
+        ''')
+    assert '        runtime.save_on_main(model.state_dict(), "last.pt", wait=False)\n' in m.text, m.text
+    assert '        runtime.print0("last loss", loss.item())\n' in m.text  # not averaged
+    assert "s.py:15: to check: a save in a finally (line 14): a rank whose own exception brings it here comes " \
+           "alone" in said, said
+    # the same save after the loop, outside the finally: every rank gets there, the save waits, the print averages
+    m, said = migrated('''
+        import torch
+        import torch.nn as nn
+
+
+        def main():
+            model = nn.DataParallel(nn.Linear(4, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in train_loader:
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+            torch.save(model.state_dict(), "last.pt")
+            print("last loss", loss.item())
+        ''')
+    assert '    runtime.save_on_main(model.state_dict(), "last.pt")\n' in m.text
+    assert 'runtime.print0("last loss", runtime.all_reduce_mean(loss).item())' in m.text
+
+
+# -- schedulers and learning rates fed per-rank values -------------------------------------------------------------
+
+PLATEAU = '''
+import torch
+import torch.nn as nn
+from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+
+def main():
+    model = nn.DataParallel(nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = ReduceLROnPlateau(opt, patience=2)
+    for epoch in range(10):
+        for x, y in train_loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        val_loss = loss.item()
+        {step}
+'''
+
+
+def test_a_plateau_scheduler_steps_on_the_ranks_average():
+    m, said = migrated(PLATEAU.replace("{step}", "sched.step(val_loss)"))
+    assert "        val_loss = runtime.all_reduce_mean(val_loss)\n        sched.step(val_loss)\n" in m.text, m.text
+    assert "s.py:17: val_loss = runtime.all_reduce_mean(val_loss) before `sched.step(val_loss)`" in said
+    # a value every rank shares is not averaged; one the step is given as an expression, or under a per-rank test,
+    # is listed
+    m, said = migrated(PLATEAU.replace("{step}", "sched.step(epoch)"))
+    assert "all_reduce_mean(epoch)" not in m.text and "the scheduler is given" not in said
+    for step, line in (("sched.step(val_loss * 2)", 17), ("if val_loss < 1:\n            sched.step(val_loss)", 18)):
+        m, said = migrated(PLATEAU.replace("{step}", step))
+        assert f"s.py:{line}: to check: sched.step(val_loss" in said and "a value of the rank's own" in said, said
+        assert "val_loss = runtime.all_reduce_mean(val_loss)" not in m.text
+    # a scheduler of the module's own name, made through the module
+    m, said = migrated(PLATEAU.replace("from torch.optim.lr_scheduler import ReduceLROnPlateau", "import torch.optim")
+                       .replace("ReduceLROnPlateau(opt", "torch.optim.lr_scheduler.ReduceLROnPlateau(opt")
+                       .replace("{step}", "sched.step(val_loss)"))
+    assert "val_loss = runtime.all_reduce_mean(val_loss)\n        sched.step(val_loss)" in m.text
+
+
+def test_a_learning_rate_written_from_a_per_rank_value_is_listed():
+    m, said = migrated(PLATEAU.replace("{step}", "for g in opt.param_groups:\n            g['lr'] = val_loss * 0.1\n"
+                                                 "        opt.param_groups[0]['lr'] = 0.01 * epoch"))
+    assert "s.py:18: to check: a learning rate set from a value of the rank's own" in said, said
+    assert "s.py:19: to check: a learning rate" not in said  # the epoch is every rank's
+
+
+# -- the rank-uniformity analysis never guesses "the same" ---------------------------------------------------------
+
+def test_an_unsettled_fixed_point_calls_every_undecided_name_per_rank():
+    """A chain of names written against the file's order settles one link a pass: past the passes the analysis
+    makes, the names not reached yet are per rank (never taken as the same on every rank)."""
+    from clusterddp.migrate import uniform
+    from clusterddp.migrate.syntax import libcst_module
+
+    links = uniform.PASSES + 5
+    chain = "\n".join(f"n{i + 1} = n{i}" for i in reversed(range(links)))
+    source = f"n0 = model(x)\n{chain}\n"
+    flow = uniform.analyse(libcst_module().parse_module(source))
+    assert f"n{links}" in flow.names and "n1" in flow.names
+    short = "\n".join(f"n{i + 1} = n{i}" for i in reversed(range(5))) + "\nk = 3\n"
+    flow = uniform.analyse(libcst_module().parse_module(f"n0 = model(x)\n{short}"))
+    assert "n5" in flow.names and "k" not in flow.names  # settled: a constant stays the same on every rank
