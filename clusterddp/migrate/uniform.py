@@ -14,6 +14,7 @@ import libcst as cst
 
 from .exits import exits_if as _exits_if
 from .syntax import dotted
+from .walk import bound
 
 #: Calls whose result is the same on every rank when their arguments are.
 PURE = {"range", "len", "int", "float", "str", "bool", "min", "max", "abs", "round", "enumerate", "zip", "tuple",
@@ -312,37 +313,6 @@ class _Defs(cst.CSTVisitor):
 PASSES = 20
 
 
-class _Assigned(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: Set[str] = set()
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for t in node.targets:
-            self.names.update(_targets(t.target))
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self.names.update(_targets(node.target))
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self.names.update(_targets(node.target))
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self.names.update(_targets(node.target))
-
-    def visit_For(self, node: cst.For) -> None:
-        self.names.update(_targets(node.target))
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self.names.add(node.name.value)
-
-
-def _assigned(module: Any) -> Set[str]:
-    """Every name the module binds (assignments, loop targets, parameters)."""
-    found = _Assigned()
-    module.visit(found)
-    return found.names
-
-
 def analyse(module: Any, shared: Iterable[int] = (), uniform: Iterable[str] = ()) -> Flow:
     """The Flow of ``module`` (the very nodes the rewrite will visit); ``shared``, ``uniform``: as if those reads
     had been averaged first and those names were the same on every rank (Flow.shared, Flow.uniform)."""
@@ -355,7 +325,7 @@ def analyse(module: Any, shared: Iterable[int] = (), uniform: Iterable[str] = ()
         if len(flow.names) == before:
             break
     else:  # not settled: a name still undecided may be per rank, and "the same on every rank" must never be a guess
-        flow.names |= _assigned(module) - flow.uniform
+        flow.names |= bound(module) - flow.uniform
     control = _Control(flow)
     control.block(module.body, None)
     for defs in flow.functions.values():

@@ -147,3 +147,51 @@ def sources(module: Any) -> Set[str]:
 
     module.visit(_Values())
     return found
+
+
+def _bound_names(node: Any) -> Iterable[str]:
+    """The names a target binds (``history[epoch] = x``: ``history``)."""
+    if isinstance(node, cst.Name):
+        yield node.value
+    elif isinstance(node, (cst.Tuple, cst.List)):
+        for element in node.elements:
+            yield from _bound_names(element.value)
+    elif isinstance(node, (cst.StarredElement, cst.Subscript, cst.Attribute)):
+        yield from _bound_names(node.value)
+
+
+class _Bound(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: Set[str] = set()
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for t in node.targets:
+            self.names.update(_bound_names(t.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self.names.update(_bound_names(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self.names.update(_bound_names(node.target))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.names.update(_bound_names(node.target))
+
+    def visit_For(self, node: cst.For) -> None:
+        self.names.update(_bound_names(node.target))
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self.names.update(_bound_names(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:  # (with ... as x, except ... as e)
+        self.names.update(_bound_names(node.name))
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.names.add(node.name.value)
+
+
+def bound(module: Any) -> Set[str]:
+    """Every name the module binds (assignments, loop targets, parameters)."""
+    found = _Bound()
+    module.visit(found)
+    return found.names
