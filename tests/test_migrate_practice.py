@@ -186,3 +186,54 @@ def test_an_unsettled_fixed_point_calls_every_undecided_name_per_rank():
     short = "\n".join(f"n{i + 1} = n{i}" for i in reversed(range(5))) + "\nk = 3\n"
     flow = uniform.analyse(libcst_module().parse_module(f"n0 = model(x)\n{short}"))
     assert "n5" in flow.names and "k" not in flow.names  # settled: a constant stays the same on every rank
+
+
+# -- loaders by use -----------------------------------------------------------------------------------------------
+
+PRACTICE = __import__("pathlib").Path(__file__).parent / "scripts" / "migrate" / "practice"
+
+
+def test_a_dict_of_loaders_by_phase_splits_only_the_phase_whose_loop_runs_a_backward():
+    """The tutorial's ``for phase in ["train", "val"]: for x, y in dataloaders[phase]`` with the backward under ``if
+    phase == "train"``, the dict made in main() and given to the training function: the training loader is split,
+    the shuffled validation one is not (its accuracy would be a quarter of the truth), and the count divided by the
+    set's size is listed. Both loaders shuffle, so their names and their arguments cannot tell them apart."""
+    source = (PRACTICE / "phases_dict.py").read_text()
+    m, said = migrated(source, "phases_dict.py")
+    assert '    loaders = {"train": runtime.loader(train_set, batch_size=8, shuffle=True),\n' \
+           '               "val": DataLoader(val_set, batch_size=8, shuffle=True)}\n' in m.text, m.text
+    assert "phases_dict.py:33: to check: a DataLoader with shuffle=True, looped over only where no backward runs" \
+        in said, said
+    assert "phases_dict.py:26: to check: running_corrects adds up this rank's share only" in said
+    assert "divided by dataset_sizes[phase]" in said
+    # the validation phase trains too (a backward for every phase): both split, nothing listed for either
+    both = source.replace('                    if phase == "train":\n                        loss.backward()',
+                          '                    if phase in ("train", "val"):\n                        loss.backward()')
+    m, said = migrated(both, "phases_dict.py")
+    assert '"val": runtime.loader(val_set' in m.text and "looped over only where no backward runs" not in said
+    # made in one comprehension for both phases: not split, and said
+    one = source.replace('    loaders = {"train": DataLoader(train_set, batch_size=8, shuffle=True),\n'
+                         '               "val": DataLoader(val_set, batch_size=8, shuffle=True)}\n',
+                         '    loaders = {x: DataLoader(sets[x], batch_size=8, shuffle=True) for x in ["train", "val"]}\n')
+    m, said = migrated(one, "phases_dict.py")
+    assert "runtime.loader" not in m.text
+    assert "phases_dict.py:32: to check: one DataLoader call makes the loaders of train, val (a comprehension) and " \
+           "only loaders[train] trains" in said, said
+
+
+def test_loaders_returned_by_a_builder_are_judged_by_the_loops_over_the_caller_s_names():
+    m, said = migrated((PRACTICE / "builder_loaders.py").read_text(), "builder_loaders.py")
+    assert "    train_loader = runtime.loader(train_set, batch_size=batch, shuffle=True)\n" in m.text
+    assert "    val_loader = DataLoader(val_set, batch_size=batch, shuffle=True)\n" in m.text
+    assert "builder_loaders.py:9: to check: a DataLoader with shuffle=True, looped over only where" in said
+    # the training set's count over its size: listed; the validation set's (not split): not
+    assert "builder_loaders.py:31: to check: seen adds up this rank's share only" in said, said
+    assert "builder_loaders.py:27: to check: correct adds up" not in said
+    # a count of the same loop as the divisor, or the loop's own batch count: not listed
+    for divisor in ("total", "len(tr)"):
+        source = (PRACTICE / "builder_loaders.py").read_text().replace(
+            "            seen += (model(x).argmax(1) == y).sum().item()\n",
+            "            seen += (model(x).argmax(1) == y).sum().item()\n            total += y.size(0)\n").replace(
+            "seen / len(train_set)", f"seen / {divisor}")
+        m, said = migrated(source, "builder_loaders.py")
+        assert "seen adds up this rank's share only" not in said, (divisor, said)

@@ -2,16 +2,15 @@
 and the loaders are bound to) and what to list. Imports libcst at module level (loaded by ``transform``)."""
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from .loaders import Uses, divided_wrongly
 from .syntax import code_of, dotted, is_loader, keyword, training_loader
 
 Lines = List[Tuple[int, str]]
-EVALUATES = re.compile(r"(^|_)(val|valid|validation|test|eval|evaluation|dev)(_|$|loader|set|data)")
 
 
 def line_of(visitor: Any, node: Any) -> int:
@@ -23,7 +22,8 @@ class Survey(cst.CSTVisitor):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self) -> None:
+    def __init__(self, uses: Optional[Uses] = None) -> None:
+        self.uses = uses if uses is not None else Uses()  # loaders by use (loaders.py): dicts, builders, sums
         self.wrapped: Set[str] = set()
         self.optimizers: Set[str] = set()
         self.optimizer_kinds: Set[str] = set()  # names imported from torch.optim
@@ -48,6 +48,7 @@ class Survey(cst.CSTVisitor):
         self.within: List[str] = []
         self.param_loops: Dict[Tuple[str, str], bool] = {}
         self.calls: List[Tuple[str, List[Tuple[Optional[int], Optional[str], str]]]] = []
+        self.key_aliases: List[Tuple[str, str]] = []  # (a parameter's "D[k]", the caller's): one dict of loaders
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         """``from torch.optim import RMSprop``: what those names make is an optimizer."""
@@ -181,6 +182,11 @@ class Survey(cst.CSTVisitor):
                                                        else None)
                 if param is not None and (function, param) in self.param_loops:
                     self.iterated[name] = self.iterated.get(name, False) or self.param_loops[(function, param)]
+                for key, backward in list(self.iterated.items()) if param is not None else ():
+                    if key.startswith(f"{param}["):  # a dict of loaders given to it: its keys' loops
+                        mine = name + key[len(str(param)):]
+                        self.iterated[mine] = self.iterated.get(mine, False) or backward
+                        self.key_aliases.append((key, mine))
 
     def leave_For(self, node: cst.For) -> None:
         self.depth -= 1
@@ -200,10 +206,24 @@ class Survey(cst.CSTVisitor):
                                           "one model's parameters without a gradient (frozen, or its output "
                                           "detached) fails under DDP ('Expected to have finished reduction'); "
                                           "pass find_unused_parameters=True to runtime.wrap where --check says so"))
+        self.bound.update(self.uses.bound)
+        self.trains |= {key for key, (call, _, names) in self.uses.bound.items() if training_loader(call, names)}
+        for name, backward in self.uses.iterated.items():
+            self.iterated[name] = self.iterated.get(name, False) or backward
         self._passed()
+        for caller, builder in self.uses.aliases():  # tr, va = make_loaders(): the loops over tr are train_loader's
+            if caller in self.iterated:
+                self.iterated[builder] = self.iterated.get(builder, False) or self.iterated[caller]
         self._evaluation()
         self._unshuffled_training()
+        self._phases_in_one_call()
         trains = {n for key, (call, _, names) in self.bound.items() if key in self.trains for n in names}
+        sharded = {n for key, (_, _, names) in self.bound.items()
+                   if key not in self.evaluation and (key in self.trains or training_loader(self.bound[key][0]))
+                   for n in names}
+        sharded |= {caller for caller, builder in self.uses.aliases() if builder in sharded}
+        sharded |= {key for key, mine in self.key_aliases if mine in sharded}
+        self.findings += divided_wrongly(self.uses, sharded)
         for at, loader in self.sizes:
             if loader in trains:
                 self.findings.append((at, f"len({loader}.dataset) is the whole set: each rank now goes through "
@@ -223,16 +243,30 @@ class Survey(cst.CSTVisitor):
                 self.findings = [(line, what) for line, what in self.findings
                                  if not (line == at and "without shuffle=True" in what)]
 
+    def _phases_in_one_call(self) -> None:
+        """One DataLoader call that makes the loaders of several phases (``{x: DataLoader(...) for x in ["train",
+        "val"]}``) where one phase's loop trains and another's does not: it cannot be split for one phase alone."""
+        for key, phases in self.uses.shared.items():
+            call, at, names = self.bound[key]
+            looped = {n: self.iterated[n] for n in names if n in self.iterated}
+            if True in looped.values() and False in looped.values():
+                self.trains.discard(key)
+                self.evaluation.add(key)
+                self.findings.append((at, "one DataLoader call makes the loaders of " + ", ".join(phases) + " (a "
+                                          "comprehension) and only " + ", ".join(n for n, b in looped.items() if b) +
+                                          " trains: it is left as it is (every rank goes through every set, in its "
+                                          "own order); make the training loader a runtime.loader(...) call of its "
+                                          "own, so that each rank trains on its share"))
+
     def _evaluation(self) -> None:
-        """A shuffled loader named for evaluation (val_loader, testloader) and looped over only where no backward
-        runs, while another loop over a loader does run one: it evaluates; splitting it would compute the metric on
-        each rank's share and pick a "best" per rank."""
+        """A shuffled loader looped over only where no backward runs (whatever its name), while another loop over a
+        loader does run one: it evaluates; splitting it would compute the metric on each rank's share and pick a
+        "best" per rank."""
         if not any(self.iterated.values()):
             return  # no loop that trains was seen: nothing to go by
         for key, (call, at, names) in self.bound.items():
             looped = [self.iterated[n] for n in names if n in self.iterated]
-            if looped and not any(looped) and any(EVALUATES.search(n.lower()) for n in names) and \
-                    training_loader(call, names):
+            if looped and not any(looped) and training_loader(call, names):
                 self.evaluation.add(key)
                 self.trains.discard(key)
                 self.findings.append((at, "a DataLoader with shuffle=True, looped over only where no backward runs "

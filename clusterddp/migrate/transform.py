@@ -8,6 +8,7 @@ from typing import Any, List, Set, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from .loaders import Uses
 from .patterns import TIGHT, Retest, cuda_literal, fed_schedulers, makedirs_call, makedirs_unless_exists
 from .stopping import Plan, loop_findings, plan
 from .survey import Survey, line_of
@@ -321,7 +322,9 @@ class _Average(cst.CSTTransformer):
 def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) -> Tuple[str, Lines, Lines]:
     """The new text, the changes and the findings."""
     wrapper = MetadataWrapper(module)
-    survey = Survey()
+    uses = Uses()
+    wrapper.visit(uses)
+    survey = Survey(uses)
     wrapper.visit(survey)
     flow = analyse(wrapper.module)
     transformer = ToDDP(survey, flow, keep_global_batch, measure)
