@@ -84,7 +84,9 @@ class Uses(cst.CSTVisitor):
 
     def __init__(self) -> None:
         self.bound: Dict[int, Tuple[Any, int, Set[str]]] = {}  # a loader call -> (it, its line, its keys "D[k]")
-        self.shared: Dict[int, List[str]] = {}   # a loader call of a dict comprehension -> the keys it makes
+        self.shared: Dict[int, Optional[List[str]]] = {}  # a loader call of a dict comprehension -> its keys
+        self.dict_keys: Dict[str, List[str]] = {}  # a name bound to a dict of plain string keys -> the keys
+        self.unclear: Set[str] = set()  # dicts looped over by a key that cannot be told (``loaders[name]``)
         self.iterated: Dict[str, bool] = {}      # "D[k]" looped over -> whether that key's loop runs a backward
         self.returns: Dict[str, List[str]] = {}  # a function of the script -> the names of the tuple it returns
         self.unpacked: List[Tuple[List[str], str]] = []  # (targets, function): ``tr, va = make_loaders()``
@@ -107,21 +109,36 @@ class Uses(cst.CSTVisitor):
         if self.within and isinstance(value, cst.Tuple) and all(isinstance(e.value, cst.Name) for e in value.elements):
             self.returns[self.within[-1]] = [e.value.value for e in value.elements]  # type: ignore[attr-defined]
 
+    def keys(self, node: Any) -> Optional[List[str]]:
+        """The keys ``node`` goes over: a literal list, a dict of this script's by name, its ``.keys()``."""
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "keys" \
+                and not node.args:
+            node = node.func.value
+        if isinstance(node, cst.Name):
+            return self.dict_keys.get(node.value)
+        return literal_keys(node)
+
     def visit_Assign(self, node: cst.Assign) -> None:
         value, targets = node.value, [t.target for t in node.targets]
         dicts = [t.value for t in targets if isinstance(t, cst.Name)]
         if isinstance(value, cst.Dict):
+            strings = [e.key.evaluated_value for e in value.elements
+                       if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)]
+            if strings and len(strings) == len(value.elements):
+                self.dict_keys.update({d: [str(k) for k in strings] for d in dicts})
             for element in value.elements:
                 if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString) and \
                         isinstance(element.value, cst.Call) and is_loader(element.value):
                     key = str(element.key.evaluated_value)
                     self.bound[id(element.value)] = (element.value, self._line(element.value),
                                                      {f"{d}[{key}]" for d in dicts})
-        elif isinstance(value, cst.DictComp) and isinstance(value.value, cst.Call) and is_loader(value.value):
-            keys = literal_keys(value.for_in.iter)
+        elif isinstance(value, cst.DictComp):
+            keys = self.keys(value.for_in.iter)
             if keys is not None:
+                self.dict_keys.update({d: keys for d in dicts})
+            if isinstance(value.value, cst.Call) and is_loader(value.value):
                 self.bound[id(value.value)] = (value.value, self._line(value.value),
-                                               {f"{d}[{k}]" for d in dicts for k in keys})
+                                               {f"{d}[{k}]" for d in dicts for k in keys or ["?"]})
                 self.shared[id(value.value)] = keys
         elif isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and len(targets) == 1 and \
                 isinstance(targets[0], cst.Tuple) and all(isinstance(e.value, cst.Name) for e in targets[0].elements):
@@ -129,7 +146,7 @@ class Uses(cst.CSTVisitor):
                                   value.func.value))
 
     def visit_For(self, node: cst.For) -> None:
-        keys = literal_keys(node.iter)
+        keys = self.keys(node.iter)
         if keys is not None and isinstance(node.target, cst.Name):
             self.phases.append((node.target.value, keys))
         over = node.iter
@@ -146,6 +163,8 @@ class Uses(cst.CSTVisitor):
             envs = [{}] if isinstance(index, cst.SimpleString) else \
                 [{name: k} for name, keys in self.phases if isinstance(index, cst.Name) and index.value == name
                  for k in keys]
+            if not envs:  # a key that cannot be told: which of its loaders trains cannot either
+                self.unclear.add(over.value.value)
             for env in envs:
                 key = str(index.evaluated_value) if isinstance(index, cst.SimpleString) else next(iter(env.values()))
                 name = f"{over.value.value}[{key}]"
@@ -156,7 +175,7 @@ class Uses(cst.CSTVisitor):
             self.sums.append((looped, added))
 
     def leave_For(self, original_node: cst.For) -> None:
-        if literal_keys(original_node.iter) is not None and isinstance(original_node.target, cst.Name):
+        if self.keys(original_node.iter) is not None and isinstance(original_node.target, cst.Name):
             self.phases.pop()
 
     def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:

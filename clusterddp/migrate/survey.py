@@ -49,6 +49,7 @@ class Survey(cst.CSTVisitor):
         self.param_loops: Dict[Tuple[str, str], bool] = {}
         self.calls: List[Tuple[str, List[Tuple[Optional[int], Optional[str], str]]]] = []
         self.key_aliases: List[Tuple[str, str]] = []  # (a parameter's "D[k]", the caller's): one dict of loaders
+        self.dict_args: List[Tuple[str, str]] = []  # (a parameter, the name a call gives it)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         """``from torch.optim import RMSprop``: what those names make is an optimizer."""
@@ -182,6 +183,8 @@ class Survey(cst.CSTVisitor):
                                                        else None)
                 if param is not None and (function, param) in self.param_loops:
                     self.iterated[name] = self.iterated.get(name, False) or self.param_loops[(function, param)]
+                if param is not None:
+                    self.dict_args.append((param, name))
                 for key, backward in list(self.iterated.items()) if param is not None else ():
                     if key.startswith(f"{param}["):  # a dict of loaders given to it: its keys' loops
                         mine = name + key[len(str(param)):]
@@ -245,11 +248,23 @@ class Survey(cst.CSTVisitor):
 
     def _phases_in_one_call(self) -> None:
         """One DataLoader call that makes the loaders of several phases (``{x: DataLoader(...) for x in ["train",
-        "val"]}``) where one phase's loop trains and another's does not: it cannot be split for one phase alone."""
+        "val"]}``) where one phase's loop trains and another's does not: it cannot be split for one phase alone.
+        Loaders of a dict looped over by a key that cannot be told (or made for keys that cannot): left, listed."""
+        unclear = self.uses.unclear | {name for param, name in self.dict_args if param in self.uses.unclear}
+        for key, (_, at, names) in self.bound.items():
+            if key in self.evaluation or not any(n.split("[")[0] in unclear or n.endswith("[?]") for n in names):
+                continue
+            self.trains.discard(key)
+            self.evaluation.add(key)
+            self.findings.append((at, "a DataLoader in a dict looped over by a key that cannot be told here: whether "
+                                      "it trains (a loop with a backward goes over it) cannot be either, so it is "
+                                      "left as it is (every rank goes through the whole set); make the training "
+                                      "loader a runtime.loader(...) call, and share an evaluation one with "
+                                      "runtime.loader(..., shuffle=False) and runtime.all_reduce_mean of the metric"))
         for key, phases in self.uses.shared.items():
             call, at, names = self.bound[key]
             looped = {n: self.iterated[n] for n in names if n in self.iterated}
-            if True in looped.values() and False in looped.values():
+            if phases is not None and True in looped.values() and False in looped.values():
                 self.trains.discard(key)
                 self.evaluation.add(key)
                 self.findings.append((at, "one DataLoader call makes the loaders of " + ", ".join(phases) + " (a "
