@@ -246,3 +246,57 @@ def test_loaders_returned_by_a_builder_are_judged_by_the_loops_over_the_caller_s
             "seen / len(train_set)", f"seen / {divisor}")
         m, said = migrated(source, "builder_loaders.py")
         assert "seen adds up this rank's share only" not in said, (divisor, said)
+
+
+# -- randomness per generator --------------------------------------------------------------------------------------
+
+SPLIT = '''
+import random
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Subset
+
+{seed}
+indices = list(range(100))
+{draw}
+train = Subset(data, indices[:80])
+model = nn.DataParallel(nn.Linear(4, 1))
+loader = DataLoader(train, batch_size=8, shuffle=True)
+'''
+
+
+def test_a_split_is_judged_by_the_generator_it_draws_from():
+    """A seed counts only for its own generator: torch's seed leaves a NumPy or Python split unseeded."""
+    cases = [  # (the draw, the seeds before it, listed?)
+        ("random.shuffle(indices)", "", True),
+        ("random.shuffle(indices)", "torch.manual_seed(0)", True),
+        ("random.shuffle(indices)", "random.seed(0)", False),
+        ("indices = np.random.permutation(100)", "torch.manual_seed(0)\nrandom.seed(0)", True),
+        ("indices = np.random.permutation(100)", "np.random.seed(0)", False),
+        ("indices = list(np.random.choice(100, 100, replace=False))", "", True),
+        ("indices = torch.randperm(100).tolist()", "np.random.seed(0)", True),
+        ("indices = torch.randperm(100).tolist()", "torch.manual_seed(0)", False),
+        ("indices = torch.randperm(100, generator=g).tolist()", "", False),
+        ("tr, va = train_test_split(indices, test_size=0.2)", "torch.manual_seed(0)", True),
+        ("tr, va = train_test_split(indices, test_size=0.2, random_state=0)", "", False),
+        ("tr, va = train_test_split(indices, test_size=0.2)", "np.random.seed(0)", False),
+        ("random.shuffle(indices)", "pl.seed_everything(0)", False),
+        ("indices = np.random.permutation(100)", "torch.Generator().manual_seed(0)", True),  # a private one's seed
+    ]
+    for draw, seed, listed in cases:
+        m, said = migrated(SPLIT.replace("{seed}", seed).replace("{draw}", draw))
+        found = [line for line in said.splitlines() if "with no seed set before it" in line]
+        assert len(found) == int(listed), (draw, seed, said)
+    m, said = migrated(SPLIT.replace("{seed}", "torch.manual_seed(0)").replace("{draw}", "random.shuffle(indices)"))
+    assert "s.py:11: to check: random.shuffle draws from Python's random with no seed set before it (the seeds set " \
+           "before it are torch's generator's: not this one): each rank draws its own split or order" in said, said
+    assert "seed it the same on every rank first (random.seed(0))" in said
+
+
+def test_a_seed_for_each_generator_is_said_to_be_the_same_on_every_rank():
+    m, said = migrated(SPLIT.replace("{seed}", "random.seed(1)\nnp.random.seed(1)").replace("{draw}", ""))
+    for line, which in ((9, "Python's random"), (10, "NumPy's global generator")):
+        assert f"s.py:{line}: to check: the same seed on every rank ({which}): right for the model's initial " \
+               "weights and a split every rank must draw alike; where augmentation or dropout draws from it" in said

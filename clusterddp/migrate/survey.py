@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import libcst as cst
 from libcst.metadata import PositionProvider
 
+from .draws import drawn_from, same_seed, seeds, unseeded
 from .loaders import Uses, divided_wrongly
 from .syntax import code_of, dotted, is_loader, keyword, training_loader
 
@@ -40,7 +41,7 @@ class Survey(cst.CSTVisitor):
         self.depth = 0  # the loops around the node visited
         self.sizes: List[Tuple[int, str]] = []  # len(X.dataset): (line, X)
         self.wraps: List[int] = []  # the lines of the DataParallel wraps
-        self.seeded = False  # a manual_seed seen (in the order of the file)
+        self.seeded: Set[str] = set()  # the generators a seed was set for (in the order of the file): draws.py
         self.bars: Set[int] = set()  # tqdm calls a for loop goes over (nothing reads the bar itself)
         # A loader passed to a function of the script (evaluate(model, val_loader)) is looped over where that
         # function loops over its parameter: its parameters, the loops over them, the calls with names.
@@ -121,15 +122,14 @@ class Survey(cst.CSTVisitor):
                                       "leaves the next rank nothing to move; a copy of what rank 0 saves may catch "
                                       "it unfinished where the save does not wait); do it on rank 0 only (if "
                                       "runtime.is_main():)"))
-        elif name.split(".")[-1] in ("randperm", "random_split") and keyword(node, "generator") is None and \
-                not self.seeded:
-            self.findings.append((at, f"{name.split('.')[-1]} with no seed set before it: each rank draws its own "
-                                      "split, so one rank's training samples are another's validation samples; "
-                                      "seed it the same on every rank (generator=torch.Generator().manual_seed(0))"))
-        elif name.endswith("manual_seed"):
-            self.seeded = True
-            self.findings.append((at, "the same seed on every rank: right for the model's initial weights; for "
-                                      "per-rank randomness (augmentation, dropout masks) add runtime.rank()"))
+        elif drawn_from(name, keyword(node, "generator") is not None, keyword(node, "random_state") is not None):
+            source = drawn_from(name, keyword(node, "generator") is not None, keyword(node, "random_state") is not None)
+            said = unseeded(name, str(source), self.seeded)
+            if said:
+                self.findings.append((at, said))
+        elif seeds(name) and not (isinstance(node.func, cst.Attribute) and "Generator(" in code_of(node.func.value)):
+            self.seeded |= seeds(name)
+            self.findings.append((at, same_seed(seeds(name))))
         elif is_loader(node) and (keyword(node, "sampler") or keyword(node, "batch_sampler")):
             self.findings.append((at, "a DataLoader with its own sampler is not rewritten: give each rank its share "
                                       "(a DistributedSampler around it, set_epoch every epoch)"))
