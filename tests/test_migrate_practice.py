@@ -300,3 +300,124 @@ def test_a_seed_for_each_generator_is_said_to_be_the_same_on_every_rank():
     for line, which in ((9, "Python's random"), (10, "NumPy's global generator")):
         assert f"s.py:{line}: to check: the same seed on every rank ({which}): right for the model's initial " \
                "weights and a split every rank must draw alike; where augmentation or dropout draws from it" in said
+
+
+# -- autograd and wraps ------------------------------------------------------------------------------------------
+
+STEP = '''
+import torch
+import torch.nn as nn
+
+
+def build():
+    return nn.DataParallel(Net())
+
+
+def main():
+    model = build()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in train_loader:
+        {loss}
+        opt.step()
+'''
+
+
+def test_what_goes_past_ddp_s_forward_or_backs_twice_is_listed():
+    cases = [  # (the step's lines, the line listed, what it says) - None: nothing of these listed
+        ("loss = model.module.compute_loss(x, y)\n        loss.backward()", 14, "model.module.compute_loss(...) goes "
+         "past DDP's forward"),
+        ("loss = model(x).sum()\n        loss.backward(retain_graph=True)\n        (loss * 2).backward()", 15,
+         "backward(retain_graph=True): a second backward through the same forward"),
+        ("a, b = model(x)\n        a.sum().backward()\n        b.sum().backward()", 16, "2 backward() calls in one "
+         "step of this loop, with one model"),
+        ("loss = model(x).sum()\n        loss.backward()", None, ""),
+        ("loss = model(x).sum()\n        if args.double:\n            loss.backward()\n        else:\n"
+         "            (2 * loss).backward()", None, ""),  # one branch or the other: one backward a step
+        ("sd = model.module.state_dict()\n        loss = model(x).sum()\n        loss.backward()", None, ""),
+    ]
+    for step, line, what in cases:
+        m, said = migrated(STEP.replace("{loss}", step))
+        listed = [s for s in said.splitlines() if "past DDP's forward" in s or "backward" in s and "to check" in s]
+        if line is None:
+            assert not listed, (step, listed)
+        else:
+            assert any(s.startswith(f"s.py:{line}: to check: {what}") for s in listed), (step, said)
+
+
+def test_wraps_are_counted_as_calls_and_a_script_without_one_says_so():
+    m, said = migrated(STEP.replace("{loss}", "loss = model(x).sum()\n        loss.backward()") +
+                       "\n\nteacher = build()\n")
+    assert "s.py:7: to check: a DataParallel wrap inside build(), which the script calls 2 times: under DDP that " \
+           "makes 2 DDP models" in said, said
+    m, said = migrated(STEP.replace("{loss}", "loss = model(x).sum()\n        loss.backward()"))
+    assert "which the script calls" not in said and "no model goes through runtime.wrap" not in said
+    # only the functional form: rewritten to a plain call, and the missing wrap said (never "left alone")
+    m, said = migrated('''
+        import torch.nn as nn
+
+
+        class G(nn.Module):
+            def forward(self, x):
+                return nn.parallel.data_parallel(self.main, x, range(self.ngpu))
+        ''')
+    assert "        return self.main(x)\n" in m.text, m.text
+    assert "s.py:7: nn.parallel.data_parallel(self.main, x, range(self.ngpu)) -> self.main(x)" in said
+    assert "s.py:1: to check: no model goes through runtime.wrap in this script: each rank would train its own " \
+           "copy" in said, said
+
+
+def test_runtime_wrap_leaves_a_model_with_nothing_to_train_unwrapped_and_says_so():
+    """DDP refuses a module without a parameter that requires a gradient (a frozen teacher, a buffers-only front
+    end): runtime.wrap moves it to the device and says so; one that trains is wrapped."""
+    import subprocess
+    import sys
+
+    code = ("import torch.nn as nn\nfrom clusterddp import runtime\nruntime.init(allow_single=True)\n"
+            "frozen = nn.Linear(2, 2).requires_grad_(False)\nm = runtime.wrap(frozen)\nprint(type(m).__name__)\n"
+            "print(type(runtime.wrap(nn.Linear(2, 2))).__name__)\nruntime.shutdown()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "CLUSTERDDP_HANG_TIMEOUT": "0"})
+    assert proc.returncode == 0, proc.stderr
+    out = (proc.stdout + proc.stderr).splitlines()
+    assert "clusterddp: runtime.wrap: Linear has no parameter that trains: moved to cpu, not wrapped in DDP" in out
+    assert [line for line in proc.stdout.splitlines() if line in ("Linear", "DistributedDataParallel")] == \
+        ["Linear", "DistributedDataParallel"], proc.stdout
+
+
+# -- per-rank writers and devices ----------------------------------------------------------------------------------
+
+def test_writers_and_devices_each_rank_would_share_are_listed_or_rewritten():
+    m, said = migrated('''
+        import logging
+        import os
+
+        import torch
+        import torch.nn as nn
+        from torch.utils.tensorboard import SummaryWriter
+        from tqdm import tqdm
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
+        logging.basicConfig(filename="train.log", filemode="w", level=logging.INFO)
+        writer = SummaryWriter("runs/exp")
+        torch.cuda.set_device(0)
+        model = nn.DataParallel(Net()).to(f"cuda:{args.gpu}")
+        device = torch.device(f"cuda:{args.gpu}")
+        state = torch.load("last.pt")
+        other = torch.load("best.pt", map_location="cpu")
+        bar = tqdm(train_loader)
+        for x, y in bar:
+            loss = model(x).sum()
+            loss.backward()
+            bar.set_description(f"{loss.item():.3f}")
+        ''')
+    listed = {int(line.split(":")[1]): line for line in said.splitlines() if ": to check: " in line}
+    assert "CUDA_VISIBLE_DEVICES set by the script" in listed[10]
+    assert "every rank opens this log file (logging.basicConfig(filename=...))" in listed[11]
+    assert "every rank makes a SummaryWriter" in listed[12]
+    assert "torch.cuda.set_device: every rank would pick the same GPU" in listed[13]
+    assert 'f"cuda:{args.gpu}": a GPU the script chooses' in listed[14]
+    assert 15 not in listed  # torch.device(f"cuda:...") is rewritten: runtime.device()
+    assert "device = runtime.device()\n" in m.text
+    assert 'state = torch.load("last.pt", map_location=runtime.device())\n' in m.text
+    assert 'other = torch.load("best.pt", map_location="cpu")\n' in m.text
+    assert "bar = tqdm(train_loader, disable=not runtime.is_main())\n" in m.text, m.text

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import libcst as cst
 
-from .syntax import code_of, dotted
+from .syntax import METRIC, code_of, dotted, keyword, positional
 from .uniform import Flow, varies
 
 Lines = List[Tuple[int, str]]
@@ -114,3 +114,60 @@ def fed_schedulers(wrapper: Any, flow: Flow, schedulers: Any) -> Tuple[Dict[int,
                                                 "trains at its own rate and the models drift apart; average that "
                                                 "value first (runtime.all_reduce_mean), where every rank gets to it"))
     return averages, findings
+
+
+def without_init(guard: Any, init: str) -> Any:
+    """The main guard without the runtime.init() the rewrite put first in it."""
+    first = guard.body.body[0] if guard.body.body else None
+    if first is not None and code_of(first).strip() == init:
+        return guard.with_changes(body=guard.body.with_changes(body=guard.body.body[1:]))
+    return guard
+
+
+class Average(cst.CSTTransformer):
+    """Inside a print: ``loss.item()`` -> ``runtime.all_reduce_mean(loss).item()`` (every rank takes part: the
+    arguments are evaluated on every rank before print0 decides who prints)."""
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
+        func = updated.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "item" and not updated.args and \
+                isinstance(func.value, cst.Name) and METRIC.search(func.value.value):
+            inner = cst.parse_expression(f"runtime.all_reduce_mean({func.value.value})")
+            return updated.with_changes(func=func.with_changes(value=inner))
+        return updated
+
+
+def with_keyword(call: cst.Call, name: str, value: str) -> cst.Call:
+    """``call`` with ``name=value`` after its last argument."""
+    return call.with_changes(args=[*call.args[:-1], call.args[-1].with_changes(comma=cst.Comma(
+        whitespace_after=cst.SimpleWhitespace(" "))), cst.Arg(cst.parse_expression(value), keyword=cst.Name(name),
+                                                                 equal=TIGHT)])
+
+
+def device_rewrite(original: cst.Call, updated: cst.Call, name: str) -> Optional[Tuple[Any, str]]:
+    """(the call rewritten, what changed) for a device the script names: ``.to("cuda")``, ``.cuda()``,
+    ``torch.load`` without a map_location, the functional ``data_parallel``, ``torch.device("cuda")``; None for any
+    other call."""
+    given = positional(original)
+    if isinstance(original.func, cst.Attribute) and original.func.attr.value == "to" and given and \
+            cuda_literal(given[0].value):
+        return updated.with_changes(args=[updated.args[0].with_changes(
+            value=cst.parse_expression("runtime.device()")), *updated.args[1:]]), \
+            f"{code_of(given[0].value)} -> runtime.device() (the rank's own GPU)"
+    if isinstance(original.func, cst.Attribute) and original.func.attr.value == "cuda" and name != "torch.cuda":
+        rest = [a for a in updated.args if a.keyword is not None]
+        return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")), args=[cst.Arg(
+            cst.parse_expression("runtime.device()"))] + rest), ".cuda() -> .to(runtime.device()) (the rank's own GPU)"
+    if name == "torch.load" and keyword(original, "map_location") is None and len(given) == 1:
+        return with_keyword(updated, "map_location", "runtime.device()"), (
+            "torch.load(...) -> torch.load(..., map_location=runtime.device()) (what was saved from a GPU loads on "
+            "this rank's own, not on GPU 0 in every rank)")
+    if name.split(".")[-1] == "data_parallel" and len(given) >= 2 and not any(a.star for a in original.args):
+        module, inputs = (code_of(a.value) for a in positional(updated)[:2])
+        return cst.parse_expression(f"{module}({inputs})"), (
+            f"{code_of(original)} -> {module}({inputs}) (each rank runs its module on its own GPU; the functional "
+            "data_parallel spread one process over several)")
+    if name == "torch.device" and "cuda" in code_of(original):
+        return cst.parse_expression("runtime.device()"), \
+            f"{code_of(original)} -> runtime.device() (cuda:LOCAL_RANK, or the CPU)"
+    return None

@@ -64,7 +64,7 @@ def migrate_source(source: str, filename: str = "<script>", keep_global_batch: b
     if why:
         out.left_alone = f"{filename}: left alone: {why} (DDP already)"
         return out
-    if not re.search(r"\bDataParallel\b", source):
+    if not re.search(r"\bDataParallel\b|\bdata_parallel\(", source):
         out.left_alone = (f"{filename}: left alone: no nn.DataParallel in it (wrap your model with runtime.wrap; "
                           "clusterddp new train.py writes a whole example)")
         return out

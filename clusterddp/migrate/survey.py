@@ -42,7 +42,8 @@ class Survey(cst.CSTVisitor):
         self.sizes: List[Tuple[int, str]] = []  # len(X.dataset): (line, X)
         self.wraps: List[int] = []  # the lines of the DataParallel wraps
         self.seeded: Set[str] = set()  # the generators a seed was set for (in the order of the file): draws.py
-        self.bars: Set[int] = set()  # tqdm calls a for loop goes over (nothing reads the bar itself)
+        self.bars: Set[int] = set()  # tqdm calls a for loop goes over (its own methods work with disable=True)
+        self.named_bars: Dict[str, cst.Call] = {}  # bar = tqdm(loader): the name -> the call
         # A loader passed to a function of the script (evaluate(model, val_loader)) is looped over where that
         # function loops over its parameter: its parameters, the loops over them, the calls with names.
         self.params: Dict[str, List[str]] = {}
@@ -74,6 +75,8 @@ class Survey(cst.CSTVisitor):
     def visit_Assign(self, node: cst.Assign) -> None:
         value = node.value
         names = {t.target.value for t in node.targets if isinstance(t.target, cst.Name)}
+        if isinstance(value, cst.Call) and dotted(value.func).split(".")[-1] == "tqdm":
+            self.named_bars.update({n: value for n in names})
         inner = module_of(value)  # (nn.DataParallel(model).to(device): the module methods return the module)
         if isinstance(inner, cst.Call) and self.is_dp(inner):
             self.wrapped |= names
@@ -155,6 +158,8 @@ class Survey(cst.CSTVisitor):
         self.depth += 1
         over = node.iter
         for _ in range(2):  # enumerate(tqdm(loader)): the bar is the loop's, the loader what it goes over
+            if isinstance(over, cst.Name) and over.value in self.named_bars:  # bar = tqdm(loader); for x in bar
+                over = self.named_bars[over.value]
             if isinstance(over, cst.Call) and dotted(over.func).split(".")[-1] == "tqdm":
                 self.bars.add(id(over))
             if isinstance(over, cst.Call) and dotted(over.func).split(".")[-1] in ("enumerate", "tqdm", "iter") \

@@ -8,11 +8,24 @@ from typing import Any, List, Set, Tuple
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from .autograd import Autograd
 from .loaders import Uses
-from .patterns import TIGHT, Retest, cuda_literal, fed_schedulers, makedirs_call, makedirs_unless_exists
+from .patterns import (
+    TIGHT,
+    Average,
+    Retest,
+    cuda_literal,
+    device_rewrite,
+    fed_schedulers,
+    makedirs_call,
+    makedirs_unless_exists,
+    with_keyword,
+    without_init,
+)
+from .perrank import PerRank
 from .stopping import Plan, loop_findings, plan
 from .survey import Survey, line_of
-from .syntax import IMPORT, METRIC, code_of, dotted, is_loader, keyword, positional, training_loader
+from .syntax import IMPORT, code_of, dotted, is_loader, keyword, positional, training_loader
 from .uniform import Flow, analyse
 
 Lines = List[Tuple[int, str]]
@@ -54,89 +67,85 @@ class ToDDP(cst.CSTTransformer):
             return updated
         if self.s.is_dp(original):
             return self._wrap(original, updated)
-        if isinstance(original.func, cst.Attribute) and original.func.attr.value == "to" and positional(original) \
-                and cuda_literal(positional(original)[0].value):
-            self._did(original, f"{code_of(positional(original)[0].value)} -> runtime.device() (the rank's own GPU)")
-            return updated.with_changes(args=[updated.args[0].with_changes(
-                value=cst.parse_expression("runtime.device()")), *updated.args[1:]])
-        if isinstance(original.func, cst.Attribute) and original.func.attr.value == "cuda" and name != "torch.cuda":
-            self._did(original, ".cuda() -> .to(runtime.device()) (the rank's own GPU)")
-            rest = [a for a in updated.args if a.keyword is not None]
-            return updated.with_changes(func=updated.func.with_changes(attr=cst.Name("to")),
-                                        args=[cst.Arg(cst.parse_expression("runtime.device()"))] + rest)
-        if name == "torch.device" and "cuda" in code_of(original):
-            self._did(original, f"{code_of(original)} -> runtime.device() (cuda:LOCAL_RANK, or the CPU)")
-            return cst.parse_expression("runtime.device()")
+        made = device_rewrite(original, updated, name)
+        if made is not None:
+            self._did(original, made[1])
+            return made[0]
         if is_loader(original) and (training_loader(original) or id(original) in self.s.trains) and \
                 id(original) not in self.s.evaluation and \
                 not keyword(original, "sampler") \
                 and not keyword(original, "batch_sampler") and len(positional(original)) <= 3:
-            # DataLoader's default is no shuffle, runtime.loader's a shuffle: an unshuffled one keeps its order
-            keep_order = id(original) in self.s.unshuffled and not any(a.star for a in updated.args)
-            self._did(original, "DataLoader -> runtime.loader (each rank its share; " + (
-                "shuffle=False, its order kept: it trains, a loop with a backward goes over it)" if keep_order else
-                "a new shuffle every epoch)"))
-            args = [self._per_rank(a, i) for i, a in enumerate(updated.args)] + self._epoch_of(original)
-            if keep_order:
-                args.append(cst.Arg(cst.Name("False"), keyword=cst.Name("shuffle"), equal=TIGHT))
-            for before, after in zip(updated.args, args):
-                if after is not before:
-                    self._did(original, f"batch_size {code_of(before.value)} -> {code_of(after.value)} "
-                              "(--keep-global-batch: the global batch stays what it was where the world size "
-                              "divides it)")
-            if self.keep and args == list(updated.args):
-                self.later.append((_line(self, original), "--keep-global-batch: this loader's batch size is not "
-                                   "one of its arguments here (in **kwargs, or the default 1), so it is not divided; "
-                                   "divide it where it is set: max(1, B // runtime.world_size())"))
-            return updated.with_changes(func=cst.parse_expression("runtime.loader"), args=args)
+            return self._loader(original, updated)
         if id(original) in self.s.bars and keyword(original, "disable") is None:
             self._did(original, "tqdm(...) -> tqdm(..., disable=not runtime.is_main()) (one progress bar, rank 0's)")
-            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-            return updated.with_changes(args=[*updated.args[:-1], updated.args[-1].with_changes(comma=comma),
-                                              cst.Arg(cst.parse_expression("not runtime.is_main()"),
-                                                      keyword=cst.Name("disable"), equal=TIGHT)]) \
-                if updated.args else updated
+            return with_keyword(updated, "disable", "not runtime.is_main()") if updated.args else updated
         apart = self.flow.per_rank(original)
         if name == "torch.save" and len(updated.args) == 2 and all(a.keyword is None for a in updated.args):
-            if apart is not None:  # only some ranks get here: waiting for the others would wait forever
-                # (under a decision made on the ranks' average every rank is here; not waiting stays safe)
-                decided = self.plan.decided.get(id(apart))
-                alone = isinstance(apart, cst.Finally)  # (a rank's own exception brings it here alone)
-                self._did(original, "torch.save -> runtime.save_on_main(..., wait=False) (rank 0 writes, atomically, "
-                          + (f"the decision at line {_line(self, decided)} being every rank's, on the average)"
-                             if decided is not None else f"in a finally: line {_line(self, apart)})" if alone else
-                             f"when its own values lead it here: line {_line(self, apart)})"))
-                if decided is None and alone:
-                    self.later.append((_line(self, original), "a save in a finally (line "
-                                       f"{_line(self, apart)}): a rank whose own exception brings it here comes "
-                                       "alone, so it does not wait for the others (a wait would hang the job); what "
-                                       "rank 0 writes there may be from before the others' last step"))
-                elif decided is None:
-                    self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
-                                       f"{_line(self, apart)}); for a decision of all ranks, average the value it "
-                                       "tests first (runtime.all_reduce_mean) so that every rank takes the same "
-                                       "branch"))
-                return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"), args=[
-                    *updated.args[:-1], updated.args[-1].with_changes(comma=cst.Comma(
-                        whitespace_after=cst.SimpleWhitespace(" "))),
-                    cst.Arg(cst.Name("False"), keyword=cst.Name("wait"), equal=TIGHT)])
-            self._did(original, "torch.save -> runtime.save_on_main (rank 0 writes, atomically; the others wait)")
-            return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"))
+            return self._save(original, updated, apart)
         if name == "print":
-            averaged: Any = updated.visit(_Average()) if apart is None else updated
-            what = " (loss / accuracy averaged over the ranks)" if code_of(averaged) != code_of(updated) else ""
-            decided = self.plan.decided.get(id(apart))
-            if apart is not None and code_of(updated.visit(_Average())) != code_of(updated):
-                what = (" (not averaged: a rank's own exception may bring it to this finally alone, line "
-                        f"{_line(self, apart)}; an average would wait for the others forever)") \
-                    if isinstance(apart, cst.Finally) and decided is None else \
-                    (" (not averaged: whether a rank gets here depends on its own values, line "
-                        f"{_line(self, apart)}; an average would wait for the others forever)") if decided is None \
-                    else f" (not averaged, rank 0's own: kept so, though line {_line(self, decided)} now decides on " \
-                    "the ranks' average)"
-            self._did(original, f"print -> runtime.print0 (rank 0 prints){what}")
-            return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
+            return self._print(original, updated, apart)
         return updated
+
+    def _loader(self, original: cst.Call, updated: cst.Call) -> Any:
+        # DataLoader's default is no shuffle, runtime.loader's a shuffle: an unshuffled one keeps its order
+        keep_order = id(original) in self.s.unshuffled and not any(a.star for a in updated.args)
+        self._did(original, "DataLoader -> runtime.loader (each rank its share; " + (
+            "shuffle=False, its order kept: it trains, a loop with a backward goes over it)" if keep_order else
+            "a new shuffle every epoch)"))
+        args = [self._per_rank(a, i) for i, a in enumerate(updated.args)] + self._epoch_of(original)
+        if keep_order:
+            args.append(cst.Arg(cst.Name("False"), keyword=cst.Name("shuffle"), equal=TIGHT))
+        for before, after in zip(updated.args, args):
+            if after is not before:
+                self._did(original, f"batch_size {code_of(before.value)} -> {code_of(after.value)} "
+                          "(--keep-global-batch: the global batch stays what it was where the world size "
+                          "divides it)")
+        if self.keep and args == list(updated.args):
+            self.later.append((_line(self, original), "--keep-global-batch: this loader's batch size is not "
+                               "one of its arguments here (in **kwargs, or the default 1), so it is not divided; "
+                               "divide it where it is set: max(1, B // runtime.world_size())"))
+        return updated.with_changes(func=cst.parse_expression("runtime.loader"), args=args)
+
+    def _save(self, original: cst.Call, updated: cst.Call, apart: Any) -> Any:
+        if apart is not None:  # only some ranks get here: waiting for the others would wait forever
+            # (under a decision made on the ranks' average every rank is here; not waiting stays safe)
+            decided = self.plan.decided.get(id(apart))
+            alone = isinstance(apart, cst.Finally)  # (a rank's own exception brings it here alone)
+            self._did(original, "torch.save -> runtime.save_on_main(..., wait=False) (rank 0 writes, atomically, "
+                      + (f"the decision at line {_line(self, decided)} being every rank's, on the average)"
+                         if decided is not None else f"in a finally: line {_line(self, apart)})" if alone else
+                         f"when its own values lead it here: line {_line(self, apart)})"))
+            if decided is None and alone:
+                self.later.append((_line(self, original), "a save in a finally (line "
+                                   f"{_line(self, apart)}): a rank whose own exception brings it here comes "
+                                   "alone, so it does not wait for the others (a wait would hang the job); what "
+                                   "rank 0 writes there may be from before the others' last step"))
+            elif decided is None:
+                self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
+                                   f"{_line(self, apart)}); for a decision of all ranks, average the value it "
+                                   "tests first (runtime.all_reduce_mean) so that every rank takes the same "
+                                   "branch"))
+            return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"), args=[
+                *updated.args[:-1], updated.args[-1].with_changes(comma=cst.Comma(
+                    whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(cst.Name("False"), keyword=cst.Name("wait"), equal=TIGHT)])
+        self._did(original, "torch.save -> runtime.save_on_main (rank 0 writes, atomically; the others wait)")
+        return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"))
+
+    def _print(self, original: cst.Call, updated: cst.Call, apart: Any) -> Any:
+        averaged: Any = updated.visit(Average()) if apart is None else updated
+        what = " (loss / accuracy averaged over the ranks)" if code_of(averaged) != code_of(updated) else ""
+        decided = self.plan.decided.get(id(apart))
+        if apart is not None and code_of(updated.visit(Average())) != code_of(updated):
+            what = (" (not averaged: a rank's own exception may bring it to this finally alone, line "
+                    f"{_line(self, apart)}; an average would wait for the others forever)") \
+                if isinstance(apart, cst.Finally) and decided is None else \
+                (" (not averaged: whether a rank gets here depends on its own values, line "
+                    f"{_line(self, apart)}; an average would wait for the others forever)") if decided is None \
+                else f" (not averaged, rank 0's own: kept so, though line {_line(self, decided)} now decides on " \
+                "the ranks' average)"
+        self._did(original, f"print -> runtime.print0 (rank 0 prints){what}")
+        return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
 
     def visit_For(self, node: cst.For) -> None:
         counts = isinstance(node.iter, cst.Call) and dotted(node.iter.func) == "range" and \
@@ -287,7 +296,7 @@ class ToDDP(cst.CSTTransformer):
         early = self.guarded and any("runtime." in code_of(b) for b in body[at:] if not _main_guard(b) and
                                      not isinstance(b, (cst.FunctionDef, cst.ClassDef)))
         if early:  # module-level code asks the runtime (a device chosen at import): init before it, not in the guard
-            body = [_without_init(b, self.init) if _main_guard(b) else b for b in body]
+            body = [without_init(b, self.init) if _main_guard(b) else b for b in body]
         if not self.guarded or early:  # without a main guard, the whole module is the entry point
             added.append(cst.parse_statement(f"{self.init}\n"))
         if not self.guarded:
@@ -298,27 +307,6 @@ class ToDDP(cst.CSTTransformer):
         return updated.with_changes(body=body[:at] + added + body[at:])
 
 
-def _without_init(guard: Any, init: str) -> Any:
-    """The main guard without the runtime.init() the rewrite put first in it."""
-    first = guard.body.body[0] if guard.body.body else None
-    if first is not None and code_of(first).strip() == init:
-        return guard.with_changes(body=guard.body.with_changes(body=guard.body.body[1:]))
-    return guard
-
-
-class _Average(cst.CSTTransformer):
-    """Inside a print: ``loss.item()`` -> ``runtime.all_reduce_mean(loss).item()`` (every rank takes part: the
-    arguments are evaluated on every rank before print0 decides who prints)."""
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
-        func = updated.func
-        if isinstance(func, cst.Attribute) and func.attr.value == "item" and not updated.args and \
-                isinstance(func.value, cst.Name) and METRIC.search(func.value.value):
-            inner = cst.parse_expression(f"runtime.all_reduce_mean({func.value.value})")
-            return updated.with_changes(func=func.with_changes(value=inner))
-        return updated
-
-
 def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) -> Tuple[str, Lines, Lines]:
     """The new text, the changes and the findings."""
     wrapper = MetadataWrapper(module)
@@ -326,6 +314,9 @@ def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) 
     wrapper.visit(uses)
     survey = Survey(uses)
     wrapper.visit(survey)
+    per_rank, grads = PerRank(), Autograd(survey.wrapped, survey.is_dp)
+    wrapper.visit(per_rank)
+    wrapper.visit(grads)
     flow = analyse(wrapper.module)
     transformer = ToDDP(survey, flow, keep_global_batch, measure)
     transformer.plan = Plan() if measure else plan(wrapper, flow)
@@ -337,6 +328,11 @@ def rewrite(module: cst.Module, keep_global_batch: bool, measure: bool = False) 
             have += [one for one in made if all(one[0] != score for score, _ in have)]
     new = wrapper.visit(transformer)
     findings = {(line, what) for line, what in survey.findings if line not in transformer.retested}
+    if not measure:
+        findings |= set(per_rank.findings) | set(grads.findings) | set(grads.wraps())
+        if not any("-> runtime.wrap(" in what for _, what in transformer.changes):
+            findings.add((1, "no model goes through runtime.wrap in this script: each rank would train its own copy "
+                             "(nothing averaged); wrap the model that trains (model = runtime.wrap(model))"))
     findings |= set(transformer.later) | set(transformer.plan.findings) | set(fed) | \
         set(loop_findings(wrapper, flow, transformer.plan.fixed))
     return new.code, transformer.changes, sorted(findings)

@@ -238,6 +238,10 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
     dev = device()
     sparse_on_nccl(STATE.get("backend"), model)
     model = model.to(dev)
+    if not any(p.requires_grad for p in model.parameters()):  # (DDP refuses it: nothing of it to average)
+        print0(f"clusterddp: runtime.wrap: {type(model).__name__} has no parameter that trains: moved to "
+               f"{dev}, not wrapped in DDP")
+        return model
     ddp_kwargs = ddp_arguments(dev, ddp_kwargs)
     wrapped = DDP(model, **ddp_kwargs)
     STATE["wrapped"].add(wrapped)
