@@ -1,10 +1,10 @@
 """Randomness per generator (issue 75): which of Python's, NumPy's and torch's generators a call seeds, and which
-draws a split or a shuffle of the data from one. A split drawn from a generator no seed set before differs by rank
+draws a split or a shuffle of the data from one. A split drawn from a generator no seed was set for differs by rank
 (each rank trains on another split, and one rank's training samples are another's validation samples); a seed set
-the same on every rank makes every rank draw the same augmentation. Pure: names in, sentences out."""
+the same on every rank makes every rank draw the same augmentation."""
 from __future__ import annotations
 
-from typing import Optional, Set
+from typing import Any, Optional, Set
 
 PYTHON, NUMPY, TORCH = "Python's random", "NumPy's global generator", "torch's generator"
 #: a seed for every generator at once (Lightning's, Hugging Face's, and the scripts' own helpers of those names)
@@ -36,7 +36,7 @@ def drawn_from(name: str, has_generator: bool, has_random_state: bool) -> Option
                                                                                      "choice"):
         return NUMPY
     if last in ("train_test_split", "KFold", "StratifiedKFold", "ShuffleSplit") and not has_random_state:
-        return NUMPY  # (scikit-learn's random_state=None draws from NumPy's global generator)
+        return NUMPY  # (scikit-learn's random_state=None, or a name that may hold it, draws from NumPy's global one)
     if last in ("randperm", "random_split") and not has_generator:
         return TORCH
     return None
@@ -61,3 +61,34 @@ def same_seed(generators: Set[str]) -> str:
     return (f"the same seed on every rank ({', '.join(sorted(generators))}): right for the model's initial weights "
             "and a split every rank must draw alike; where augmentation or dropout draws from it, every rank draws "
             "the same numbers: for per-rank randomness add runtime.rank() to the seed after the split")
+
+
+def fixed_state(call: Any) -> bool:
+    """``random_state=`` given as a number (a name such as ``args.seed`` may hold None, NumPy's global generator)."""
+    from .syntax import keyword, libcst_module
+
+    given = keyword(call, "random_state")
+    return given is not None and isinstance(given.value, libcst_module().Integer)
+
+
+def fresh_generator(call: Any) -> str:
+    """The finding for a generator made with no seed (``np.random.RandomState()``, ``np.random.default_rng()``,
+    ``random.Random()``, or given None): seeded from the operating system, another on every rank ('' otherwise)."""
+    from .syntax import dotted, positional
+
+    name = dotted(call.func)
+    if name.split(".")[-1] not in ("RandomState", "default_rng", "Random") or \
+            name.split(".")[0] not in ("np", "numpy", "random"):
+        return ""
+    given = positional(call) + [a for a in call.args if a.keyword is not None and a.keyword.value == "seed"]
+    if given and not (code_of_value(given[0]) == "None"):
+        return ""
+    return (f"{name}() with no seed: a generator seeded from the operating system, another on every rank; where it "
+            "draws a split or the order of the data, each rank trains on another split (one rank's training samples "
+            "are another's validation samples); give it the same seed on every rank")
+
+
+def code_of_value(arg: Any) -> str:
+    from .syntax import code_of
+
+    return code_of(arg.value).strip()

@@ -236,7 +236,15 @@ def loop_findings(wrapper: MetadataWrapper, flow: Flow, fixed: Set[int]) -> Line
             out.append((at.start.line, f"a backward that only some ranks run (the test at line "
                         f"{where[test].start.line} uses values of the rank's own): {_SHARE}"))
     for loop, why in flow.diverging:
-        if id(loop) in fixed or ".backward(" not in code_of(loop.body) or not isinstance(why, (cst.If, cst.While)):
+        if id(loop) in fixed or ".backward(" not in code_of(loop.body):
+            continue
+        if isinstance(why, cst.ExceptHandler):
+            out.append((where[why].start.line, "an except handler that leaves this loop's step (continue, break or "
+                        "return) on the rank that raised: the others go on into DDP's backward and wait for it "
+                        "there (a hang, or gradients paired with another step's); end the job there (raise), or "
+                        "let every rank skip the step together on a shared flag (runtime.all_reduce_mean)"))
+            continue
+        if not isinstance(why, (cst.If, cst.While)):
             continue
         unit = _unit(loop)
         out.append((where[why].start.line, "the ranks may leave or skip this loop's steps apart (the test uses "

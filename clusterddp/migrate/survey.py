@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from .draws import drawn_from, same_seed, seeds, unseeded
+from .draws import drawn_from, fixed_state, fresh_generator, same_seed, seeds, unseeded
 from .loaders import Uses, divided_wrongly
 from .syntax import code_of, dotted, is_loader, keyword, training_loader
 
@@ -125,9 +125,9 @@ class Survey(cst.CSTVisitor):
                                       "leaves the next rank nothing to move; a copy of what rank 0 saves may catch "
                                       "it unfinished where the save does not wait); do it on rank 0 only (if "
                                       "runtime.is_main():)"))
-        elif drawn_from(name, keyword(node, "generator") is not None, keyword(node, "random_state") is not None):
-            source = drawn_from(name, keyword(node, "generator") is not None, keyword(node, "random_state") is not None)
-            said = unseeded(name, str(source), self.seeded)
+        elif drawn_from(name, keyword(node, "generator") is not None, fixed_state(node)) or fresh_generator(node):
+            source = drawn_from(name, keyword(node, "generator") is not None, fixed_state(node))
+            said = unseeded(name, str(source), self.seeded) if source else fresh_generator(node)
             if said:
                 self.findings.append((at, said))
         elif seeds(name) and not (isinstance(node.func, cst.Attribute) and "Generator(" in code_of(node.func.value)):

@@ -31,10 +31,6 @@ from .uniform import Flow, analyse
 Lines = List[Tuple[int, str]]
 
 
-def _line(visitor: Any, node: Any) -> int:
-    return line_of(visitor, node)
-
-
 def _main_guard(node: Any) -> bool:
     return isinstance(node, cst.If) and code_of(node.test).replace(" ", "").replace("'", '"') == '__name__=="__main__"'
 
@@ -50,6 +46,7 @@ class ToDDP(cst.CSTTransformer):
         self.s, self.flow, self.keep, self.measure = survey, flow, keep_global_batch, measure
         self.init = "runtime.init(allow_single=True)" if measure else "runtime.init()"
         self.changes: Lines = []
+        self.devices = 0  # inside torch.device(...) calls
         self.guarded = False
         self.retested: Set[int] = set()  # lines of the ifs whose test is now the world size
         self.later: Lines = []  # findings the rewrite makes
@@ -59,10 +56,14 @@ class ToDDP(cst.CSTTransformer):
         self.plan = Plan()
 
     def _did(self, node: Any, what: str) -> None:
-        self.changes.append((_line(self, node), what))
+        self.changes.append((line_of(self, node), what))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.devices += dotted(node.func) == "torch.device"  # (the whole call becomes runtime.device())
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
         name = dotted(original.func)
+        self.devices -= name == "torch.device"
         if self.measure and not is_loader(original):
             return updated
         if self.s.is_dp(original):
@@ -101,7 +102,7 @@ class ToDDP(cst.CSTTransformer):
                           "(--keep-global-batch: the global batch stays what it was where the world size "
                           "divides it)")
         if self.keep and args == list(updated.args):
-            self.later.append((_line(self, original), "--keep-global-batch: this loader's batch size is not "
+            self.later.append((line_of(self, original), "--keep-global-batch: this loader's batch size is not "
                                "one of its arguments here (in **kwargs, or the default 1), so it is not divided; "
                                "divide it where it is set: max(1, B // runtime.world_size())"))
         return updated.with_changes(func=cst.parse_expression("runtime.loader"), args=args)
@@ -112,17 +113,17 @@ class ToDDP(cst.CSTTransformer):
             decided = self.plan.decided.get(id(apart))
             alone = isinstance(apart, cst.Finally)  # (a rank's own exception brings it here alone)
             self._did(original, "torch.save -> runtime.save_on_main(..., wait=False) (rank 0 writes, atomically, "
-                      + (f"the decision at line {_line(self, decided)} being every rank's, on the average)"
-                         if decided is not None else f"in a finally: line {_line(self, apart)})" if alone else
-                         f"when its own values lead it here: line {_line(self, apart)})"))
+                      + (f"the decision at line {line_of(self, decided)} being every rank's, on the average)"
+                         if decided is not None else f"in a finally: line {line_of(self, apart)})" if alone else
+                         f"when its own values lead it here: line {line_of(self, apart)})"))
             if decided is None and alone:
-                self.later.append((_line(self, original), "a save in a finally (line "
-                                   f"{_line(self, apart)}): a rank whose own exception brings it here comes "
+                self.later.append((line_of(self, original), "a save in a finally (line "
+                                   f"{line_of(self, apart)}): a rank whose own exception brings it here comes "
                                    "alone, so it does not wait for the others (a wait would hang the job); what "
                                    "rank 0 writes there may be from before the others' last step"))
             elif decided is None:
-                self.later.append((_line(self, original), "rank 0 saves when its own values lead it here (line "
-                                   f"{_line(self, apart)}); for a decision of all ranks, average the value it "
+                self.later.append((line_of(self, original), "rank 0 saves when its own values lead it here (line "
+                                   f"{line_of(self, apart)}); for a decision of all ranks, average the value it "
                                    "tests first (runtime.all_reduce_mean) so that every rank takes the same "
                                    "branch"))
             return updated.with_changes(func=cst.parse_expression("runtime.save_on_main"), args=[
@@ -138,11 +139,11 @@ class ToDDP(cst.CSTTransformer):
         decided = self.plan.decided.get(id(apart))
         if apart is not None and code_of(updated.visit(Average())) != code_of(updated):
             what = (" (not averaged: a rank's own exception may bring it to this finally alone, line "
-                    f"{_line(self, apart)}; an average would wait for the others forever)") \
+                    f"{line_of(self, apart)}; an average would wait for the others forever)") \
                 if isinstance(apart, cst.Finally) and decided is None else \
                 (" (not averaged: whether a rank gets here depends on its own values, line "
-                    f"{_line(self, apart)}; an average would wait for the others forever)") if decided is None \
-                else f" (not averaged, rank 0's own: kept so, though line {_line(self, decided)} now decides on " \
+                    f"{line_of(self, apart)}; an average would wait for the others forever)") if decided is None \
+                else f" (not averaged, rank 0's own: kept so, though line {line_of(self, decided)} now decides on " \
                 "the ranks' average)"
         self._did(original, f"print -> runtime.print0 (rank 0 prints){what}")
         return averaged.with_changes(func=cst.parse_expression("runtime.print0"))
@@ -170,7 +171,7 @@ class ToDDP(cst.CSTTransformer):
         if not self.loops or keyword(loader, "epoch") is not None:
             return []
         if not counter:
-            self.later.append((_line(self, loader), "a training loader made inside a loop that counts nothing: "
+            self.later.append((line_of(self, loader), "a training loader made inside a loop that counts nothing: "
                                "each new one starts at the first epoch's shuffle; make it once before the loop, or "
                                "give it runtime.loader(..., epoch=N)"))
             return []
@@ -184,12 +185,21 @@ class ToDDP(cst.CSTTransformer):
         given = positional(original) or [a for a in original.args if a.keyword and a.keyword.value == "module"]
         now = positional(updated) or [a for a in updated.args if a.keyword and a.keyword.value == "module"]
         if not given:
-            self.later.append((_line(self, original), f"{code_of(original)} is not rewritten (its model is not a "
+            self.later.append((line_of(self, original), f"{code_of(original)} is not rewritten (its model is not a "
                                "plain argument): as it is, every rank would run DataParallel; write "
                                "runtime.wrap(model) there"))
             return updated
         self._did(original, f"{code_of(original)} -> runtime.wrap({code_of(given[0].value)})")
         return cst.parse_expression(f"runtime.wrap({code_of(now[0].value)})")
+
+    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> Any:
+        """``"cuda" if torch.cuda.is_available() else "cpu"``: a device string, the rank's own now."""
+        if self.measure or self.devices or not cuda_literal(original.body) or \
+                not isinstance(original.orelse, cst.SimpleString) or original.orelse.evaluated_value != "cpu":
+            return updated
+        self._did(original, f"{code_of(original)} -> str(runtime.device()) (the rank's own GPU, e.g. 'cuda:1', or "
+                            "'cpu')")
+        return cst.parse_expression("str(runtime.device())").with_changes(lpar=original.lpar, rpar=original.rpar)
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> Any:
         if self.measure or original.keyword is None or original.keyword.value != "device" or \
@@ -276,11 +286,11 @@ class ToDDP(cst.CSTTransformer):
         retest = Retest()
         test = updated.test.visit(retest)
         if not retest.done:
-            self.later.append((_line(self, original), f"the DDP wrap is under `if {code_of(original.test)}:`, kept as "
-                               "written: where it is false, no model goes through runtime.wrap and each rank trains "
+            self.later.append((line_of(self, original), f"the DDP wrap is under `if {code_of(original.test)}:`, kept "
+                               "as written: where it is false, no model goes through runtime.wrap and each rank trains "
                                "its own copy (nothing is averaged); make sure it holds on every DDP run"))
             return updated
-        self.retested.add(_line(self, original))
+        self.retested.add(line_of(self, original))
         self._did(original, f"if {code_of(original.test)}: (the DataParallel wrap's condition) -> if "
                             f"{code_of(test)}: (each rank has one GPU: the job's ranks decide)")
         return updated.with_changes(test=test)

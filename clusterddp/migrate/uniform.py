@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from .exits import exits as _exits
 from .exits import exits_if as _exits_if
 from .syntax import dotted
 from .walk import bound
@@ -216,6 +217,9 @@ def _diverging(statements: Iterable[Any], names: "Flow") -> Optional[Any]:
             found = _diverging(statement.body.body, names)
             if found is not None:
                 return found
+            for handler in getattr(statement, "handlers", ()):  # only the rank that raised leaves the step
+                if _exits(handler.body, True) is not None:
+                    return handler
     return None
 
 

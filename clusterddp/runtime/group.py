@@ -193,7 +193,6 @@ def _seconds(text: Optional[str], default: float) -> float:
 def barrier() -> None:
     """Wait until every rank gets here (no-op without a process group)."""
     import torch.distributed as dist
-
     heartbeat("setup")
     if dist.is_available() and dist.is_initialized():
         if STATE.get("backend") == "nccl":
@@ -216,10 +215,14 @@ def log(*args: Any, **kwargs: Any) -> None:
 
 
 def all_reduce_mean(value: Any) -> Any:
-    """Mean over ranks of a tensor or a number (returns the same kind). For metrics, not gradients."""
+    """Mean over ranks of a tensor or a number (the same kind back), or of a dict, list or tuple of them; metrics."""
     import torch
     import torch.distributed as dist
 
+    if isinstance(value, (dict, list, tuple)):
+        keys = list(value) if isinstance(value, dict) else range(len(value))
+        means = all_reduce_mean(torch.tensor([float(value[k]) for k in keys], dtype=torch.float64)).tolist()
+        return dict(zip(keys, means)) if isinstance(value, dict) else type(value)(means)
     heartbeat("setup")  # (progress, but no step: it ends no start-up window)
     is_tensor = isinstance(value, torch.Tensor)
     t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
@@ -239,8 +242,7 @@ def wrap(model: Any, **ddp_kwargs: Any) -> Any:
     sparse_on_nccl(STATE.get("backend"), model)
     model = model.to(dev)
     if not any(p.requires_grad for p in model.parameters()):  # (DDP refuses it: nothing of it to average)
-        print0(f"clusterddp: runtime.wrap: {type(model).__name__} has no parameter that trains: moved to "
-               f"{dev}, not wrapped in DDP")
+        print0(f"clusterddp: runtime.wrap: {type(model).__name__} has no parameter that trains: not wrapped in DDP")
         return model
     ddp_kwargs = ddp_arguments(dev, ddp_kwargs)
     wrapped = DDP(model, **ddp_kwargs)
