@@ -374,7 +374,9 @@ def test_runtime_wrap_leaves_a_model_with_nothing_to_train_unwrapped_and_says_so
 
     code = ("import torch.nn as nn\nfrom clusterddp import runtime\nruntime.init(allow_single=True)\n"
             "frozen = nn.Linear(2, 2).requires_grad_(False)\nm = runtime.wrap(frozen)\nprint(type(m).__name__)\n"
-            "print(type(runtime.wrap(nn.Linear(2, 2))).__name__)\nruntime.shutdown()\n")
+            "print(type(runtime.wrap(nn.Linear(2, 2))).__name__)\n"
+            "print(runtime.all_reduce_mean({'loss': 2, 'acc': 0.5}), runtime.all_reduce_mean([1, 3]))\n"
+            "runtime.shutdown()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**__import__("os").environ, "CLUSTERDDP_HANG_TIMEOUT": "0"})
     assert proc.returncode == 0, proc.stderr
@@ -382,6 +384,8 @@ def test_runtime_wrap_leaves_a_model_with_nothing_to_train_unwrapped_and_says_so
     assert "clusterddp: runtime.wrap: Linear has no parameter that trains: not wrapped in DDP" in out
     assert [line for line in proc.stdout.splitlines() if line in ("Linear", "DistributedDataParallel")] == \
         ["Linear", "DistributedDataParallel"], proc.stdout
+    # a metrics dict (what the early-stopping rewrite may average) and a list: their values' means, the same kinds
+    assert "{'loss': 2.0, 'acc': 0.5} [1.0, 3.0]" in proc.stdout.splitlines(), proc.stdout
 
 
 # -- per-rank writers and devices ----------------------------------------------------------------------------------
@@ -421,3 +425,37 @@ def test_writers_and_devices_each_rank_would_share_are_listed_or_rewritten():
     assert 'state = torch.load("last.pt", map_location=runtime.device())\n' in m.text
     assert 'other = torch.load("best.pt", map_location="cpu")\n' in m.text
     assert "bar = tqdm(train_loader, disable=not runtime.is_main())\n" in m.text, m.text
+
+
+def test_an_except_handler_that_skips_the_step_on_the_rank_that_raised_is_listed():
+    step = STEP.replace("{loss}", "try:\n            loss = model(x).sum()\n            loss.backward()\n"
+                                  "        except RuntimeError:\n            {leave}")
+    m, said = migrated(step.replace("{leave}", "continue"))
+    assert "s.py:17: to check: an except handler that leaves this loop's step (continue, break or return) on the " \
+           "rank that raised" in said, said
+    m, said = migrated(step.replace("{leave}", "raise"))  # the launcher ends the others
+    assert "an except handler that leaves" not in said, said
+
+
+def test_a_random_state_that_may_be_none_and_a_generator_without_a_seed_are_listed():
+    for draw, listed in (("tr, va = train_test_split(indices, random_state=args.seed)", True),
+                         ("rng = np.random.default_rng()", True), ("rng = np.random.RandomState(None)", True),
+                         ("rng = np.random.default_rng(args.seed)", False), ("rng = random.Random(0)", False)):
+        m, said = migrated(SPLIT.replace("{seed}", "").replace("{draw}", draw))
+        assert ("s.py:11: to check:" in said) == listed, (draw, said)
+
+
+DEVICES = '''
+import torch
+import torch.nn as nn
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+other = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = nn.DataParallel(Net()).to(device)
+'''
+
+
+def test_a_device_string_chosen_by_cuda_s_presence_is_the_rank_s_own():
+    m, said = migrated(DEVICES)
+    assert "device = str(runtime.device())\n" in m.text and "other = runtime.device()\n" in m.text, m.text
+    assert len([line for line in said.splitlines() if line.startswith("s.py:6: ")]) == 1, said  # one change said
