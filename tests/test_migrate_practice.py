@@ -459,3 +459,35 @@ def test_a_device_string_chosen_by_cuda_s_presence_is_the_rank_s_own():
     m, said = migrated(DEVICES)
     assert "device = str(runtime.device())\n" in m.text and "other = runtime.device()\n" in m.text, m.text
     assert len([line for line in said.splitlines() if line.startswith("s.py:6: ")]) == 1, said  # one change said
+
+
+def test_a_partial_loader_a_copied_wrapper_and_a_parameter_s_dataset_length_are_listed():
+    m, said = migrated('''
+        import copy
+        import functools
+
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader
+
+
+        def run(model, loader, opt):
+            total = 0.0
+            for x, y in loader:
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                total += loss.item()
+            return total / len(loader.dataset)
+
+
+        make = functools.partial(DataLoader, batch_size=8, shuffle=True)
+        model = nn.DataParallel(Net())
+        ema = copy.deepcopy(model)
+        train_loader = DataLoader(train_set, batch_size=8, shuffle=True)
+        run(model, train_loader, torch.optim.SGD(model.parameters(), lr=0.1))
+        ''')
+    listed = {int(line.split(":")[1]): line for line in said.splitlines() if ": to check: " in line}
+    assert "len(loader.dataset) is the whole set" in listed[18], said
+    assert "a DataLoader made through functools.partial is not rewritten" in listed[21]
+    assert "a copy of the wrapped model (copy.deepcopy(model))" in listed[23]

@@ -10,7 +10,7 @@ from typing import Dict, List, Set, Tuple
 import libcst as cst
 from libcst.metadata import PositionProvider
 
-from .syntax import code_of, keyword
+from .syntax import code_of, dotted, keyword
 
 Lines = List[Tuple[int, str]]
 #: the inner module's methods that compute nothing a backward goes through
@@ -50,6 +50,10 @@ class Autograd(cst.CSTVisitor):
                                   "reaches the backward without DDP preparing it, so its gradients are not averaged "
                                   "over the ranks (each rank's copy drifts apart); compute the loss through the "
                                   "wrapped model's own forward (model(x)), moving the method into forward()"))
+        if dotted(func) in ("copy.deepcopy", "deepcopy") and node.args and dotted(node.args[0].value) in self.wrapped:
+            self.findings.append((self._line(node), f"a copy of the wrapped model ({code_of(node)}): under DDP it "
+                                  "copies the DDP wrapper too, a second DDP model with its own collectives; copy "
+                                  f"runtime.unwrap({dotted(node.args[0].value)}) (an EMA or a teacher needs no wrap)"))
         if isinstance(func, cst.Attribute) and func.attr.value == "backward" and keyword(node, "retain_graph"):
             self.findings.append((self._line(node), "backward(retain_graph=True): a second backward through the same "
                                   "forward; under DDP each forward expects one backward ('Expected to mark a variable "

@@ -39,6 +39,10 @@ class PerRank(cst.CSTVisitor):
             self._at(node, "every rank opens this log file (logging.basicConfig(filename=...)): the ranks write one "
                            "path at once, and filemode='w' empties it under the others; log to a file on rank 0 "
                            "only (if runtime.is_main():), or name it per rank (runtime.rank())")
+        elif last == "partial" and node.args and dotted(node.args[0].value).split(".")[-1] == "DataLoader":
+            self._at(node, "a DataLoader made through functools.partial is not rewritten: as it is, every rank goes "
+                           "through the whole set in its own order; make the training loader with runtime.loader("
+                           "...) (each rank its share)")
         elif name in ("torch.cuda.set_device", "cuda.set_device"):
             self._at(node, "torch.cuda.set_device: every rank would pick the same GPU; runtime.init() has already "
                            "given this rank its own (runtime.device()): remove it")

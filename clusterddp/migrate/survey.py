@@ -232,8 +232,9 @@ class Survey(cst.CSTVisitor):
         sharded |= {caller for caller, builder in self.uses.aliases() if builder in sharded}
         sharded |= {key for key, mine in self.key_aliases if mine in sharded}
         self.findings += divided_wrongly(self.uses, sharded)
+        given = {param for param, name in self.dict_args if name in sharded}  # (a parameter given a split loader)
         for at, loader in self.sizes:
-            if loader in trains:
+            if loader in trains or loader in given:
                 self.findings.append((at, f"len({loader}.dataset) is the whole set: each rank now goes through "
                                           f"about len({loader}.dataset) / runtime.world_size() samples an epoch "
                                           f"(len({loader}) batches); counts or averages over it are per rank"))
