@@ -488,6 +488,6 @@ def test_a_partial_loader_a_copied_wrapper_and_a_parameter_s_dataset_length_are_
         run(model, train_loader, torch.optim.SGD(model.parameters(), lr=0.1))
         ''')
     listed = {int(line.split(":")[1]): line for line in said.splitlines() if ": to check: " in line}
-    assert "len(loader.dataset) is the whole set" in listed[18], said
-    assert "a DataLoader made through functools.partial is not rewritten" in listed[21]
-    assert "a copy of the wrapped model (copy.deepcopy(model))" in listed[23]
+    assert "len(loader.dataset) is the whole set" in listed[17], said
+    assert "a DataLoader made through functools.partial is not rewritten" in listed[20]
+    assert "a copy of the wrapped model (copy.deepcopy(model))" in listed[22]
