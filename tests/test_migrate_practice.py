@@ -491,3 +491,19 @@ def test_a_partial_loader_a_copied_wrapper_and_a_parameter_s_dataset_length_are_
     assert "len(loader.dataset) is the whole set" in listed[17], said
     assert "a DataLoader made through functools.partial is not rewritten" in listed[20]
     assert "a copy of the wrapped model (copy.deepcopy(model))" in listed[22]
+
+
+def test_a_count_made_from_the_length_of_a_split_loader_s_set_is_listed():
+    m, said = migrated('''
+        import torch
+        import torch.nn as nn
+        from torch.utils.data import DataLoader
+
+        model = nn.DataParallel(Net())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(train_ds, batch_size=32, shuffle=True)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=10 * (len(train_ds) // 32))
+        sizes = len(val_ds)
+        ''')
+    assert "s.py:9: to check: len(train_ds) counts the whole set, which a loader now splits over the ranks" in said
+    assert "len(val_ds)" not in said  # no loader splits it

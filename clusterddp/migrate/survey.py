@@ -40,6 +40,7 @@ class Survey(cst.CSTVisitor):
         self.unshuffled: Set[int] = set()  # loaders without shuffle that train (a loop with a backward goes over)
         self.depth = 0  # the loops around the node visited
         self.sizes: List[Tuple[int, str]] = []  # len(X.dataset): (line, X)
+        self.lengths: List[Tuple[int, str]] = []  # len(X): (line, X)
         self.wraps: List[int] = []  # the lines of the DataParallel wraps
         self.seeded: Set[str] = set()  # the generators a seed was set for (in the order of the file): draws.py
         self.bars: Set[int] = set()  # tqdm calls a for loop goes over (its own methods work with disable=True)
@@ -113,6 +114,8 @@ class Survey(cst.CSTVisitor):
         elif name == "len" and len(node.args) == 1 and isinstance(node.args[0].value, cst.Attribute) and \
                 node.args[0].value.attr.value == "dataset" and isinstance(node.args[0].value.value, cst.Name):
             self.sizes.append((at, node.args[0].value.value.value))
+        elif name == "len" and len(node.args) == 1 and isinstance(node.args[0].value, cst.Name):
+            self.lengths.append((at, node.args[0].value.value))  # len(train_set): a split loader's set?
         elif name.endswith("requires_grad_") or (name == "setattr" and "requires_grad" in code_of(node)):
             self._frozen(at)
         elif name == "open" and len(node.args) > 1 and isinstance(node.args[1].value, cst.SimpleString) and \
@@ -232,6 +235,15 @@ class Survey(cst.CSTVisitor):
         sharded |= {caller for caller, builder in self.uses.aliases() if builder in sharded}
         sharded |= {key for key, mine in self.key_aliases if mine in sharded}
         self.findings += divided_wrongly(self.uses, sharded)
+        sets = {call.args[0].value.value for key, (call, _, names) in self.bound.items() if names & sharded and
+                call.args and isinstance(call.args[0].value, cst.Name) and call.args[0].keyword is None}
+        listed = {line for line, _ in self.findings}
+        for at, name in self.lengths:
+            if name in sets and at not in listed:
+                self.findings.append((at, f"len({name}) counts the whole set, which a loader now splits over the "
+                                          "ranks: each rank goes through about 1 / world size of it an epoch "
+                                          "(len(loader) batches); a step count, a schedule's total or a mean made "
+                                          "from it is world size x too large"))
         given = {param for param, name in self.dict_args if name in sharded}  # (a parameter given a split loader)
         for at, loader in self.sizes:
             if loader in trains or loader in given:
