@@ -94,7 +94,7 @@ class ToDDP(cst.CSTTransformer):
             "shuffle=False, its order kept: it trains, a loop with a backward goes over it)" if keep_order else
             "a new shuffle every epoch)"))
         args = [self._per_rank(a, i) for i, a in enumerate(updated.args)] + self._epoch_of(original)
-        if keep_order:
+        if keep_order and keyword(original, "shuffle") is None and len(positional(original)) < 3:  # (not said yet)
             args.append(cst.Arg(cst.Name("False"), keyword=cst.Name("shuffle"), equal=TIGHT))
         for before, after in zip(updated.args, args):
             if after is not before:
