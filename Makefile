@@ -51,6 +51,9 @@ install: $(if $(VENV),$(VENV)/bin/python)
 	else echo "clusterddp: torch $$found is installed, older than 2.13 (the release clusterddp is tested with): kept as" \
 		"it is, not replaced; clusterddp goes in without its torch extra (untested with it)"; \
 		$(PIP) install -q numpy -e ".[report,migrate]"; fi
+	@# The package's bytecode, compiled once: an editable install compiles nothing, and where PYTHONDONTWRITEBYTECODE
+	@# is set (CI machines often) every process (each rank, each command) would compile clusterddp again.
+	@$(PYTHON) -m compileall -q clusterddp >/dev/null
 
 # What install finds (the test of the three cases runs it).
 torch-found:
