@@ -284,6 +284,7 @@ def test_a_split_is_judged_by_the_generator_it_draws_from():
         ("tr, va = train_test_split(indices, test_size=0.2)", "np.random.seed(0)", False),
         ("random.shuffle(indices)", "pl.seed_everything(0)", False),
         ("indices = np.random.permutation(100)", "torch.Generator().manual_seed(0)", True),  # a private one's seed
+        ("indices = torch.randperm(100).tolist()", "g = torch.Generator()\ng.manual_seed(0)", True),
     ]
     for draw, seed, listed in cases:
         m, said = migrated(SPLIT.replace("{seed}", seed).replace("{draw}", draw))

@@ -133,7 +133,7 @@ class Survey(cst.CSTVisitor):
             said = unseeded(name, str(source), self.seeded) if source else fresh_generator(node)
             if said:
                 self.findings.append((at, said))
-        elif seeds(name) and not (isinstance(node.func, cst.Attribute) and "Generator(" in code_of(node.func.value)):
+        elif seeds(name):
             self.seeded |= seeds(name)
             self.findings.append((at, same_seed(seeds(name))))
         elif is_loader(node) and (keyword(node, "sampler") or keyword(node, "batch_sampler")):
