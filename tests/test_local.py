@@ -28,13 +28,17 @@ def results(text: str) -> list:
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("launcher", ["torchrun", "srun", "spawn"])
-def test_four_ranks_each_launcher(tmp_path, launcher):
+@pytest.mark.parametrize("launcher, warm", [("torchrun", False), ("srun", False), ("spawn", False),
+                                            ("torchrun", True), ("srun", True)])  # (spawn refuses --warm-start)
+def test_four_ranks_each_launcher(tmp_path, launcher, warm):
+    """Cold, and with --warm-start (issue 79: --local honours it): one warm server per emulated node forks that
+    node's processes (torchrun's agent and each of its workers, srun's ranks), and the job computes what the cold
+    one does."""
     script = "allreduce_spawn.py" if launcher == "spawn" else "allreduce.py"
     extra = SPAWN_ARGS if launcher == "spawn" else []
     proc = run_cli("submit", "--local", "--launcher", launcher, "--nodes", "2", "--gpus", "2",
-                   "--output-dir", str(tmp_path), str(SCRIPTS / script), "--", *extra, "--echo", "a b", "$HOME",
-                   cwd=tmp_path)
+                   *["--warm-start"] * warm, "--output-dir", str(tmp_path), str(SCRIPTS / script), "--", *extra,
+                   "--echo", "a b", "$HOME", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = results(proc.stdout)
     assert sorted(r["rank"] for r in res) == [0, 1, 2, 3]
@@ -46,8 +50,22 @@ def test_four_ranks_each_launcher(tmp_path, launcher):
         if "RESULT " in line and launcher != "spawn":
             assert line.startswith(f"[rank {results(line)[0]['rank']}] "), line
     run_dir = next(tmp_path.glob(f"{Path(script).stem}-local-*"))
-    names = sorted(p.name for p in run_dir.glob("*.out"))
+    names = sorted(p.name for p in run_dir.glob("*.out") if not p.name.startswith("warm-"))
     assert names == ([f"rank-{i}.out" for i in range(4)] if launcher == "srun" else ["node-0.out", "node-1.out"])
+    forked = {node: re.findall(r"forked (torchrun agent|rank process) \d+ \(([^)]*)\)",
+                               (run_dir / f"warm-local{node}.out").read_text()) if warm else []
+              for node in (0, 1)}
+    assert not warm or "not apply" not in proc.stderr
+    if not warm:
+        assert not list(run_dir.glob("warm-*.out")), list(run_dir.iterdir())
+    elif launcher == "torchrun":  # each node's agent, then its two workers (RANK set by the agent)
+        assert {node: sorted(f) for node, f in forked.items()} == {
+            node: [("rank process", f"RANK={2 * node}"), ("rank process", f"RANK={2 * node + 1}"),
+                   ("torchrun agent", "-")] for node in (0, 1)}, forked
+    else:  # srun's ranks (RANK and SLURM_PROCID set by the runner)
+        want = {node: [f"RANK={r} SLURM_PROCID={r} SLURM_STEP_ID=0" for r in (2 * node, 2 * node + 1)]
+                for node in (0, 1)}
+        assert {node: sorted(who for _, who in f) for node, f in forked.items()} == want, forked
     # the srun emulation shows the training script what srun would
     if launcher == "srun":
         assert all(r["node_id"] == str(r["rank"] // 2) for r in res)
@@ -91,11 +109,14 @@ def _sigint_default() -> None:
 
 @pytest.mark.ranks
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="process tree from /proc (Linux)")
-@pytest.mark.parametrize("launcher, ranks_ignore_term", [("torchrun", False), ("srun", False), ("torchrun", True)])
-def test_ctrl_c_leaves_no_process(tmp_path, launcher, ranks_ignore_term):
+@pytest.mark.parametrize("launcher, ranks_ignore_term, warm", [("torchrun", False, False), ("srun", False, False),
+                                                               ("torchrun", True, False), ("srun", True, True)])
+def test_ctrl_c_leaves_no_process(tmp_path, launcher, ranks_ignore_term, warm):
     """Also where the ranks ignore SIGTERM: torchrun's workers live in sessions of their own, out of reach of their
-    agent's process group, and would outlive it."""
+    agent's process group, and would outlive it. Under --warm-start the ranks are the servers' children, and the
+    servers go too."""
     cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", launcher,
+                            *["--warm-start"] * warm,
                             "--nodes", "2", "--gpus", "2", "--output-dir", str(tmp_path), str(SCRIPTS / "sleeper.py"),
                             "--", "300", *(["ignore-term"] if ranks_ignore_term else [])], cwd=tmp_path,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -107,7 +128,7 @@ def test_ctrl_c_leaves_no_process(tmp_path, launcher, ranks_ignore_term):
         started = sum(p.read_text().count("started pid") for p in tmp_path.glob("sleeper-local-*/*.out"))
     assert started == 4
     pids = descendants(cli.pid)
-    assert len(pids) >= 4
+    assert len(pids) >= 4 + 2 * warm  # (the servers, and the ranks they forked)
     cli.send_signal(signal.SIGINT)
     out, err = cli.communicate(timeout=60)
     assert cli.returncode == 130 and "stopped all" in err
@@ -124,6 +145,18 @@ def test_dry_run_prints_commands_and_environment(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert needle in proc.stdout and "export A='b c'" in proc.stdout and "nothing is started" in proc.stdout
         assert "export MASTER_ADDR=127.0.0.1" in proc.stdout
+    # --warm-start: a server per emulated node first, each rank's process its client
+    proc = run_cli("submit", "--local", "--dry-run", "--warm-start", "--launcher", "srun", "--nodes", "2", "--gpus",
+                   "2", str(SCRIPTS / "allreduce.py"), cwd=tmp_path)
+    assert proc.returncode == 0 and "not apply" not in proc.stderr, proc.stderr
+    assert re.search(r"^SLURMD_NODENAME=local1 CLUSTERDDP_WARM=local-\d+\.0\.NAME \S+ -m clusterddp\.runtime\.warm "
+                     r"serve &$", proc.stdout, re.MULTILINE), proc.stdout
+    assert len(re.findall(r" -m clusterddp\.runtime\.warmrun \S+allreduce\.py &$", proc.stdout, re.MULTILINE)) == 4
+    # with another interpreter (which may lack clusterddp) the ranks start cold, and that is said
+    proc = run_cli("submit", "--local", "--dry-run", "--warm-start", "--python", "/usr/bin/python3", "--launcher",
+                   "srun", "--nodes", "2", "--gpus", "2", str(SCRIPTS / "allreduce.py"), cwd=tmp_path)
+    assert "--local does not apply --warm-start (--python names another interpreter)" in proc.stderr, proc.stderr
+    assert "warmrun" not in proc.stdout
     assert not list(tmp_path.glob("clusterddp-runs/*"))
 
 

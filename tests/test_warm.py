@@ -368,6 +368,9 @@ def test_warm_start_is_asked_where_it_applies_and_said_where_it_does_not(tmp_pat
         assert bad.returncode == 2 and "--warm-start" in bad.stderr and "Traceback" not in bad.stderr, (extra, bad)
     local = run_cli("submit", "--local", "--dry-run", "--launcher", "srun", "--nodes", "2", "--warm-start",
                     "train.py", cwd=tmp_path)
-    assert local.returncode == 0 and "--local does not apply --warm-start" in local.stdout + local.stderr, local
+    # (issue 79: --local honours it, a server per emulated node: tests/test_local.py runs it)
+    assert local.returncode == 0 and "does not apply" not in local.stdout + local.stderr, local
+    assert local.stdout.count("-m clusterddp.runtime.warm serve &") == 2 and "-m clusterddp.runtime.warmrun" in \
+        local.stdout, local.stdout
 
 

@@ -10,6 +10,7 @@ What is ours: starting those processes, their logs, and ending all of them when 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import shutil
@@ -84,9 +85,10 @@ def cpu_count() -> int:
 
 
 def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_available: Sequence[str],
-              emulated: Sequence[int] = (), restart: int = 0) -> Plan:
+              emulated: Sequence[int] = (), restart: int = 0, warm: str = "") -> Plan:
     """Everything that will run, as data (pure: the dry run prints it). ``emulated``: which of the job's emulated
-    nodes (its ``nodes`` and spares) this attempt uses, in order; their GPUs are theirs."""
+    nodes (its ``nodes`` and spares) this attempt uses, in order; their GPUs are theirs. ``warm``: the run's warm
+    start name (warm_servers): each rank's process asks its emulated node's server to fork it."""
     n, per = spec.nodes, spec.tasks_per_node
     emulated = list(emulated) or list(range(n))
     use_gpus = spec.gpus_per_node > 0 and len(gpus_available) >= spec.alloc_nodes * per
@@ -108,10 +110,43 @@ def make_plan(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus_availabl
 
     launch = {"torchrun": _torchrun_procs, "srun": _srun_procs, "spawn": _spawn_procs}[spec.launcher]
     procs = launch(spec, Path(run_dir), port, job_id, devices)
+    if warm and warms(spec):  # the batch script's lines (srun.sh.j2, torchrun.sh.j2), on this machine
+        procs = [dataclasses.replace(p, argv=_warm_argv(spec, p.argv)) for p in procs]
     gpus = [d for node in range(n) for name, ids in devices(node) if name == "CUDA_VISIBLE_DEVICES"
             for d in ids.split(",")] if use_gpus else None
-    common = _common_env(spec, run_dir, port, threads, use_gpus, restart)
+    common = _common_env(spec, run_dir, port, threads, use_gpus, restart) + \
+        ([(contract.WARM, warm)] if warm and warms(spec) else [])
     return Plan(spec, run_dir, port, gpus, tuple(common), tuple(procs), note)
+
+
+WARM_RUN = ("-m", "clusterddp.runtime.warmrun")
+
+
+def warms(spec: JobSpec) -> bool:
+    """Whether a local run of ``spec`` forks its ranks from warm servers: asked for, and the job's Python is this
+    one (the servers and clients are this clusterddp's modules)."""
+    return spec.warm_start and _python(spec) == sys.executable
+
+
+def _warm_argv(spec: JobSpec, argv: Sequence[str]) -> Tuple[str, ...]:
+    """A rank's process as a client of its node's server; under torchrun the agent too, and each of its workers."""
+    python, rest = argv[0], list(argv[1:])
+    if spec.launcher == "torchrun":  # python -m AGENT --opts... PROGRAM -> the agent forked, its workers clients
+        program = spec.program_argv()
+        rest = rest[:len(rest) - len(program)] + ["--module", "clusterddp.runtime.warmrun", *program]
+    return (python, *WARM_RUN, *rest)
+
+
+def warm_servers(spec: JobSpec, run_dir: str, warm: str) -> List[Proc]:
+    """One warm server per emulated node of the job (its spares too), as warm.sh.j2 starts one per node: it
+    imports torch once and forks that node's ranks; its output in RUN_DIR/warm-NODE.out."""
+    procs = []
+    for index in range(spec.alloc_nodes):
+        name = contract.LOCAL_NODE.format(index=index)
+        procs.append(Proc(f"warm server {name}", (_python(spec), "-m", "clusterddp.runtime.warm", "serve"),
+                          (("SLURMD_NODENAME", name), (contract.WARM, warm)),
+                          str(Path(run_dir) / f"warm-{name}.out"), index))
+    return procs
 
 
 Devices = Callable[[int], List[Tuple[str, str]]]
@@ -209,7 +244,7 @@ def _spawn_procs(spec: JobSpec, run: Path, port: int, job_id: int, devices: Devi
     return procs
 
 
-def describe(plan: Plan) -> str:
+def describe(plan: Plan, servers: Sequence[Proc] = ()) -> str:
     """The dry run: every command and its environment, as shell lines a user could run by hand."""
     q = shell_quote
     lines = [f"# clusterddp --local dry run: {plan.spec.nodes} node(s) x {plan.spec.tasks_per_node} = world size "
@@ -217,6 +252,9 @@ def describe(plan: Plan) -> str:
              f"# {plan.note.replace('clusterddp: ', '')}", f"# logs in {plan.run_dir}/",
              "# environment of every process:"]
     lines += [f"export {k}={q(v)}" for k, v in plan.common]
+    for p in servers:  # (started before the first attempt, ended after the last)
+        lines.append(f"# {p.label}: imports torch once, forks its node's ranks (log {p.log})")
+        lines.append(" ".join([f"{k}={q(v)}" for k, v in p.env] + [q(a) for a in p.argv]) + " &")
     for p in plan.procs:
         lines.append(f"# {p.label} (log {p.log})")
         lines.append(" ".join([f"{k}={q(v)}" for k, v in p.env] + [q(a) for a in p.argv]) + " &")
@@ -228,13 +266,13 @@ def describe(plan: Plan) -> str:
 _SLURM_ONLY = (("setup", "--setup"), ("apptainer", "--apptainer"), ("container_image", "--container-image"),
                ("time", "--time"), ("mem", "--mem"), ("sbatch_args", "--sbatch-arg"), ("partition", "--partition"),
                ("account", "--account"), ("qos", "--qos"), ("constraint", "--constraint"), ("array", "--array"),
-               ("after", "--after"), ("exclusive", "--exclusive"), ("expedite", "--expedite"),
-               ("warm_start", "--warm-start"))
+               ("after", "--after"), ("exclusive", "--exclusive"), ("expedite", "--expedite"))
 
 
 def not_applied(spec: JobSpec) -> List[str]:
     """The options given in ``spec`` that a local run ignores (said in one line, never silently)."""
-    return [flag for name, flag in _SLURM_ONLY if getattr(spec, name)]
+    return [flag for name, flag in _SLURM_ONLY if getattr(spec, name)] + \
+        (["--warm-start (--python names another interpreter)"] if spec.warm_start and not warms(spec) else [])
 
 
 def not_applied_line(spec: JobSpec) -> Optional[str]:

@@ -246,3 +246,50 @@ def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = pr
         found = tracebacks(sorted(Path(plan.run_dir).glob("*.out")))
         note(summary(found, plan.run_dir))
     return code
+
+
+SERVER_START_S = 30.0  # as warm.sh.j2: how long the first attempt waits for each server to say it started
+
+
+def start_servers(procs: List[Any], note: Callable[[str], None]) -> List[subprocess.Popen]:
+    """The run's warm servers (plan.warm_servers), each in a session of its own, its output to its log; returns
+    once each has said it started (it then imports torch while the ranks' clients wait for it: warmrun.py)."""
+    base = without_parent_job(os.environ)
+    started, logs = [], []
+    for p in procs:
+        Path(p.log).parent.mkdir(parents=True, exist_ok=True)
+        with open(p.log, "ab") as log:
+            try:
+                started.append(subprocess.Popen(list(p.argv), env={**base, **dict(p.env)}, stdout=log,
+                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True))
+                logs.append(p.log)
+            except OSError as exc:
+                note(f"clusterddp: warm server not started ({exc.strerror}): the ranks start cold")
+    deadline = time.monotonic() + SERVER_START_S
+    while time.monotonic() < deadline and not all(
+            b": starting" in _read(log) or popen.poll() is not None for log, popen in zip(logs, started)):
+        time.sleep(0.02)
+    return started
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4096)
+    except OSError:
+        return b""
+
+
+def stop_servers(popens: List[subprocess.Popen]) -> None:
+    """End the run's warm servers (SIGTERM, SIGKILL after the grace): they outlive the attempts, not the run."""
+    for p in popens:
+        if p.poll() is None:
+            _signal_group(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_GRACE_S
+    for p in popens:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(p.pid, signal.SIGKILL)
+            p.wait()

@@ -17,8 +17,8 @@ from ...datafiles import own_dir
 from ...healing.faults import Fault
 from ...job.ids import LOCAL
 from ...job.spec import JobSpec
-from .plan import Plan, describe, make_plan, pick_port, visible_gpus
-from .run import run_plan
+from .plan import Plan, describe, make_plan, pick_port, visible_gpus, warm_servers, warms
+from .run import run_plan, start_servers, stop_servers
 
 
 def node_name(emulated: int) -> str:
@@ -94,9 +94,13 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
 
     hosts = [node_name(i) for i in range(spec.alloc_nodes)]
     began = time.time()
+    # (as warm.sh.j2 names its servers: this run's, made once for all its attempts, never one inherited)
+    warm = f"local-{job_id}.{restart}.{secrets.token_hex(8)}" if warms(spec) else ""
+    servers = start_servers(warm_servers(spec, run_dir, warm), note) if warm else []
     try:
-        return _attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note, drill_env, restart, hosts)
+        return _attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note, drill_env, restart, hosts, warm)
     finally:
+        stop_servers(servers)
         if Path(run_dir).is_dir():  # (made by the first attempt)
             attempts.began(Path(run_dir), restart, began, hosts)
             attempts.ended(Path(run_dir), restart, time.time())
@@ -104,7 +108,7 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
 
 def _attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
               echo: Callable[[str], None], note: Callable[[str], None], drill_env: Sequence[Tuple[str, str]],
-              restart: int, hosts: List[str]) -> int:
+              restart: int, hosts: List[str], warm: str = "") -> int:
     from ...healing import attempts, supervise
     from ...healing.faults import after_work
 
@@ -113,7 +117,7 @@ def _attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequenc
     bad: Tuple[str, ...] = ()
     attempt = 0
     while True:
-        plan = make_plan(spec, run_dir, port, job_id, gpus, [hosts.index(n) for n in chosen], restart)
+        plan = make_plan(spec, run_dir, port, job_id, gpus, [hosts.index(n) for n in chosen], restart, warm)
         if drill_env:
             plan = dataclasses.replace(plan, common=plan.common + tuple(drill_env))
         if attempt:
@@ -162,7 +166,9 @@ def _where(spec: JobSpec) -> Tuple[str, int, int, List[str]]:
 def dry_run(spec: JobSpec) -> str:
     """What a local run of ``spec`` would start, as shell lines (nothing is started)."""
     run_dir, port, job_id, gpus = _where(spec)
-    return describe(make_plan(spec, run_dir, port, job_id, gpus))
+    warm = f"local-{job_id}.0.NAME" if warms(spec) else ""  # (its last part is random, made at the run's start)
+    return describe(make_plan(spec, run_dir, port, job_id, gpus, warm=warm),
+                    warm_servers(spec, run_dir, warm) if warm else ())
 
 
 def submit_local(spec: JobSpec, quiet: bool = False, echo: Callable[[str], None] = print,
