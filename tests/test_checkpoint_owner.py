@@ -166,3 +166,7 @@ def test_who_resumes_whose_checkpoint():
     assert table == {"trial_a": ["trial_a"],
                      "job_x": ["job_x", "job_y", "old", "old_manifest", "outside"],
                      "outside": ["job_x", "job_y", "old", "old_manifest", "outside"]}
+
+
+# Issue 79: these local jobs test what the ranks do, not their cold start (conftest.warm_start).
+pytestmark = pytest.mark.usefixtures("warm_start")

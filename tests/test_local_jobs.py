@@ -190,3 +190,7 @@ def test_a_local_id_that_is_wrong_says_so(tmp_path, argv, code, said):
     result = cli_runner().invoke(cli, argv, env={"XDG_STATE_HOME": str(tmp_path / "state")})
     assert result.exit_code == code and said in result.stderr, (result.exit_code, result.output)
     assert "Traceback" not in result.output
+
+
+# Issue 79: these local jobs test what the ranks do, not their cold start (conftest.warm_start).
+pytestmark = pytest.mark.usefixtures("warm_start")

@@ -581,3 +581,7 @@ def test_the_shapes_of_ours_migrated_train_as_four_ranks_for_four_epochs(tmp_pat
         again = run_cli("migrate", name, "--check", "--", "--epochs", "1", cwd=tmp_path, timeout=300)
         assert again.returncode == 1 and "check: did not train: exit 0, but no rank took an optimizer step in the " \
             "batches it ran" in again.stderr and "needs --check-steps above k" in again.stderr, again.stderr
+
+
+# Issue 79: these local jobs test what the ranks do, not their cold start (conftest.warm_start).
+pytestmark = pytest.mark.usefixtures("warm_start")

@@ -262,3 +262,7 @@ def test_a_rank_ended_by_a_lost_peer_runs_its_exit_handlers_keeps_its_files_and_
                                env=env, capture_output=True, text=True, timeout=120)
         assert alone.returncode == code, alone.stderr
         assert (tmp_path / mode / "teardown-0").exists() and (tmp_path / mode / "atexit-0").exists(), mode
+
+
+# Issue 79: these local jobs test what the ranks do, not their cold start (conftest.warm_start).
+pytestmark = pytest.mark.usefixtures("warm_start")

@@ -938,3 +938,7 @@ def test_an_evaluation_after_an_epoch_is_before_the_next_epoch_s_first_step(job,
     assert keeper.on_exception(LOST) is not None
     state, _ = peerload._mine("run-k")
     assert state["step"] == 2 and state["rng"]["2"]["torch"] == base64.b64encode(start.numpy().tobytes()).decode()
+
+
+# Issue 79: these local jobs test what the ranks do, not their cold start (conftest.warm_start).
+pytestmark = pytest.mark.usefixtures("warm_start")

@@ -159,3 +159,7 @@ def test_a_checked_epoch_ends_with_its_last_batch(monkeypatch, tmp_path):
     for _ in range(2):  # every epoch, not only the first
         batches = [b[0].tolist() for b in made]
         assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [20, 21]], batches
+
+
+# Issue 79: these local jobs test what the ranks do, not their cold start (conftest.warm_start).
+pytestmark = pytest.mark.usefixtures("warm_start")
