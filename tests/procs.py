@@ -20,6 +20,20 @@ def children() -> dict:
     return out
 
 
+def launched(pid: int) -> list:
+    """The processes a local runner ``pid`` started for its job: its children but its warm servers (issue 79:
+    ``python -m clusterddp.runtime.warm serve``, the ranks' own processes being their clients)."""
+    out = []
+    for child in children().get(pid, []):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:4] != [b"-m", b"clusterddp.runtime.warm", b"serve"]:
+            out.append(child)
+    return out
+
+
 def descendants(pid: int) -> set:
     """Every process below ``pid``."""
     tree, found, todo = children(), set(), [pid]

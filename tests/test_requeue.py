@@ -16,7 +16,7 @@ import torch
 from clusterddp.backends.slurm.commands import Slurm, parse_scontrol
 
 from .conftest import SCRIPTS, reference_run, run_cli
-from .procs import children
+from .procs import launched
 
 slurm = Slurm.here()
 
@@ -160,6 +160,7 @@ def test_requeue_limit_ends_the_job_clearly(work, slurm_release):
     assert len(list((work / "run-ck").glob("ckpt-*.pt"))) >= 1 and not (work / "run.pt").exists()
 
 
+@pytest.mark.usefixtures("warm_start")  # (issue 79: not a test of the cold start)
 @pytest.mark.ranks
 def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, tmp_path_factory):
     """Resumed bit-identical at 6 ranks on 3 emulated nodes (README: "at any world size"; 2 ranks would hide order
@@ -203,6 +204,7 @@ def test_local_sigusr2_checkpoints_and_rerun_resumes(tmp_path, tmp_path_factory)
     assert said.count("wrapped with static_graph=True, so DDP lays out its gradient buckets again") == 1, said
 
 
+@pytest.mark.usefixtures("warm_start")  # (issue 79: not a test of the cold start)
 @pytest.mark.ranks
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="the job's processes from /proc (Linux)")
 def test_background_checkpoints_survive_a_kill_bit_identical(tmp_path, reference):
@@ -219,7 +221,7 @@ def test_background_checkpoints_survive_a_kill_bit_identical(tmp_path, reference
     deadline = time.monotonic() + 90
     while len(steps(tmp_path / "run.log")) < 14 and time.monotonic() < deadline:
         time.sleep(0.1)
-    ranks = children().get(cli.pid, [])  # the srun launcher's ranks are the local runner's children
+    ranks = launched(cli.pid)  # the srun launcher's ranks are the local runner's children (their clients: warm)
     assert len(ranks) == RANKS, ranks
     for pid in ranks:
         os.kill(pid, signal.SIGKILL)
