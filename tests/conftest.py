@@ -47,6 +47,10 @@ def pytest_collection_modifyitems(config, items):
     """Leave out the runs on releases a test's slurm_releases marker does not name (release-independent work
     runs once; the closest marker wins, so a parameter's overrides its function's and module's)."""
     keep, drop = [], []
+    never = never_in_make_test((item.nodeid, item.get_closest_marker("slurm_releases")) for item in items)
+    if never:  # (issue 79: every cluster test runs on at least one release make test runs)
+        raise pytest.UsageError(f"{never[0]}: its slurm_releases names none of the releases make test runs "
+                                f"({', '.join(RELEASES)}), so CI would never run it; add one of them")
     for item in items:
         release = getattr(item, "callspec", None) and item.callspec.params.get("slurm_release")
         marker = item.get_closest_marker("slurm_releases")
@@ -54,6 +58,11 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def never_in_make_test(marked) -> list:
+    """The test ids (of ``(id, slurm_releases marker or None)``) whose marker names no release of RELEASES."""
+    return [nodeid for nodeid, marker in marked if marker is not None and not set(marker.args) & set(RELEASES)]
 
 
 def selected_releases(config) -> tuple:

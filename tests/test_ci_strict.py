@@ -44,3 +44,15 @@ def test_skips_fail_under_ci_and_only_there(tmp_path):
     empty = _pytest(tmp_path, True, "-k", "nothing_matches")
     assert empty.returncode == 1 and "collected no test" in empty.stderr, empty.stdout + empty.stderr
     assert _pytest(tmp_path, False, "-k", "nothing_matches").returncode == 5
+
+
+def test_a_cluster_test_no_release_of_make_test_runs_is_refused_at_collection():
+    """Issue 79: a slurm_releases marker that names only releases make test does not run (24.11 alone) would leave
+    the test out of CI for good; collection refuses it, naming the test. Every marker of the suite passes."""
+    import pytest
+
+    from .conftest import RELEASES, never_in_make_test
+
+    only = pytest.mark.slurm_releases("24.11").mark
+    both = pytest.mark.slurm_releases("24.11", RELEASES[-1]).mark
+    assert never_in_make_test([("t::a", only), ("t::b", both), ("t::c", None)]) == ["t::a"]
