@@ -293,13 +293,16 @@ def test_classic_a_rendezvous_that_missed_a_node_s_ranks_blames_it(tmp_path):
 def test_precision_and_recall_of_node_blame_over_a_fixed_sample(tmp_path, capsys):
     """Over a fixed seeded sample of the truth space: quarantine (the lasting blame) against the NODE truths' nodes,
     and exclusion (given no rank or requeued without) against NODE and SUSPECT truths' nodes; per (scenario, node)
-    of the allocation. Printed to be quoted; the property tests above are what holds the code to them."""
+    of the allocation. Printed to be quoted, and asserted (issue 79: it printed and asserted only its sample's
+    make-up): per tier, no healthy node quarantined or excluded (precision 1.0 in each), every verdict right, and
+    every NODE truth's node quarantined wherever a spare or the partition's room lets the job go on."""
     truths = sim.sample(20261204, 200)
     tiers: Counter = Counter()
     right: Counter = Counter()
     q = Counter()
     x = Counter()
     q_room = Counter()  # quarantine of NODE truths where a spare or the partition's room lets the job go on
+    wrong: Counter = Counter()  # per tier: healthy nodes quarantined or excluded (false positives)
     for i, t in enumerate(truths):
         e = expected(t)
         o = run(t, tmp_path / f"s{i}")
@@ -318,6 +321,7 @@ def test_precision_and_recall_of_node_blame_over_a_fixed_sample(tmp_path, capsys
             if t.spare or t.room == "ample":
                 q_room["tp" if truth_q and said_q else "fp" if said_q else "fn" if truth_q else "tn"] += 1
             x["tp" if truth_x and said_x else "fp" if said_x else "fn" if truth_x else "tn"] += 1
+            wrong[e.tier] += bool(said_q and not truth_q) + bool(said_x and not truth_x)
 
     def pr(c: Counter) -> Tuple[float, float]:
         return (c["tp"] / (c["tp"] + c["fp"]) if c["tp"] + c["fp"] else 1.0,
@@ -333,7 +337,10 @@ def test_precision_and_recall_of_node_blame_over_a_fixed_sample(tmp_path, capsys
               f"({dict(q_room)})"
               f"\n  exclusion:  precision {xp:.3f} recall {xr:.3f} ({dict(x)})"
               f"\n  verdicts fully right by tier: " + ", ".join(f"{k} {right[k]}/{tiers[k]}" for k in sorted(tiers)))
-    assert q["tp"] + q["fn"] > 10 and sum(tiers.values()) == len(truths)
+    assert q["tp"] + q["fn"] > 10 and sum(tiers.values()) == len(truths) and len(tiers) == 5, tiers
+    assert sum(wrong.values()) == 0 and (qp, xp) == (1.0, 1.0), wrong  # precision 1.0 in every tier
+    assert right == tiers, (right, tiers)
+    assert rr == 1.0 and q_room["tp"] > 10, q_room
 
 
 def test_the_simulated_torchrun_report_has_torch_s_own_templates():
