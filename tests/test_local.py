@@ -221,3 +221,33 @@ def test_new_skeleton_runs_on_two_ranks(tmp_path):
                   "--epochs", "1", cwd=tmp_path)
     assert off.returncode == 0 and "clusterddp: goodput not measured: no step was recorded" in off.stderr, off.stderr
     assert "goodput 0%" not in off.stderr
+
+
+@pytest.mark.ranks
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="process tree from /proc (Linux)")
+def test_warm_servers_go_with_their_runner_even_when_it_is_killed(tmp_path):
+    """Issue 79, from a review: the warm servers live in sessions of their own; a runner SIGKILLed (no finally)
+    takes them along (the parent-death signal), so no server outlives its run. (The ranks' processes of a killed
+    runner are ended here by pid: that is the runner's own case, cold or warm.)"""
+    cli = subprocess.Popen([sys.executable, "-m", "clusterddp", "submit", "--local", "--launcher", "srun",
+                            "--warm-start", "--nodes", "2", "--gpus", "2", "--output-dir", str(tmp_path),
+                            str(SCRIPTS / "sleeper.py"), "--", "300"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    deadline, started = time.monotonic() + 90, 0
+    while time.monotonic() < deadline and started < 4:
+        time.sleep(0.3)
+        started = sum(p.read_text().count("started pid") for p in tmp_path.glob("sleeper-local-*/rank-*.out"))
+    servers = [int(m) for p in tmp_path.glob("sleeper-local-*/warm-*.out")
+               for m in re.findall(r"warm server (\d+): starting", p.read_text())]
+    everything = descendants(cli.pid)
+    assert started == 4 and len(servers) == 2 and set(servers) <= everything, (started, servers)
+    cli.kill()
+    cli.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in servers):
+        time.sleep(0.1)
+    left = [p for p in servers if _alive(p)]
+    for pid in everything:  # (the runner's own leftovers, cold or warm: ours, by pid)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert left == [], left

@@ -376,7 +376,7 @@ def test_runtime_wrap_leaves_a_model_with_nothing_to_train_unwrapped_and_says_so
     code = ("import torch.nn as nn\nfrom clusterddp import runtime\nruntime.init(allow_single=True)\n"
             "frozen = nn.Linear(2, 2).requires_grad_(False)\nm = runtime.wrap(frozen)\nprint(type(m).__name__)\n"
             "print(type(runtime.wrap(nn.Linear(2, 2))).__name__)\n"
-            "print(runtime.all_reduce_mean({'loss': 2, 'acc': 0.5}), runtime.all_reduce_mean([1, 3]))\n"
+            "print(runtime.all_reduce_mean({'phase': 'val', 'loss': 2, 'acc': 0.5}), runtime.all_reduce_mean([1, 3]))\n"
             "runtime.shutdown()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**__import__("os").environ, "CLUSTERDDP_HANG_TIMEOUT": "0"})
@@ -386,7 +386,7 @@ def test_runtime_wrap_leaves_a_model_with_nothing_to_train_unwrapped_and_says_so
     assert [line for line in proc.stdout.splitlines() if line in ("Linear", "DistributedDataParallel")] == \
         ["Linear", "DistributedDataParallel"], proc.stdout
     # a metrics dict (what the early-stopping rewrite may average) and a list: their values' means, the same kinds
-    assert "{'loss': 2.0, 'acc': 0.5} [1.0, 3.0]" in proc.stdout.splitlines(), proc.stdout
+    assert "{'phase': 'val', 'loss': 2.0, 'acc': 0.5} [1.0, 3.0]" in proc.stdout.splitlines(), proc.stdout
 
 
 # -- per-rank writers and devices ----------------------------------------------------------------------------------
@@ -453,12 +453,18 @@ import torch.nn as nn
 device = "cuda" if torch.cuda.is_available() else "cpu"
 other = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 model = nn.DataParallel(Net()).to(device)
+scaler = torch.cuda.amp.GradScaler(enabled=device == "cuda")
 '''
 
 
-def test_a_device_string_chosen_by_cuda_s_presence_is_the_rank_s_own():
+def test_a_device_string_chosen_by_cuda_s_presence_is_left_as_it_is():
+    """A bare "cuda" is the current device, which runtime.init() sets to the rank's own: the string stays (a review
+    found that making it "cuda:N" turned `device == "cuda"` false, and the GradScaler off); torch.device("cuda" ...)
+    becomes runtime.device()."""
     m, said = migrated(DEVICES)
-    assert "device = str(runtime.device())\n" in m.text and "other = runtime.device()\n" in m.text, m.text
+    assert 'device = "cuda" if torch.cuda.is_available() else "cpu"\n' in m.text and "other = runtime.device()\n" in \
+        m.text, m.text
+    assert 'scaler = torch.cuda.amp.GradScaler(enabled=device == "cuda")\n' in m.text
     assert len([line for line in said.splitlines() if line.startswith("s.py:6: ")]) == 1, said  # one change said
 
 
@@ -553,3 +559,66 @@ def test_an_unshuffled_training_loader_that_says_shuffle_false_keeps_one_shuffle
                 model(x).sum().backward()
             ''')
         assert "loader = runtime.loader(data, batch_size=8, shuffle=False)\n" in m.text, m.text
+
+
+# -- what a review of this issue's change found --------------------------------------------------------------------
+
+def test_exits_on_one_line_suites_and_a_history_of_lists_are_per_rank():
+    m, said = migrated('''
+        import sys
+
+        import torch.nn as nn
+
+        model = nn.DataParallel(Net())
+        history = {"loss": []}
+        for epoch in range(3):
+            for x in loader:
+                try: loss = model(x).sum()
+                except RuntimeError: continue
+                if loss.item() != loss.item(): sys.exit(1)
+                opt.zero_grad(); loss.backward(); opt.step()
+            history["loss"].append(loss.item())
+            if history["loss"][-1] < 0.1:
+                break
+            print("loss", loss.item())
+        ''')
+    listed = {int(line.split(":")[1]): line for line in said.splitlines() if ": to check: " in line}
+    assert "an except handler that leaves this loop's step" in listed[11], said  # (the loop's first: it is listed)
+    assert "leave or skip this loop's steps apart" in listed[15], said
+    assert 'runtime.print0("loss", loss.item())' in m.text  # not averaged after a rank's own break
+    m, said = migrated('''
+        import sys
+
+        import torch.nn as nn
+
+        model = nn.DataParallel(Net())
+        for x in loader:
+            if loss.item() != loss.item(): sys.exit(1)
+            loss = model(x).sum(); loss.backward(); opt.step()
+        print("loss", loss.item())
+        ''')
+    assert "s.py:8: to check: the ranks may leave or skip this loop's steps apart" in said, said
+
+
+def test_only_torch_s_functional_data_parallel_is_rewritten_and_its_inputs_are_read_as_torch_reads_them():
+    m, said = migrated('''
+        import torch.nn as nn
+        from torch.nn.parallel import data_parallel as dp
+
+
+        def data_parallel(net, gpus):
+            return nn.DataParallel(net, device_ids=gpus)
+
+
+        net = data_parallel(nn.Linear(2, 2), [0, 1])
+        y = dp(net, (a, b), [0, 1])
+        z = nn.parallel.data_parallel(m1 if c else m2, x)
+        ''')
+    assert "net = data_parallel(nn.Linear(2, 2), [0, 1])\n" in m.text, m.text  # the script's own function
+    assert "y = net(a, b)\n" in m.text and "z = (m1 if c else m2)(x)\n" in m.text, m.text
+
+
+def test_a_cuda_seed_seeds_no_split():
+    m, said = migrated(SPLIT.replace("{seed}", "torch.cuda.manual_seed_all(0)")
+                       .replace("{draw}", "indices = torch.randperm(100).tolist()"))
+    assert "s.py:11: to check: torch.randperm draws from torch's generator with no seed set before it" in said, said

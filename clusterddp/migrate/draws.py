@@ -21,7 +21,7 @@ def seeds(name: str) -> Set[str]:
         return {PYTHON}
     if name in ("np.random.seed", "numpy.random.seed"):
         return {NUMPY}
-    if last in ("manual_seed", "manual_seed_all") and name.split(".")[0] == "torch":  # (not a private Generator's)
+    if name == "torch.manual_seed":  # (torch.cuda's seeds only the GPUs'; a private Generator's only its own)
         return {TORCH}
     return set()
 

@@ -29,6 +29,9 @@ def ends(small: Any) -> bool:
 def exits(body: Any, loop_level: bool) -> Optional[Any]:
     """The first break/continue (when ``loop_level``), return or process end in ``body``, not inside an inner
     loop/def (a return or an end inside an inner loop leaves this one too)."""
+    if isinstance(body, cst.SimpleStatementSuite):  # (``if x: break``, ``except E: continue`` on one line)
+        hit = any(ends(small) or (loop_level and isinstance(small, (cst.Break, cst.Continue))) for small in body.body)
+        return body if hit else None
     for statement in getattr(body, "body", ()):
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:

@@ -222,3 +222,32 @@ def divided_wrongly(uses: Uses, sharded: Set[str]) -> List[Tuple[int, str]]:
                           f"{said}, the whole set's size, it is about 1 / world size of the true value; divide by a "
                           f"count the same loop adds up, and average over the ranks (runtime.all_reduce_mean)"))
     return out
+
+
+def phases_in_one_call(survey: Any) -> None:
+    """Loaders of the survey (survey.py) that cannot be split for one phase: one DataLoader call that makes the
+    loaders of several phases (``{x: DataLoader(...) for x in ["train", "val"]}``) where one phase's loop trains and
+    another's does not; loaders of a dict looped over by a key that cannot be told (or made for keys that cannot).
+    Left as they are, and listed."""
+    unclear = survey.uses.unclear | {name for param, name in survey.dict_args if param in survey.uses.unclear}
+    for key, (_, at, names) in survey.bound.items():
+        if key in survey.evaluation or not any(n.split("[")[0] in unclear or n.endswith("[?]") for n in names):
+            continue
+        survey.trains.discard(key)
+        survey.evaluation.add(key)
+        survey.findings.append((at, "a DataLoader in a dict looped over by a key that cannot be told here: whether "
+                                  "it trains (a loop with a backward goes over it) cannot be either, so it is "
+                                  "left as it is (every rank goes through the whole set); make the training "
+                                  "loader a runtime.loader(...) call, and share an evaluation one with "
+                                  "runtime.loader(..., shuffle=False) and runtime.all_reduce_mean of the metric"))
+    for key, phases in survey.uses.shared.items():
+        call, at, names = survey.bound[key]
+        looped = {n: survey.iterated[n] for n in names if n in survey.iterated}
+        if phases is not None and True in looped.values() and False in looped.values():
+            survey.trains.discard(key)
+            survey.evaluation.add(key)
+            survey.findings.append((at, "one DataLoader call makes the loaders of " + ", ".join(phases) + " (a "
+                                      "comprehension) and only " + ", ".join(n for n, b in looped.items() if b) +
+                                      " trains: it is left as it is (every rank goes through every set, in its "
+                                      "own order); make the training loader a runtime.loader(...) call of its "
+                                      "own, so that each rank trains on its share"))

@@ -144,10 +144,10 @@ def with_keyword(call: cst.Call, name: str, value: str) -> cst.Call:
                                                                  equal=TIGHT)])
 
 
-def device_rewrite(original: cst.Call, updated: cst.Call, name: str) -> Optional[Tuple[Any, str]]:
+def device_rewrite(original: cst.Call, updated: cst.Call, name: str, functional: Any = ()) -> Optional[Tuple[Any, str]]:
     """(the call rewritten, what changed) for a device the script names: ``.to("cuda")``, ``.cuda()``,
-    ``torch.load`` without a map_location, the functional ``data_parallel``, ``torch.device("cuda")``; None for any
-    other call."""
+    ``torch.load`` without a map_location, torch's functional ``data_parallel`` (``functional``: the bare names it
+    was imported as), ``torch.device("cuda")``; None for any other call."""
     given = positional(original)
     if isinstance(original.func, cst.Attribute) and original.func.attr.value == "to" and given and \
             cuda_literal(given[0].value):
@@ -162,10 +162,15 @@ def device_rewrite(original: cst.Call, updated: cst.Call, name: str) -> Optional
         return with_keyword(updated, "map_location", "runtime.device()"), (
             "torch.load(...) -> torch.load(..., map_location=runtime.device()) (what was saved from a GPU loads on "
             "this rank's own, not on GPU 0 in every rank)")
-    if name.split(".")[-1] == "data_parallel" and len(given) >= 2 and not any(a.star for a in original.args):
-        module, inputs = (code_of(a.value) for a in positional(updated)[:2])
-        return cst.parse_expression(f"{module}({inputs})"), (
-            f"{code_of(original)} -> {module}({inputs}) (each rank runs its module on its own GPU; the functional "
+    if (name.endswith("parallel.data_parallel") or name in functional) and len(given) >= 2 and \
+            not any(a.star for a in original.args) and keyword(original, "module_kwargs") is None:
+        module, inputs = positional(updated)[0].value, positional(updated)[1].value
+        called = code_of(module) if isinstance(module, (cst.Name, cst.Attribute)) else f"({code_of(module)})"
+        # (its inputs: a tuple is the module's arguments, anything else its one argument, as torch's function reads)
+        args = ", ".join(code_of(e.value) for e in inputs.elements) if isinstance(inputs, cst.Tuple) else \
+            code_of(inputs)
+        return cst.parse_expression(f"{called}({args})"), (
+            f"{code_of(original)} -> {called}({args}) (each rank runs its module on its own GPU; the functional "
             "data_parallel spread one process over several)")
     if name == "torch.device" and "cuda" in code_of(original):
         return cst.parse_expression("runtime.device()"), \

@@ -8,7 +8,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from .draws import drawn_from, fixed_state, fresh_generator, same_seed, seeds, unseeded
-from .loaders import Uses, divided_wrongly
+from .loaders import Uses, divided_wrongly, phases_in_one_call
 from .syntax import code_of, dotted, is_loader, keyword, training_loader
 
 Lines = List[Tuple[int, str]]
@@ -34,6 +34,7 @@ class Survey(cst.CSTVisitor):
         self.loops = 0
         self.trains: Set[int] = set()  # the DataLoader calls that train (by the name they are bound to)
         self.dp_names: Set[str] = {"DataParallel"}  # what DataParallel is called here ("as DP" too)
+        self.dp_functions: Set[str] = set()  # torch's functional data_parallel, imported by a bare name
         self.bound: Dict[int, Tuple[Any, int, Set[str]]] = {}  # a DataLoader call -> (it, its line, its names)
         self.iterated: Dict[str, bool] = {}  # a name looped over -> whether any such loop runs a backward
         self.evaluation: Set[int] = set()  # shuffled loaders that only evaluate: left as they are
@@ -64,6 +65,12 @@ class Survey(cst.CSTVisitor):
                 self.scheduler_kinds |= made
             else:
                 self.optimizer_kinds |= made
+
+    def leave_ImportFrom(self, original_node: cst.ImportFrom) -> None:
+        module = dotted(original_node.module) if original_node.module is not None else ""
+        if module.endswith("nn.parallel") and not isinstance(original_node.names, cst.ImportStar):
+            self.dp_functions |= {a.asname.name.value if a.asname and isinstance(a.asname.name, cst.Name) else
+                                  dotted(a.name) for a in original_node.names if dotted(a.name) == "data_parallel"}
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
         if dotted(node.name).split(".")[-1] == "DataParallel" and node.asname is not None and \
@@ -227,7 +234,7 @@ class Survey(cst.CSTVisitor):
                 self.iterated[builder] = self.iterated.get(builder, False) or self.iterated[caller]
         self._evaluation()
         self._unshuffled_training()
-        self._phases_in_one_call()
+        phases_in_one_call(self)
         trains = {n for key, (call, _, names) in self.bound.items() if key in self.trains for n in names}
         sharded = {n for key, (_, _, names) in self.bound.items()
                    if key not in self.evaluation and (key in self.trains or training_loader(self.bound[key][0]))
@@ -263,33 +270,6 @@ class Survey(cst.CSTVisitor):
                 self.unshuffled.add(key)
                 self.findings = [(line, what) for line, what in self.findings
                                  if not (line == at and "without shuffle=True" in what)]
-
-    def _phases_in_one_call(self) -> None:
-        """One DataLoader call that makes the loaders of several phases (``{x: DataLoader(...) for x in ["train",
-        "val"]}``) where one phase's loop trains and another's does not: it cannot be split for one phase alone.
-        Loaders of a dict looped over by a key that cannot be told (or made for keys that cannot): left, listed."""
-        unclear = self.uses.unclear | {name for param, name in self.dict_args if param in self.uses.unclear}
-        for key, (_, at, names) in self.bound.items():
-            if key in self.evaluation or not any(n.split("[")[0] in unclear or n.endswith("[?]") for n in names):
-                continue
-            self.trains.discard(key)
-            self.evaluation.add(key)
-            self.findings.append((at, "a DataLoader in a dict looped over by a key that cannot be told here: whether "
-                                      "it trains (a loop with a backward goes over it) cannot be either, so it is "
-                                      "left as it is (every rank goes through the whole set); make the training "
-                                      "loader a runtime.loader(...) call, and share an evaluation one with "
-                                      "runtime.loader(..., shuffle=False) and runtime.all_reduce_mean of the metric"))
-        for key, phases in self.uses.shared.items():
-            call, at, names = self.bound[key]
-            looped = {n: self.iterated[n] for n in names if n in self.iterated}
-            if phases is not None and True in looped.values() and False in looped.values():
-                self.trains.discard(key)
-                self.evaluation.add(key)
-                self.findings.append((at, "one DataLoader call makes the loaders of " + ", ".join(phases) + " (a "
-                                          "comprehension) and only " + ", ".join(n for n, b in looped.items() if b) +
-                                          " trains: it is left as it is (every rank goes through every set, in its "
-                                          "own order); make the training loader a runtime.loader(...) call of its "
-                                          "own, so that each rank trains on its share"))
 
     def _evaluation(self) -> None:
         """A shuffled loader looped over only where no backward runs (whatever its name), while another loop over a

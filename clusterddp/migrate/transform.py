@@ -46,7 +46,6 @@ class ToDDP(cst.CSTTransformer):
         self.s, self.flow, self.keep, self.measure = survey, flow, keep_global_batch, measure
         self.init = "runtime.init(allow_single=True)" if measure else "runtime.init()"
         self.changes: Lines = []
-        self.devices = 0  # inside torch.device(...) calls
         self.guarded = False
         self.retested: Set[int] = set()  # lines of the ifs whose test is now the world size
         self.later: Lines = []  # findings the rewrite makes
@@ -58,17 +57,13 @@ class ToDDP(cst.CSTTransformer):
     def _did(self, node: Any, what: str) -> None:
         self.changes.append((line_of(self, node), what))
 
-    def visit_Call(self, node: cst.Call) -> None:
-        self.devices += dotted(node.func) == "torch.device"  # (the whole call becomes runtime.device())
-
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> Any:
         name = dotted(original.func)
-        self.devices -= name == "torch.device"
         if self.measure and not is_loader(original):
             return updated
         if self.s.is_dp(original):
             return self._wrap(original, updated)
-        made = device_rewrite(original, updated, name)
+        made = device_rewrite(original, updated, name, self.s.dp_functions)
         if made is not None:
             self._did(original, made[1])
             return made[0]
@@ -191,15 +186,6 @@ class ToDDP(cst.CSTTransformer):
             return updated
         self._did(original, f"{code_of(original)} -> runtime.wrap({code_of(given[0].value)})")
         return cst.parse_expression(f"runtime.wrap({code_of(now[0].value)})")
-
-    def leave_IfExp(self, original: cst.IfExp, updated: cst.IfExp) -> Any:
-        """``"cuda" if torch.cuda.is_available() else "cpu"``: a device string, the rank's own now."""
-        if self.measure or self.devices or not cuda_literal(original.body) or \
-                not isinstance(original.orelse, cst.SimpleString) or original.orelse.evaluated_value != "cpu":
-            return updated
-        self._did(original, f"{code_of(original)} -> str(runtime.device()) (the rank's own GPU, e.g. 'cuda:1', or "
-                            "'cpu')")
-        return cst.parse_expression("str(runtime.device())").with_changes(lpar=original.lpar, rpar=original.rpar)
 
     def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> Any:
         if self.measure or original.keyword is None or original.keyword.value != "device" or \

@@ -185,7 +185,8 @@ class _Names(cst.CSTVisitor):
         """A function's parameter is per rank where a call passes it a per-rank value; an object is where a
         mutator puts one in it."""
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in MUTATORS and isinstance(func.value, cst.Name):
+        if isinstance(func, cst.Attribute) and func.attr.value in MUTATORS and \
+                isinstance(func.value, (cst.Name, cst.Subscript, cst.Attribute)):  # (history["loss"].append(x))
             self._add(func.value, any(varies(a.value, self.flow) for a in node.args))
         params = self.flow.params.get(dotted(node.func).split(".")[-1])
         if params is None:

@@ -22,8 +22,7 @@ __all__ = ["init", "shutdown", "wrap", "unwrap", "barrier", "device", "channel",
            "distributed", "all_reduce_mean", "print0", "save_on_main", "Joined", "ddp_arguments"]
 
 DEFAULT_TIMEOUT_S = 300.0
-#: torch's own default timeout for NCCL collectives (kProcessGroupNCCLDefaultTimeout): with the watchdog off, long
-#: stalls (rank 0 writing a checkpoint while the others wait, a first torch.compile) get at least this much.
+#: torch's NCCL collective timeout (kProcessGroupNCCLDefaultTimeout): long stalls get it with the watchdog off.
 TORCH_NCCL_DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -219,10 +218,11 @@ def all_reduce_mean(value: Any) -> Any:
     import torch
     import torch.distributed as dist
 
-    if isinstance(value, (dict, list, tuple)):
-        keys = list(value) if isinstance(value, dict) else range(len(value))
-        means = all_reduce_mean(torch.tensor([float(value[k]) for k in keys], dtype=torch.float64)).tolist()
-        return dict(zip(keys, means)) if isinstance(value, dict) else type(value)(means)
+    if isinstance(value, (dict, list, tuple)):  # a metrics dict: each number or tensor's mean, in its order
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        kept = {k: all_reduce_mean(v) if isinstance(v, (int, float, torch.Tensor)) else v for k, v in pairs}
+        return dict(kept) if isinstance(value, dict) else type(value)(*kept.values()) if hasattr(value, "_fields") \
+            else type(value)(kept.values())
     heartbeat("setup")  # (progress, but no step: it ends no start-up window)
     is_tensor = isinstance(value, torch.Tensor)
     t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)

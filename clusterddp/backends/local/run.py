@@ -251,31 +251,44 @@ def run_plan(plan: "Plan", quiet: bool = False, echo: Callable[[str], None] = pr
 SERVER_START_S = 30.0  # as warm.sh.j2: how long the first attempt waits for each server to say it started
 
 
-def start_servers(procs: List[Any], note: Callable[[str], None]) -> List[subprocess.Popen]:
-    """The run's warm servers (plan.warm_servers), each in a session of its own, its output to its log; returns
-    once each has said it started (it then imports torch while the ranks' clients wait for it: warmrun.py)."""
+def start_servers(procs: List[Any], note: Callable[[str], None], started: List[subprocess.Popen]) -> None:
+    """The run's warm servers (plan.warm_servers), each in a session of its own, its output to its log, added to
+    ``started`` as each starts (so that whatever ends the wait can stop them); returns once each has said it started
+    (it then imports torch while the ranks' clients wait for it: warmrun.py). Each goes with this process if it dies
+    (Linux's parent-death signal): no server outlives its run."""
     base = without_parent_job(os.environ)
-    started, logs = [], []
+    logs = []
     for p in procs:
         Path(p.log).parent.mkdir(parents=True, exist_ok=True)
+        offset = Path(p.log).stat().st_size if Path(p.log).exists() else 0  # (a restart's run directory: its own)
         with open(p.log, "ab") as log:
             try:
                 started.append(subprocess.Popen(list(p.argv), env={**base, **dict(p.env)}, stdout=log,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True))
-                logs.append(p.log)
+                                                start_new_session=True, preexec_fn=_die_with_parent))
+                logs.append((p.log, offset))
             except OSError as exc:
                 note(f"clusterddp: warm server not started ({exc.strerror}): the ranks start cold")
     deadline = time.monotonic() + SERVER_START_S
-    while time.monotonic() < deadline and not all(
-            b": starting" in _read(log) or popen.poll() is not None for log, popen in zip(logs, started)):
+    while time.monotonic() < deadline and not all(b": starting" in _read(log, offset) or popen.poll() is not None
+                                                  for (log, offset), popen in zip(logs, started)):
         time.sleep(0.02)
-    return started
 
 
-def _read(path: str) -> bytes:
+def _die_with_parent() -> None:
+    """In the server's child, before exec: SIGTERM when the runner goes (prctl PR_SET_PDEATHSIG; Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _read(path: str, offset: int) -> bytes:
     try:
         with open(path, "rb") as fh:
+            fh.seek(offset)
             return fh.read(4096)
     except OSError:
         return b""

@@ -9,7 +9,7 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from ... import contract
 from ...contract import default_port
@@ -96,14 +96,31 @@ def run_attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequ
     began = time.time()
     # (as warm.sh.j2 names its servers: this run's, made once for all its attempts, never one inherited)
     warm = f"local-{job_id}.{restart}.{secrets.token_hex(8)}" if warms(spec) else ""
-    servers = start_servers(warm_servers(spec, run_dir, warm), note) if warm else []
+    servers: List = []
+    previous = _term_interrupts() if warm else None  # (a SIGTERM between attempts still stops the servers)
     try:
+        if warm:
+            start_servers(warm_servers(spec, run_dir, warm), note, servers)
         return _attempts(spec, run_dir, port, job_id, gpus, quiet, echo, note, drill_env, restart, hosts, warm)
     finally:
         stop_servers(servers)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if Path(run_dir).is_dir():  # (made by the first attempt)
             attempts.began(Path(run_dir), restart, began, hosts)
             attempts.ended(Path(run_dir), restart, time.time())
+
+
+def _term_interrupts() -> Any:
+    """SIGTERM raises KeyboardInterrupt here, as run_plan has it during an attempt; the handler before, or None
+    (not the main thread: nothing changed)."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        return None
 
 
 def _attempts(spec: JobSpec, run_dir: str, port: int, job_id: int, gpus: Sequence[str], quiet: bool,
